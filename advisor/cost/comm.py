@@ -1,0 +1,134 @@
+"""Communication: alpha-beta collective times on the link tiers a group actually spans.
+
+A group is ``n`` ranks at ``stride`` apart in the global rank order (ranks fill a node first, then
+the next). Its members are split over up to three tiers (see advisor.specs.hardware): ``c0`` of them
+share one fast group (HCCS group, or the whole node on switch topologies), ``c1 / c0`` such groups share
+a node, and ``n / c1`` nodes take part. Collectives run hierarchically, the way NCCL/HCCL do on
+multi-tier machines (Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", 2019; Thakur,
+Rabenseifner and Gropp, "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005):
+reduce-scatter up the tiers, all-reduce at the top, all-gather back down, each tier at its own
+bandwidth. A flat ring over the slowest tier is also priced and the cheaper of the two is used.
+
+Cost per ring stage (Thakur et al.): all-reduce 2(g-1)/g * S/B + 2(g-1) * alpha; all-gather and
+reduce-scatter (g-1)/g * S/B + (g-1) * alpha, where S is the full (unsharded) buffer; all-to-all
+(g-1)/g * S/B + (g-1) * alpha; point-to-point alpha + S/B. B is the tier's per-device, per-direction
+bandwidth times its collective efficiency (bus bandwidth over peak, from NCCL-tests).
+
+Every function takes numpy arrays (or scalars) and broadcasts, so the search prices many
+candidates at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from advisor.specs.hardware import HardwareProfile, Link
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
+
+
+def _tier_links(hw: HardwareProfile) -> tuple[Link, Link, Link]:
+    node = hw.node
+    return node.intra, (node.cross if node.cross is not None else node.intra), hw.inter
+
+
+def members_per_unit(n, stride, unit: int):
+    """How many of a group's n members (stride apart, aligned) fall in one block of `unit` ranks."""
+    n = np.asarray(n, dtype=np.int64)
+    stride = np.maximum(np.asarray(stride, dtype=np.int64), 1)
+    per_unit = np.where(stride < unit, np.maximum(unit // stride, 1), 1)
+    return np.minimum(n, per_unit)
+
+
+def tier_fanouts(hw: HardwareProfile, n, stride):
+    """(g0, g1, g2): members per fast group, fast groups per node, nodes (their product is n)."""
+    n = np.asarray(n, dtype=np.int64)
+    c0 = members_per_unit(n, stride, hw.node.group_size)
+    c1 = np.maximum(members_per_unit(n, stride, hw.node.devices_per_node), c0)
+    g0 = c0
+    g1 = np.maximum(c1 // np.maximum(c0, 1), 1)
+    g2 = np.maximum(-(-n // np.maximum(c1, 1)), 1)
+    return g0, g1, g2
+
+
+def _ring_factor(op: str, g):
+    g = np.asarray(g, dtype=float)
+    share = (g - 1.0) / np.maximum(g, 1.0)
+    if op == "all_reduce":
+        return 2.0 * share, 2.0 * (g - 1.0)
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return share, (g - 1.0)
+    raise ValueError(op)
+
+
+def _tier_time(op: str, message_bytes, g, link: Link):
+    bw_factor, steps = _ring_factor(op, g)
+    return bw_factor * message_bytes / link.effective_bandwidth_bytes_per_s + steps * link.latency_s
+
+
+def collective_time_s(hw: HardwareProfile, op: str, message_bytes, n, stride):
+    """Seconds for one collective over groups of n ranks at `stride`; message_bytes is the full buffer.
+
+    Groups of one member cost nothing. Under contention-free assumptions every member uses its own
+    links (rail-optimised fat tree: one NIC per device), so parallel groups do not slow each other.
+    """
+    message_bytes = np.asarray(message_bytes, dtype=float)
+    n = np.asarray(n, dtype=np.int64)
+    if op == "p2p":
+        return p2p_time_s(hw, message_bytes, stride)
+    l0, l1, l2 = _tier_links(hw)
+    g0, g1, g2 = tier_fanouts(hw, n, stride)
+    if op == "all_to_all":
+        # Each member sends (n-1)/n of its buffer; the part bound for other nodes crosses the NIC,
+        # the part for other fast groups the cross link; tiers run concurrently (max), latency per peer.
+        nf = np.maximum(n.astype(float), 1.0)
+        inside0 = (g0 - 1.0) / nf
+        inside1 = g0 * (g1 - 1.0) / nf
+        outside = (nf - g0 * g1) / nf
+        t = np.maximum.reduce([
+            inside0 * message_bytes / l0.effective_bandwidth_bytes_per_s,
+            inside1 * message_bytes / l1.effective_bandwidth_bytes_per_s,
+            outside * message_bytes / l2.effective_bandwidth_bytes_per_s,
+        ])
+        lat = np.where(g2 > 1, l2.latency_s, np.where(g1 > 1, l1.latency_s, l0.latency_s))
+        return np.where(n > 1, t + (nf - 1.0) * lat, 0.0)
+    # Hierarchical: the message shrinks by each lower tier's fan-out before the next tier.
+    if op == "all_reduce":
+        t = (
+            2.0 * _tier_time("reduce_scatter", message_bytes, g0, l0)
+            + 2.0 * _tier_time("reduce_scatter", message_bytes / g0, g1, l1)
+            + _tier_time("all_reduce", message_bytes / (g0 * g1), g2, l2)
+        )
+    else:
+        t = (
+            _tier_time(op, message_bytes, g0, l0)
+            + _tier_time(op, message_bytes / g0, g1, l1)
+            + _tier_time(op, message_bytes / (g0 * g1), g2, l2)
+        )
+    # Flat ring over every member at the slowest tier spanned.
+    slow = np.where(g2 > 1, 2, np.where(g1 > 1, 1, 0))
+    flat = np.select(
+        [slow == 2, slow == 1],
+        [_tier_time(op, message_bytes, n, l2), _tier_time(op, message_bytes, n, l1)],
+        _tier_time(op, message_bytes, n, l0),
+    )
+    return np.where(n > 1, np.minimum(t, flat), 0.0)
+
+
+def p2p_time_s(hw: HardwareProfile, message_bytes, stride):
+    """One point-to-point transfer between ranks `stride` apart (pipeline neighbours)."""
+    message_bytes = np.asarray(message_bytes, dtype=float)
+    stride = np.asarray(stride, dtype=np.int64)
+    l0, l1, l2 = _tier_links(hw)
+    same_group = stride < hw.node.group_size
+    same_node = stride < hw.node.devices_per_node
+    bw = np.where(same_group, l0.effective_bandwidth_bytes_per_s,
+                  np.where(same_node, l1.effective_bandwidth_bytes_per_s, l2.effective_bandwidth_bytes_per_s))
+    lat = np.where(same_group, l0.latency_s, np.where(same_node, l1.latency_s, l2.latency_s))
+    return lat + message_bytes / bw
+
+
+def slowest_tier(hw: HardwareProfile, n, stride):
+    """0 = fast group, 1 = across groups of a node, 2 = across nodes (for reports and rules)."""
+    g0, g1, g2 = tier_fanouts(hw, n, stride)
+    return np.where(g2 > 1, 2, np.where(g1 > 1, 1, 0))

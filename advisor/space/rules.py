@@ -1,0 +1,158 @@
+"""Legality rules of a strategy, in one place, vectorized over a StrategyBatch.
+
+Each rule is a function (model, cluster, job, batch) -> boolean array, True where the candidate is
+ILLEGAL, and a sentence that explains it. The scalar check `violations` runs the same rules on a
+batch of one, so the enumerator and `advisor estimate` can never disagree.
+Sources: Megatron-LM's argument checks (megatron/training/arguments.py) for tp/heads, sequence
+parallelism, interleaving and context parallelism; DeepSpeed ZeRO-Offload (Ren et al. 2021) for
+offload requiring a sharded optimizer.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from advisor.space.strategy import SCHEDULES, Strategy, StrategyBatch
+from advisor.specs.job import Cluster, TrainingJob
+from advisor.specs.model import ModelSpec
+
+Rule = Callable[[ModelSpec, Cluster, TrainingJob, StrategyBatch], np.ndarray]
+
+INTERLEAVED = SCHEDULES.index("interleaved-1f1b")
+FULL = 2
+
+
+def _device_count(m, c, j, b):
+    return b.dp * b.tp * b.pp * b.cp != c.devices
+
+
+def _tp_heads(m, c, j, b):
+    return (m.num_attention_heads % b.tp != 0) | (m.num_kv_heads % b.tp != 0)
+
+
+def _tp_ffn(m, c, j, b):
+    bad = m.ffn_hidden_size % b.tp != 0
+    if m.moe is not None:
+        bad |= m.moe.expert_ffn_hidden_size % b.tp != 0
+    return bad
+
+
+def _global_batch(m, c, j, b):
+    return b.dp * b.micro_batch_size * b.num_micro_batches != j.global_batch_size
+
+
+def _sequence_parallel(m, c, j, b):
+    return b.sequence_parallel & (b.tp == 1)
+
+
+def _sp_seq(m, c, j, b):
+    return b.sequence_parallel & ((j.seq_length // np.maximum(b.cp, 1)) % b.tp != 0)
+
+
+def _cp_seq(m, c, j, b):
+    # Megatron's load-balanced causal CP splits each sequence into 2*cp chunks.
+    return (b.cp > 1) & (j.seq_length % (2 * b.cp) != 0)
+
+
+def _expert_parallel(m, c, j, b):
+    if m.moe is None:
+        return b.ep != 1
+    return ((b.dp * b.cp) % b.ep != 0) | (m.moe.num_experts % b.ep != 0)
+
+
+def _stage_layers(m, c, j, b):
+    cols = np.arange(b.stage_layers.shape[1])[None, :]
+    active = cols < b.pp[:, None]
+    total = np.where(active, b.stage_layers, 0).sum(axis=1)
+    too_few = np.where(active, b.stage_layers < b.virtual_pipeline_stages[:, None], False).any(axis=1)
+    uneven_chunks = np.where(active, b.stage_layers % b.virtual_pipeline_stages[:, None] != 0, False).any(axis=1)
+    padded = np.where(~active, b.stage_layers != 0, False).any(axis=1)
+    return (total != m.num_layers) | too_few | uneven_chunks | padded | (b.pp > m.num_layers)
+
+
+def _interleaving(m, c, j, b):
+    interleaved = b.pipeline_schedule == INTERLEAVED
+    needs = (b.virtual_pipeline_stages > 1) != interleaved
+    return needs | (interleaved & ((b.pp < 2) | (b.num_micro_batches % b.pp != 0)))
+
+
+def _zero(m, c, j, b):
+    return (b.zero_stage < 0) | (b.zero_stage > 3)
+
+
+def _offload(m, c, j, b):
+    return b.offload_optimizer & (b.zero_stage < 1)
+
+
+def _recompute_layers(m, c, j, b):
+    given = b.recompute_layers >= 0
+    per_stage_max = np.max(b.stage_layers, axis=1)
+    return given & ((b.recompute != FULL) | (b.recompute_layers < 1) | (b.recompute_layers > per_stage_max))
+
+
+def _positive(m, c, j, b):
+    bad = np.zeros(len(b), dtype=bool)
+    for name in ("dp", "tp", "pp", "cp", "ep", "virtual_pipeline_stages", "micro_batch_size", "num_micro_batches"):
+        bad |= getattr(b, name) < 1
+    return bad
+
+
+RULES: dict[str, tuple[Rule, str]] = {
+    "positive degrees": (_positive, "every degree, the micro-batch size and the micro-batch count must be at least 1"),
+    "device count": (_device_count, "dp x tp x pp x cp must equal the number of devices"),
+    "tp divides heads": (_tp_heads, "tp must divide the attention heads and the key/value heads"),
+    "tp divides ffn": (_tp_ffn, "tp must divide the FFN hidden size"),
+    "global batch": (_global_batch, "dp x micro-batch size x micro-batches must equal the global batch"),
+    "sequence parallel needs tp": (_sequence_parallel, "sequence parallelism needs tp > 1"),
+    "sequence parallel divides seq": (_sp_seq, "sequence parallelism needs tp to divide the sequence (per cp rank)"),
+    "cp divides seq": (_cp_seq, "context parallelism needs the sequence length divisible by 2 x cp"),
+    "expert parallel": (_expert_parallel, "ep must be 1 for dense models, and for MoE divide dp x cp and the expert count"),
+    "stage layers": (_stage_layers, "stage layers must sum to the layer count, one entry per stage, each a multiple of the virtual stages"),
+    "interleaving": (_interleaving, "the interleaved schedule goes with virtual stages > 1, pp > 1 and micro-batches divisible by pp"),
+    "zero stage": (_zero, "the ZeRO stage must be 0, 1, 2 or 3"),
+    "offload needs zero": (_offload, "optimizer offload needs ZeRO stage 1 or more"),
+    "recompute layers": (_recompute_layers, "a recomputed-layer count needs full recomputation and at most the layers of a stage"),
+}
+
+
+def illegal_masks(model: ModelSpec, cluster: Cluster, job: TrainingJob, batch: StrategyBatch) -> dict[str, np.ndarray]:
+    """Rule name -> True where the candidate breaks that rule."""
+    return {name: rule(model, cluster, job, batch) for name, (rule, _) in RULES.items()}
+
+
+def legal_mask(model: ModelSpec, cluster: Cluster, job: TrainingJob, batch: StrategyBatch) -> np.ndarray:
+    masks = illegal_masks(model, cluster, job, batch)
+    return ~np.logical_or.reduce(list(masks.values())) if masks else np.ones(len(batch), dtype=bool)
+
+
+def violations(model: ModelSpec, cluster: Cluster, job: TrainingJob, strategy: Strategy) -> list[str]:
+    """Sentences for every rule a single strategy breaks (empty when legal)."""
+    if strategy.stage_layers is not None and len(strategy.stage_layers) != strategy.pp:
+        return [f"stage_layers has {len(strategy.stage_layers)} entries but pp = {strategy.pp}"]
+    if min(strategy.dp, strategy.tp, strategy.pp, strategy.cp) < 1:
+        return [RULES["positive degrees"][1]]
+    batch = StrategyBatch.from_strategies([strategy], model.num_layers)
+    out = []
+    for name, (rule, sentence) in RULES.items():
+        if bool(rule(model, cluster, job, batch)[0]):
+            out.append(f"{sentence} ({_detail(name, model, cluster, job, strategy)})")
+    return out
+
+
+def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) -> str:
+    details = {
+        "device count": f"{s.dp} x {s.tp} x {s.pp} x {s.cp} = {s.devices}, devices = {c.devices}",
+        "tp divides heads": f"tp = {s.tp}, heads = {m.num_attention_heads}, kv heads = {m.num_kv_heads}",
+        "tp divides ffn": f"tp = {s.tp}, ffn = {m.ffn_hidden_size}",
+        "global batch": f"{s.dp} x {s.micro_batch_size} x {s.num_micro_batches} = {s.dp * s.micro_batch_size * s.num_micro_batches}, global batch = {j.global_batch_size}",
+        "cp divides seq": f"cp = {s.cp}, seq = {j.seq_length}",
+        "sequence parallel divides seq": f"tp = {s.tp}, seq = {j.seq_length}, cp = {s.cp}",
+        "expert parallel": f"ep = {s.ep}, dp x cp = {s.dp * s.cp}" + (f", experts = {m.moe.num_experts}" if m.moe else ", dense model"),
+        "stage layers": f"stage_layers = {list(s.resolved_stage_layers(m.num_layers))}, layers = {m.num_layers}, vpp = {s.virtual_pipeline_stages}",
+        "interleaving": f"schedule = {s.pipeline_schedule}, vpp = {s.virtual_pipeline_stages}, pp = {s.pp}, micro-batches = {s.num_micro_batches}",
+        "zero stage": f"zero = {s.zero_stage}",
+        "recompute layers": f"recompute = {s.recompute}, recompute_layers = {s.recompute_layers}",
+    }
+    return details.get(name, "")

@@ -1,0 +1,161 @@
+"""Strategy: every parallel degree and knob of one candidate, and StrategyBatch, many as arrays.
+
+Conventions (Megatron-LM): the device count is dp * tp * pp * cp; expert parallelism ``ep`` is carved
+out of the dp x cp ranks and divides dp * cp; the global batch is dp * micro_batch_size *
+num_micro_batches. ``mesh_order`` lists the mesh dimensions from outermost to innermost: the last one
+gets consecutive ranks (the fastest links). ``stage_layers`` counts transformer layers per physical
+pipeline stage (each stage holds virtual_pipeline_stages chunks of them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Sequence
+
+import numpy as np
+
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+MESH_DIMS = ("pp", "dp", "cp", "tp")
+DEFAULT_MESH_ORDER = ("pp", "dp", "cp", "tp")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    dp: int
+    tp: int
+    pp: int
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    virtual_pipeline_stages: int = 1
+    micro_batch_size: int = 1
+    num_micro_batches: int = 1
+    zero_stage: int = 0
+    recompute: str = "none"
+    recompute_layers: int | None = None   # full recompute of only this many layers per stage (None: all)
+    pipeline_schedule: str = "1f1b"
+    stage_layers: tuple[int, ...] | None = None   # None: even split
+    offload_optimizer: bool = False
+    mesh_order: tuple[str, ...] = DEFAULT_MESH_ORDER
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def degree(self, dim: str) -> int:
+        return getattr(self, dim)
+
+    def stride(self, dim: str) -> int:
+        """Rank distance between neighbours of one group of this mesh dimension."""
+        order = list(self.mesh_order)
+        inner = order[order.index(dim) + 1:]
+        return int(np.prod([self.degree(d) for d in inner], dtype=np.int64))
+
+    def resolved_stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        if self.stage_layers is not None:
+            return tuple(self.stage_layers)
+        return even_stage_layers(num_layers, self.pp)
+
+
+def even_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Split layers as evenly as possible; the extra layers go to the middle stages, whose
+    neighbours (embedding on the first, LM head on the last) are lighter."""
+    base, extra = divmod(num_layers, pp)
+    counts = [base] * pp
+    order = sorted(range(pp), key=lambda i: (i in (0, pp - 1), abs(i - (pp - 1) / 2)))
+    for i in order[:extra]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+_INT_FIELDS = ("dp", "tp", "pp", "cp", "ep", "virtual_pipeline_stages", "micro_batch_size", "num_micro_batches", "zero_stage")
+
+
+@dataclass(frozen=True)
+class StrategyBatch:
+    """N candidates as parallel numpy arrays (the cost model's vectorized input).
+
+    Enumerated fields are integer codes: recompute indexes RECOMPUTE, schedule indexes SCHEDULES.
+    ``recompute_layers`` is -1 for "all layers". ``stage_layers`` is an (N, P) integer array, P the
+    largest pp of the batch, zero-padded past each candidate's pp. Strides give the rank distance of
+    each mesh dimension's groups (from the mesh order).
+    """
+
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    sequence_parallel: np.ndarray
+    virtual_pipeline_stages: np.ndarray
+    micro_batch_size: np.ndarray
+    num_micro_batches: np.ndarray
+    zero_stage: np.ndarray
+    recompute: np.ndarray
+    recompute_layers: np.ndarray
+    pipeline_schedule: np.ndarray
+    offload_optimizer: np.ndarray
+    stage_layers: np.ndarray
+    tp_stride: np.ndarray
+    dp_stride: np.ndarray
+    cp_stride: np.ndarray
+    pp_stride: np.ndarray
+    mesh_order: tuple[tuple[str, ...], ...] = field(default=(), compare=False)
+
+    def __len__(self) -> int:
+        return int(self.dp.shape[0])
+
+    @staticmethod
+    def from_strategies(strategies: Sequence[Strategy], num_layers: int) -> "StrategyBatch":
+        n = len(strategies)
+        width = max((s.pp for s in strategies), default=1)
+        stage = np.zeros((n, width), dtype=np.int64)
+        for i, s in enumerate(strategies):
+            layers = s.resolved_stage_layers(num_layers)
+            stage[i, : len(layers)] = layers
+        arr = {k: np.array([getattr(s, k) for s in strategies], dtype=np.int64) for k in _INT_FIELDS}
+        return StrategyBatch(
+            **arr,
+            sequence_parallel=np.array([s.sequence_parallel for s in strategies], dtype=bool),
+            recompute=np.array([RECOMPUTE.index(s.recompute) for s in strategies], dtype=np.int64),
+            recompute_layers=np.array([-1 if s.recompute_layers is None else s.recompute_layers for s in strategies], dtype=np.int64),
+            pipeline_schedule=np.array([SCHEDULES.index(s.pipeline_schedule) for s in strategies], dtype=np.int64),
+            offload_optimizer=np.array([s.offload_optimizer for s in strategies], dtype=bool),
+            stage_layers=stage,
+            tp_stride=np.array([s.stride("tp") for s in strategies], dtype=np.int64),
+            dp_stride=np.array([s.stride("dp") for s in strategies], dtype=np.int64),
+            cp_stride=np.array([s.stride("cp") for s in strategies], dtype=np.int64),
+            pp_stride=np.array([s.stride("pp") for s in strategies], dtype=np.int64),
+            mesh_order=tuple(tuple(s.mesh_order) for s in strategies),
+        )
+
+    def take(self, index) -> "StrategyBatch":
+        """A sub-batch (boolean mask or integer indices)."""
+        idx = np.asarray(index)
+        values = {}
+        for fl in fields(self):
+            v = getattr(self, fl.name)
+            if fl.name == "mesh_order":
+                picked = np.arange(len(self))[idx] if idx.dtype == bool else idx
+                values[fl.name] = tuple(v[int(i)] for i in np.atleast_1d(picked)) if v else ()
+            else:
+                values[fl.name] = v[idx]
+        return StrategyBatch(**values)
+
+    def strategy(self, i: int) -> Strategy:
+        """Candidate i as a Strategy."""
+        pp = int(self.pp[i])
+        rl = int(self.recompute_layers[i])
+        return Strategy(
+            dp=int(self.dp[i]), tp=int(self.tp[i]), pp=pp, cp=int(self.cp[i]), ep=int(self.ep[i]),
+            sequence_parallel=bool(self.sequence_parallel[i]),
+            virtual_pipeline_stages=int(self.virtual_pipeline_stages[i]),
+            micro_batch_size=int(self.micro_batch_size[i]), num_micro_batches=int(self.num_micro_batches[i]),
+            zero_stage=int(self.zero_stage[i]), recompute=RECOMPUTE[int(self.recompute[i])],
+            recompute_layers=None if rl < 0 else rl,
+            pipeline_schedule=SCHEDULES[int(self.pipeline_schedule[i])],
+            stage_layers=tuple(int(x) for x in self.stage_layers[i, :pp]),
+            offload_optimizer=bool(self.offload_optimizer[i]),
+            mesh_order=self.mesh_order[i] if self.mesh_order else DEFAULT_MESH_ORDER,
+        )

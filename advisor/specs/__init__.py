@@ -1,0 +1,1 @@
+"""Inputs: model descriptions, hardware profiles, the training job and the cluster."""
