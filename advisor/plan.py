@@ -62,7 +62,7 @@ def strategy_to_dict(s: Strategy, num_layers: int) -> dict[str, Any]:
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     training = {
         "global_batch_size": plan.training.global_batch_size, "seq_length": plan.training.seq_length,
-        "dtype": plan.training.dtype, "optimizer": plan.training.optimizer,
+        "dtype": plan.training.dtype, "optimizer": plan.training.optimizer, "attention": plan.training.attention,
     }
     if plan.training.train_tokens is not None:
         training["train_tokens"] = plan.training.train_tokens
@@ -111,7 +111,7 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
 
 def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
     o = f"{origin}: training"
-    f.check_keys(data, o, ("global_batch_size", "seq_length"), ("dtype", "optimizer", "train_tokens"))
+    f.check_keys(data, o, ("global_batch_size", "seq_length"), ("dtype", "optimizer", "train_tokens", "attention"))
     tokens = data.get("train_tokens")
     return TrainingJob(
         global_batch_size=f.positive_int(data, "global_batch_size", o),
@@ -119,6 +119,7 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
         dtype=f.choice(data, "dtype", o, ("fp32", "tf32", "fp16", "bf16", "fp8"), default="bf16"),
         optimizer=f.choice(data, "optimizer", o, ("adamw", "adam", "sgd"), default="adamw"),
         train_tokens=None if tokens is None else f.positive_float(data, "train_tokens", o),
+        attention=f.choice(data, "attention", o, ("flash", "math"), default="flash"),
     )
 
 

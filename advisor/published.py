@@ -8,13 +8,14 @@ documented here: for Narayanan et al. SC'21 Table 1 the micro-batch size and whe
 interleaved are not given per row, so each row takes the best predicted among micro-batch sizes
 1, 2, 4, 8 and, for pp > 1, the plain and the interleaved 1F1B schedule (virtual stages dividing
 the layers per stage). vTrain's rows do not state recomputation or vocabulary: Megatron-LM's
-defaults are used (no recomputation; the GPT-2 vocabulary of 50,257 padded to 51,200 is assumed).
+defaults are used (no recomputation; the GPT-2 vocabulary of 50,257 padded to 51,200 is assumed). Both sources ran Megatron-LM's unfused
+("math") attention, so the runs are predicted with attention="math".
 """
 
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,8 @@ def load_published_runs(path: Path | None = None) -> list[PublishedRun]:
         runs.append(PublishedRun(
             id=r["id"], source=r["source"], model=_gpt(r["model"], tr["seq"], r["id"]),
             hardware=HARDWARE_FOR[r["hardware"]], devices=r["devices"],
-            job=TrainingJob(global_batch_size=tr["gbs"], seq_length=tr["seq"], dtype=tr.get("dtype", "fp16")),
+            # Megatron-LM of 2021-22 used unfused ("math") attention.
+            job=TrainingJob(global_batch_size=tr["gbs"], seq_length=tr["seq"], dtype=tr.get("dtype", "fp16"), attention="math"),
             parallel=r["parallel"], measured=r["measured"],
         ))
     return runs
@@ -80,8 +82,6 @@ def _strategy(run: PublishedRun, mbs: int, vpp: int) -> Strategy:
 def candidate_strategies(run: PublishedRun) -> list[Strategy]:
     """The published configuration; unstated micro-batch size / interleaving enumerated (see doc)."""
     p = run.parallel
-    if "mbs" in run.job.__dict__ or run.parallel.get("virtual_pipeline_stages") or "mbs" in p:
-        pass
     stated_mbs = run_mbs(run)
     mbs_options = [stated_mbs] if stated_mbs else [m for m in (1, 2, 4, 8) if run.job.global_batch_size % (p["dp"] * m) == 0]
     if p["pp"] == 1:
@@ -176,10 +176,65 @@ def vtrain_prediction(row: VTrainRow, hw: HardwareProfile) -> float:
         "hidden_size": row.hidden, "num_attention_heads": row.heads, "vocab_size": 51200,
         "seq_length": row.seq, "use_bias": True, "position_embedding": "learned", "tie_embeddings": True,
     }, "vtrain")
-    job = TrainingJob(global_batch_size=row.gbs, seq_length=row.seq, dtype="fp16")
+    job = TrainingJob(global_batch_size=row.gbs, seq_length=row.seq, dtype="fp16", attention="math")
     s = Strategy(dp=row.dp, tp=row.tp, pp=row.pp, micro_batch_size=row.mbs,
                  num_micro_batches=row.gbs // (row.dp * row.mbs))
     return estimate(model, hw, Cluster.of(hw, devices=row.gpus), job, s).step_time_s
 
 
-_ = replace
+# ---- accuracy summaries (benchmarks/accuracy.py prints them; tests/test_golden.py checks them) ----
+@dataclass(frozen=True)
+class RunError:
+    run_id: str
+    measured: float
+    predicted: float
+    metric: str             # "iteration_time_s" or "hfu_tflops"
+
+    @property
+    def relative_error(self) -> float:
+        return self.predicted / self.measured - 1.0
+
+
+def published_errors(hardware: HardwareProfile | None = None) -> list[RunError]:
+    """One RunError per published run: iteration time where measured, else TFLOP/s per GPU."""
+    out = []
+    for run in load_published_runs():
+        pred = predict(run, hardware)
+        if "iteration_time_s" in run.measured:
+            out.append(RunError(run.id, run.measured["iteration_time_s"], pred.step_time_s, "iteration_time_s"))
+        else:
+            out.append(RunError(run.id, run.measured["hfu_tflops"], pred.hfu_tflops, "hfu_tflops"))
+    return out
+
+
+@dataclass(frozen=True)
+class RankingScore:
+    gpus: int
+    hidden: int
+    layers: int
+    configurations: int
+    kendall_tau: float
+    best_in_top3: bool
+
+
+def vtrain_ranking(hardware: HardwareProfile | None = None) -> list[RankingScore]:
+    """Per (model, GPU count) group of the vTrain data: Kendall tau of predicted vs measured step
+    times, and whether the measured-best configuration is among the predicted top 3."""
+    import numpy as np
+    from scipy.stats import kendalltau
+
+    hw = hardware or load_hardware("dgx-a100-80g")
+    groups: dict[tuple[int, int, int, int], list[VTrainRow]] = {}
+    for row in load_vtrain():
+        groups.setdefault((row.gpus, row.hidden, row.layers, row.seq), []).append(row)
+    scores = []
+    for (gpus, hidden, layers, _seq), rows in sorted(groups.items()):
+        measured = np.array([r.time_s for r in rows])
+        predicted = np.array([vtrain_prediction(r, hw) for r in rows])
+        best = int(np.argmin(measured))
+        scores.append(RankingScore(
+            gpus=gpus, hidden=hidden, layers=layers, configurations=len(rows),
+            kendall_tau=float(kendalltau(measured, predicted).statistic),
+            best_in_top3=best in np.argsort(predicted, kind="stable")[:3],
+        ))
+    return scores

@@ -79,11 +79,14 @@ def layer_compute(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: St
     terms = layer_activation_terms(model, job, b, moe_layer)
     elementwise_s = memory_time_s(hw, 2.0 * (terms.replicated + terms.sharded))
     core_elementwise_s = memory_time_s(hw, 2.0 * terms.attention_core)
+    # Selective recomputation replays the attention core only where it was not kept: with flash
+    # attention nothing of it is stored, so there is nothing to replay.
+    replay = 1.0 if job.attention == "math" else 0.0
     return LayerCompute(
         forward_s=gemm_s + core_s + elementwise_s + core_elementwise_s,
-        attention_core_s=core_s + core_elementwise_s,
+        attention_core_s=replay * (core_s + core_elementwise_s),
         forward_flops=flops + core_flops,
-        attention_core_flops=core_flops,
+        attention_core_flops=replay * core_flops,
     )
 
 

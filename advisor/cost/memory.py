@@ -77,7 +77,14 @@ def layer_activation_terms(model: ModelSpec, job: TrainingJob, b: StrategyBatch,
     rep = 2 * sb * h + 2 * sb * h + sb * h
     shard = 2 * sb * h + 4 * sb * kv + 2 * sb * h
     # Scores: softmax output 2, dropout mask 1, dropout output 2 bytes per score, a heads x s_q x s_k.
-    core = 5.0 * a * s_local * job.seq_length * b.micro_batch_size / t
+    # Flash attention keeps none of them, only the fp32 log-sum-exp per query and head (Dao et al.,
+    # FlashAttention, 2022, section 3.1), which selective recomputation has no reason to drop.
+    if job.attention == "math":
+        core = 5.0 * a * s_local * job.seq_length * b.micro_batch_size / t
+        lse = 0.0
+    else:
+        core = np.zeros(len(b))
+        lse = 4.0 * a * s_local * b.micro_batch_size / t
     # MLP block: LN input 2sbh, FC1 input 2sbh, dropout mask sbh (outside TP).
     rep = rep + 2 * sb * h + 2 * sb * h + sb * h
     if moe_layer and model.moe is not None:
@@ -90,7 +97,7 @@ def layer_activation_terms(model: ModelSpec, job: TrainingJob, b: StrategyBatch,
     replicated = np.where(sp, rep / t, rep) * scale
     return ActivationTerms(
         replicated=replicated,
-        sharded=shard / t * scale,
+        sharded=shard / t * scale + lse,
         attention_core=core * scale,
         layer_input=np.where(sp, 2 * sb * h / t, 2 * sb * h) * scale,
     )

@@ -9,6 +9,7 @@ from advisor.specs.hardware import HardwareProfile
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 OPTIMIZERS = ("adamw", "adam", "sgd")
+ATTENTION = ("flash", "math")
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,10 @@ class TrainingJob:
     dtype: str = "bf16"             # compute dtype; fp32 master weights with fp16/bf16 (mixed precision)
     optimizer: str = "adamw"
     train_tokens: float | None = None  # token budget for time/cost to train
+    # Attention kernel: "flash" (FlashAttention / fused SDPA, default in Megatron-Core with Transformer
+    # Engine, torchtitan and MindSpore's FlashAttentionScore) keeps no s x s score tensors; "math" is the
+    # unfused softmax(QK^T)V of Megatron-LM 2021-22 that Korthikanti et al. 2022 measured.
+    attention: str = "flash"
 
     def __post_init__(self) -> None:
         for key in ("global_batch_size", "seq_length"):
@@ -28,6 +33,8 @@ class TrainingJob:
             raise AdvisorError(f"training: 'dtype' must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
         if self.optimizer not in OPTIMIZERS:
             raise AdvisorError(f"training: 'optimizer' must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.attention not in ATTENTION:
+            raise AdvisorError(f"training: 'attention' must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
         if self.train_tokens is not None and not self.train_tokens > 0:
             raise AdvisorError(f"training: 'train_tokens' must be positive, got {self.train_tokens!r}")
 

@@ -1,0 +1,71 @@
+"""Rich rendering of one estimate: headline figures, memory by part, time by part."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from advisor.cost.estimate import Estimate
+from advisor.space.strategy import Strategy
+
+
+def strategy_line(s: Strategy) -> str:
+    parts = [f"dp={s.dp}", f"tp={s.tp}", f"pp={s.pp}"]
+    if s.cp > 1:
+        parts.append(f"cp={s.cp}")
+    if s.ep > 1:
+        parts.append(f"ep={s.ep}")
+    if s.sequence_parallel:
+        parts.append("sp")
+    if s.virtual_pipeline_stages > 1:
+        parts.append(f"vpp={s.virtual_pipeline_stages}")
+    parts += [f"mbs={s.micro_batch_size}", f"m={s.num_micro_batches}", f"zero={s.zero_stage}",
+              f"recompute={s.recompute}" + (f"({s.recompute_layers})" if s.recompute_layers else "")]
+    if s.pp > 1:
+        parts.append(s.pipeline_schedule)
+    if s.offload_optimizer:
+        parts.append("offload")
+    return " ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds:.1f} s"
+
+
+def render_estimate(console: Console, title: str, s: Strategy, e: Estimate) -> None:
+    console.print(f"[bold]{title}[/bold]")
+    console.print(strategy_line(s))
+    status = "[green]fits[/green]" if e.feasible else "[red]does not fit[/red]"
+    console.print(
+        f"{status}: {e.memory_gib.total:.1f} of {e.capacity_gib:g} GiB per device | step {e.step_time_s:.3f} s | "
+        f"{e.tokens_per_s:,.0f} tokens/s ({e.tokens_per_s_per_device:,.0f} per device) | "
+        f"{e.tflops_per_device:.1f} TFLOP/s per device | MFU {e.mfu:.1%} | HFU {e.hfu:.1%} | bottleneck: {e.bottleneck}"
+    )
+    for reason in e.reasons:
+        console.print(f"  [red]-[/red] {reason}")
+    if e.time_to_train_s is not None:
+        line = f"time to train: {_duration(e.time_to_train_s)}"
+        if e.cost_to_train_usd is not None:
+            line += f" | cost ${e.cost_to_train_usd:,.0f}"
+        if e.energy_to_train_kwh is not None:
+            line += f" | energy {e.energy_to_train_kwh:,.0f} kWh"
+        console.print(line)
+
+    mem = Table(title=f"memory per device (GiB), pipeline stage {e.worst_memory_stage}", title_justify="left")
+    for part in ("parameters", "gradients", "optimizer", "activations", "buffers", "total"):
+        mem.add_column(part, justify="right")
+    m = e.memory_gib
+    mem.add_row(*(f"{v:.2f}" for v in (m.parameters, m.gradients, m.optimizer, m.activations, m.buffers, m.total)))
+    console.print(mem)
+
+    parts = {k: v for k, v in e.time_s.items() if v > 0}
+    tt = Table(title=f"step time by part (s), slowest stage {e.slowest_stage}", title_justify="left")
+    for k in parts:
+        tt.add_column(k, justify="right")
+    tt.add_column("step", justify="right")
+    tt.add_row(*(f"{v:.3f}" for v in parts.values()), f"{e.step_time_s:.3f}")
+    console.print(tt)

@@ -1,0 +1,108 @@
+"""`advisor estimate` as a library call: flags (or a plan file) -> one scored strategy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from advisor.cost.estimate import Estimate, estimate
+from advisor.errors import AdvisorError
+from advisor.inputs import Inputs, resolve_inputs
+from advisor.plan import load_plan
+from advisor.search.neighbours import closest_fit
+from advisor.space.rules import violations
+from advisor.space.strategy import RECOMPUTE, SCHEDULES, Strategy
+
+
+@dataclass(frozen=True)
+class EstimateResult:
+    title: str
+    inputs: Inputs
+    strategy: Strategy
+    estimate: Estimate
+    alternative: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.estimate.to_dict()
+        out["model"] = self.inputs.model.name
+        out["hardware"] = self.inputs.hardware.name
+        out["devices"] = self.inputs.cluster.devices
+        out["global_batch_size"] = self.inputs.job.global_batch_size
+        out["seq_length"] = self.inputs.job.seq_length
+        out["dtype"] = self.inputs.job.dtype
+        out["strategy"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.strategy.__dict__.items()}
+        out["closest_fit"] = self.alternative
+        return out
+
+
+def _check_choice(flag: str, value: str, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise AdvisorError(f"{flag} must be one of {', '.join(options)}, got {value!r}")
+
+
+def strategy_from_flags(inputs: Inputs, *, tp: int, pp: int, dp: int | None, cp: int, ep: int, mbs: int, vpp: int,
+                        zero: int, recompute: str, recompute_layers: int | None, sequence_parallel: bool,
+                        schedule: str | None, offload_optimizer: bool) -> Strategy:
+    for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--ep", ep), ("--mbs", mbs), ("--vpp", vpp)):
+        if value < 1:
+            raise AdvisorError(f"{flag} must be a positive integer, got {value}")
+    if zero not in (0, 1, 2, 3):
+        raise AdvisorError(f"--zero must be 0, 1, 2 or 3, got {zero}")
+    _check_choice("--recompute", recompute, RECOMPUTE)
+    devices = inputs.cluster.devices
+    if dp is None:
+        if devices % (tp * pp * cp):
+            raise AdvisorError(f"--tp {tp} x --pp {pp} x --cp {cp} = {tp * pp * cp} does not divide the {devices} devices")
+        dp = devices // (tp * pp * cp)
+    if dp < 1:
+        raise AdvisorError(f"--dp must be a positive integer, got {dp}")
+    gbs = inputs.job.global_batch_size
+    if gbs % (dp * mbs):
+        raise AdvisorError(f"--gbs {gbs} is not divisible by dp x micro-batch = {dp} x {mbs}; "
+                           f"choose a global batch that is a multiple of {dp * mbs}")
+    if schedule is None:
+        schedule = "interleaved-1f1b" if vpp > 1 else "1f1b"
+    _check_choice("--schedule", schedule, SCHEDULES)
+    return Strategy(
+        dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel, virtual_pipeline_stages=vpp,
+        micro_batch_size=mbs, num_micro_batches=gbs // (dp * mbs), zero_stage=zero, recompute=recompute,
+        recompute_layers=recompute_layers, pipeline_schedule=schedule, offload_optimizer=offload_optimizer,
+    )
+
+
+def estimate_request(*, model: str | None, hardware: str | None, nodes: int | None, devices: int | None,
+                     tp: int, pp: int, dp: int | None, cp: int, ep: int, mbs: int, gbs: int | None,
+                     seq_len: int | None, vpp: int, zero: int, recompute: str, recompute_layers: int | None,
+                     sequence_parallel: bool, schedule: str | None, offload_optimizer: bool, dtype: str | None,
+                     tokens: str | None, plan: str | None, attention: str = "flash") -> EstimateResult:
+    if plan is not None:
+        p = load_plan(plan)
+        job = p.training
+        if tokens is not None:
+            from dataclasses import replace as _replace
+            from advisor.specs.job import parse_token_count
+            job = _replace(job, train_tokens=parse_token_count(tokens))
+        inputs = Inputs(p.model, p.hardware, p.cluster, job)
+        strategy = p.strategy
+        title = f"{p.model.name} on {p.cluster.devices} x {p.hardware.device.name} ({p.hardware.name}), plan {plan}"
+    else:
+        if model is None or hardware is None:
+            raise AdvisorError("advisor estimate needs --model and --hardware (or --plan PLAN.json)")
+        inputs = resolve_inputs(model, hardware, nodes=nodes, devices=devices, global_batch=gbs,
+                                seq_len=seq_len, dtype=dtype, tokens=tokens, attention=attention)
+        strategy = strategy_from_flags(
+            inputs, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, vpp=vpp, zero=zero, recompute=recompute,
+            recompute_layers=recompute_layers, sequence_parallel=sequence_parallel, schedule=schedule,
+            offload_optimizer=offload_optimizer,
+        )
+        title = f"{inputs.model.name} on {inputs.cluster.devices} x {inputs.hardware.device.name} ({inputs.hardware.name})"
+    broken = violations(inputs.model, inputs.cluster, inputs.job, strategy)
+    if broken:
+        raise AdvisorError(f"illegal strategy: {broken[0]}")
+    e = estimate(inputs.model, inputs.hardware, inputs.cluster, inputs.job, strategy)
+    alternative = None
+    if not e.feasible:
+        found = closest_fit(inputs.model, inputs.hardware, inputs.cluster, inputs.job, strategy)
+        if found is not None:
+            alternative = f"{found[0]} ({found[1].memory_gib.total:.1f} GiB, step {found[1].step_time_s:.2f} s)"
+    return EstimateResult(title=title, inputs=inputs, strategy=strategy, estimate=e, alternative=alternative)

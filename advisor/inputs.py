@@ -1,0 +1,62 @@
+"""Turn command-line values into specs: the model, the hardware, the cluster and the training job.
+
+Shared by every command that takes --model/--hardware/--nodes|--devices/--gbs/--seq-len/--dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from advisor.errors import AdvisorError
+from advisor.specs.hardware import HardwareProfile, load_hardware
+from advisor.specs.job import ATTENTION, Cluster, TrainingJob, parse_token_count
+from advisor.specs.model import ModelSpec, load_model
+
+# Default global batch: about 4M tokens per step, as Llama 2 and Llama 3 pre-training used
+# (Touvron et al. 2023, section 2.2; Dubey et al. 2024, section 3.4.1); GPT-3 175B used 3.2M.
+DEFAULT_BATCH_TOKENS = 4 * 2 ** 20
+
+
+@dataclass(frozen=True)
+class Inputs:
+    model: ModelSpec
+    hardware: HardwareProfile
+    cluster: Cluster
+    job: TrainingJob
+
+
+def default_dtype(hardware: HardwareProfile) -> str:
+    """bf16 where the device has it, else fp16 (V100, Ascend 910)."""
+    peaks = hardware.device.peak_tflops
+    return "bf16" if "bf16" in peaks else ("fp16" if "fp16" in peaks else "fp32")
+
+
+def resolve_inputs(
+    model: str,
+    hardware: str | HardwareProfile,
+    nodes: int | None = None,
+    devices: int | None = None,
+    global_batch: int | None = None,
+    seq_len: int | None = None,
+    dtype: str | None = None,
+    tokens: str | float | None = None,
+    attention: str = "flash",
+) -> Inputs:
+    spec = load_model(model)
+    hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
+    cluster = Cluster.of(hw, nodes=nodes, devices=devices)
+    seq = seq_len if seq_len is not None else spec.seq_length
+    if seq <= 0:
+        raise AdvisorError(f"--seq-len must be a positive integer, got {seq}")
+    gbs = global_batch if global_batch is not None else max(DEFAULT_BATCH_TOKENS // seq, 1)
+    if gbs <= 0:
+        raise AdvisorError(f"--global-batch must be a positive integer, got {gbs}")
+    dt = dtype or default_dtype(hw)
+    if dt not in hw.device.peak_tflops:
+        raise AdvisorError(f"--dtype {dt}: the {hw.device.name} of profile '{hw.name}' has no {dt} peak "
+                           f"(it has {', '.join(hw.device.peak_tflops)})")
+    if attention not in ATTENTION:
+        raise AdvisorError(f"--attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+    train_tokens = parse_token_count(tokens) if isinstance(tokens, str) else tokens
+    return Inputs(spec, hw, cluster, TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens,
+                                                  attention=attention))
