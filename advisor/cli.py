@@ -97,6 +97,190 @@ def estimate_cmd(
         raise InfeasibleError(f"the strategy does not fit: {result.estimate.reasons[0]}{hint}")
 
 
+# ---- recommend ----------------------------------------------------------------------------------
+@app.command("recommend")
+def recommend_cmd(
+    model: str = typer.Option(..., "--model", help="bundled model name or path"),
+    hardware: str = typer.Option(..., "--hardware", help="bundled hardware profile or path"),
+    nodes: Optional[int] = typer.Option(None, "--nodes"),
+    devices: Optional[int] = typer.Option(None, "--devices"),
+    gbs: Optional[int] = typer.Option(None, "--global-batch", "--gbs", help="global batch (sequences); default ~4M tokens"),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 | fp8 (default: bf16 if the device has it)"),
+    tokens: Optional[str] = typer.Option(None, "--tokens", help="token budget for time/cost to train, e.g. 2T"),
+    attention: str = typer.Option("flash", "--attention", help="flash | math"),
+    searcher: str = typer.Option("enumerate", "--searcher", help="enumerate | drec | ilp"),
+    top: int = typer.Option(5, "--top", help="how many plans to show"),
+    tp: Optional[int] = typer.Option(None, "--tp", help="pin the tensor-parallel degree"),
+    pp: Optional[int] = typer.Option(None, "--pp", help="pin the pipeline-parallel degree"),
+    dp: Optional[int] = typer.Option(None, "--dp", help="pin the data-parallel degree"),
+    cp: Optional[int] = typer.Option(None, "--cp", help="pin the context-parallel degree"),
+    ep: Optional[int] = typer.Option(None, "--ep", help="pin the expert-parallel degree"),
+    zero: Optional[int] = typer.Option(None, "--zero", help="pin the ZeRO stage 0-3"),
+    recompute: Optional[str] = typer.Option(None, "--recompute", help="pin none | selective | full"),
+    mbs: Optional[int] = typer.Option(None, "--mbs", help="pin the micro-batch size"),
+    vpp: Optional[int] = typer.Option(None, "--vpp", help="pin the virtual pipeline stages"),
+    schedule: Optional[str] = typer.Option(None, "--schedule", help="pin gpipe | 1f1b | interleaved-1f1b"),
+    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel", help="pin sequence parallelism"),
+    offload: Optional[bool] = typer.Option(None, "--offload/--no-offload", help="pin optimizer offload"),
+    out: Optional[str] = typer.Option(None, "--out", help="write the best plan JSON here"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="write the top plans' time and memory breakdown (PNG) here"),
+    as_json: bool = typer.Option(False, "--json", help="print only JSON: {plans, search}"),
+) -> None:
+    """Search the strategy space and rank the plans; the best is saved with --out."""
+    from advisor.inputs import resolve_inputs
+    from advisor.plan import save_plan
+    from advisor.recommend import recommend
+    from advisor.report import render_recommendation, search_progress
+    from advisor.search import Pins
+
+    inputs = resolve_inputs(model, hardware, nodes=nodes, devices=devices, global_batch=gbs, seq_len=seq_len,
+                            dtype=dtype, tokens=tokens, attention=attention)
+    pins = Pins(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, recompute=recompute, micro_batch_size=mbs,
+                virtual_pipeline_stages=vpp, pipeline_schedule=schedule, sequence_parallel=sequence_parallel,
+                offload_optimizer=offload)
+    with search_progress(console, enabled=not as_json and sys.stdout.isatty()) as progress:
+        result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, pins=pins, top_k=top,
+                           searcher=searcher, progress=progress)
+    if out:
+        save_plan(result.best, out)
+    if plot:
+        from advisor.plots import recommend_plot
+
+        recommend_plot(result, plot)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_recommendation(console, result, saved_to=out)
+
+
+# ---- whatif ------------------------------------------------------------------------------------
+@app.command("whatif")
+def whatif_cmd(
+    model: str = typer.Option(..., "--model", help="bundled model name or path"),
+    hardware: str = typer.Option(..., "--hardware", help="comma-separated hardware profiles (names or paths)"),
+    nodes: Optional[str] = typer.Option(None, "--nodes", help="comma-separated node counts, e.g. 8,16,32"),
+    devices: Optional[str] = typer.Option(None, "--devices", help="comma-separated device counts (instead of --nodes)"),
+    inter_node_gbps: Optional[str] = typer.Option(None, "--inter-node-gbps", help="inter-node GB/s per device, e.g. 25,50"),
+    intra_node_gbps: Optional[str] = typer.Option(None, "--intra-node-gbps", help="intra-node GB/s per device"),
+    memory_gib: Optional[str] = typer.Option(None, "--memory-gib", help="device memory in GiB, e.g. 80,141"),
+    gbs: Optional[str] = typer.Option(None, "--global-batch", "--gbs", help="global batch sizes (sequences)"),
+    seq_len: Optional[str] = typer.Option(None, "--seq-len", help="sequence lengths"),
+    tokens: Optional[str] = typer.Option(None, "--tokens", help="token budget for time, cost and energy to train, e.g. 2T"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 | fp8 (default: per profile)"),
+    searcher: str = typer.Option("enumerate", "--searcher", help="enumerate | drec | ilp"),
+    workers: Optional[int] = typer.Option(None, "--workers", help="worker processes (default: one per core)"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="write a throughput / time-to-train plot (PNG) here"),
+    as_json: bool = typer.Option(False, "--json", help="print only JSON: {points: [...]}"),
+) -> None:
+    """Best plan per hardware variant and cluster size: throughput, time, cost and energy to train."""
+    from advisor.whatif import parse_list, parse_names, render_whatif, whatif
+
+    result = whatif(
+        model, parse_names("--hardware", hardware),
+        nodes=parse_list("--nodes", nodes), devices=parse_list("--devices", devices),
+        inter_node_gbps=parse_list("--inter-node-gbps", inter_node_gbps, float),
+        intra_node_gbps=parse_list("--intra-node-gbps", intra_node_gbps, float),
+        memory_gib=parse_list("--memory-gib", memory_gib, float),
+        global_batch=parse_list("--global-batch", gbs), seq_len=parse_list("--seq-len", seq_len),
+        tokens=tokens, dtype=dtype, searcher=searcher, workers=workers,
+    )
+    if plot:
+        from advisor.plots import whatif_plot
+
+        whatif_plot(result, plot)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_whatif(console, result, plot_path=plot)
+
+
+# ---- export ------------------------------------------------------------------------------------
+@app.command("export")
+def export_cmd(
+    plan_path: str = typer.Argument(..., metavar="PLAN", help="plan JSON (from advisor recommend --out)"),
+    to: str = typer.Option(..., "--to", help="megatron | deepspeed | torchtitan | mindspore | k8s"),
+    out: Optional[str] = typer.Option(None, "--out", help="write here (a file, or a folder for several files)"),
+    as_json: bool = typer.Option(False, "--json", help="print only JSON: {target, files, unsupported, notes}"),
+) -> None:
+    """Launch configuration for Megatron-LM, DeepSpeed, torchtitan, MindSpore or Kubernetes."""
+    from advisor.export import export_plan, write_export
+    from advisor.plan import load_plan
+
+    result = export_plan(load_plan(plan_path), to)
+    if as_json:
+        print_json(result.to_dict())
+    elif out:
+        for path in write_export(result, out):
+            console.print(f"wrote {path}", markup=False, highlight=False)
+    else:
+        sys.stdout.write(result.text())
+    for item in result.unsupported:
+        err_console.print(f"warning: {to} cannot express {item}", markup=False, highlight=False, soft_wrap=True)
+
+
+# ---- execute / calibrate (reference executor on torch.distributed) --------------------------------
+@app.command("execute")
+def execute_cmd(
+    plan_path: str = typer.Argument(..., metavar="PLAN", help="plan JSON (from advisor recommend --out, or by hand)"),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="processes to start (must equal the plan's devices)"),
+    steps: int = typer.Option(5, "--steps", help="optimizer steps (the first is warm-up for timing)"),
+    tiny: bool = typer.Option(False, "--tiny", help="a tiny model of the same family, every parallel knob kept"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="run in this dtype instead of the plan's (fp32)"),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="profile of this machine (advisor calibrate) for the time prediction"),
+    backend: str = typer.Option("auto", "--backend", help="auto | gloo | nccl"),
+    timeout: float = typer.Option(900.0, "--timeout", help="hard limit in seconds for the whole run"),
+    results: Optional[str] = typer.Option(None, "--results", help="compare results.json written by torchrun workers instead of launching"),
+    out: Optional[str] = typer.Option(None, "--out", help="write the validation report (JSON) here"),
+    as_json: bool = typer.Option(False, "--json", help="print only the report JSON"),
+) -> None:
+    """Run the plan on torch.distributed; compare losses, memory and time with the prediction."""
+    from advisor.execute import ExecuteOptions, execute, render_report, write_report
+
+    report = execute(plan_path, ExecuteOptions(nproc=nproc, steps=steps, tiny=tiny, dtype=dtype, time_hardware=hardware,
+                                               backend=backend, timeout_s=timeout, results=results))
+    if out:
+        write_report(report, out)
+    if as_json:
+        print_json(report)
+    else:
+        render_report(console, report, saved_to=out)
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    backend: str = typer.Option("auto", "--backend", help="gloo | nccl (default: nccl when GPUs are present)"),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="ranks to measure with (default: GPUs, or CPU cores up to 8)"),
+    out: Optional[str] = typer.Option(None, "--out", help="write the profile YAML here"),
+    quick: bool = typer.Option(False, "--quick", help="fewer sizes and repeats"),
+    as_json: bool = typer.Option(False, "--json", help="print only the profile as JSON"),
+) -> None:
+    """Measure this machine (matmul, memory, collectives) into a hardware profile."""
+    from advisor.calibrate import CalibrateOptions, calibrate, render_profile, write_profile
+
+    profile = calibrate(CalibrateOptions(backend=backend, nproc=nproc, quick=quick))
+    if out:
+        write_profile(profile, out)
+    if as_json:
+        print_json(profile)
+    else:
+        render_profile(console, profile, saved_to=out)
+
+
+def _offending_value(exc) -> str | None:
+    """The command-line value that a bad-parameter error refers to (click does not keep it)."""
+    param = getattr(exc, "param", None)
+    opts = getattr(param, "opts", None) or []
+    args = sys.argv[1:]
+    for i, arg in enumerate(args):
+        for opt in opts:
+            if arg == opt and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith(opt + "="):
+                return arg[len(opt) + 1:]
+    return None
+
+
 def main() -> None:
     try:
         app(standalone_mode=False)
@@ -112,8 +296,12 @@ def main() -> None:
         # Usage errors (unknown option, bad flag value) come from typer's click layer: show them
         # as click would and exit 2, without a traceback.
         if type(exc).__name__ in ("UsageError", "BadParameter", "NoSuchOption", "MissingParameter", "BadOptionUsage",
-                                  "BadArgumentUsage", "ClickException", "FileError") and hasattr(exc, "show"):
-            exc.show()
+                                  "BadArgumentUsage", "ClickException", "FileError") and hasattr(exc, "format_message"):
+            message = " ".join(exc.format_message().split())
+            given = _offending_value(exc)
+            if given is not None:
+                message += f" (got {given!r})"
+            err_console.print(f"error: {message} (see 'advisor --help')", markup=False, highlight=False, soft_wrap=True)
             sys.exit(2)
         raise
 

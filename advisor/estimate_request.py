@@ -56,6 +56,9 @@ def strategy_from_flags(inputs: Inputs, *, tp: int, pp: int, dp: int | None, cp:
         dp = devices // (tp * pp * cp)
     if dp < 1:
         raise AdvisorError(f"--dp must be a positive integer, got {dp}")
+    if dp * tp * pp * cp != devices:
+        raise AdvisorError(f"illegal strategy: dp x tp x pp x cp must equal the number of devices "
+                           f"({dp} x {tp} x {pp} x {cp} = {dp * tp * pp * cp}, devices = {devices}; flags --dp --tp --pp --cp)")
     gbs = inputs.job.global_batch_size
     if gbs % (dp * mbs):
         raise AdvisorError(f"--gbs {gbs} is not divisible by dp x micro-batch = {dp} x {mbs}; "

@@ -67,7 +67,8 @@ def test_profile_numbers_are_sane(name):
     # efficiency grows with GEMM size and stays a fraction
     assert [p[1] for p in curve] == sorted(p[1] for p in curve)
     assert all(0 < p[1] <= 1 for p in curve)
-    assert curve[-1][1] >= 0.7
+    # large GEMMs inside a training framework reach 0.6-0.9 of peak (calibrated A100: 0.73)
+    assert 0.6 <= curve[-1][1] <= 0.9
     assert 0 < dev.memory_efficiency <= 1
     assert node.devices_per_node % node.group_size == 0
     # the link tiers are ordered fastest first

@@ -245,12 +245,17 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     first_x, last_x = end_stage_activations(model, job, b)
     active, first, last = stage_masks(b)
     per_mb = per_mb + np.where(first, col(first_x), 0.0) + np.where(last, col(last_x), 0.0)
-    replay = np.where(full & (n_layers > 0), np.where(moe_n > 0, m_full, d_full), 0.0)
+    # During the backward of a recomputed layer its full activations are live again, in place of
+    # its kept input; the later, non-recomputed layers of that micro-batch are freed by then.
+    one_full = np.where(moe_n > 0, m_full, d_full)
+    one_kept = np.where(moe_n > 0, m_keep, d_keep)
+    not_recomputed = (1 - share) * (dense_n * d_full + moe_n * m_full)
+    replay = np.where(full & (n_layers > 0), np.maximum(one_full - one_kept - not_recomputed, 0.0), 0.0)
     acts = per_mb * in_flight(b) + replay
 
     layer_max = model.dense_layer_params if model.moe is None else max(model.dense_layer_params, model.moe_layer_params)
     buffers = (
-        np.where(z >= 3, 2.0 * layer_max / col(b.tp) * wb, 0.0)
+        np.where((z >= 3) & (dp_group > 1), 2.0 * layer_max / col(b.tp) * wb, 0.0)
         + np.where(dp_group > 1, DDP_BUCKET_BYTES, 0.0)
         + np.where(col(b.sequence_parallel), 2.0 * job.seq_length / col(b.cp) * col(b.micro_batch_size) * model.hidden_size * job.dtype_bytes / 2.0, 0.0)
     )

@@ -137,7 +137,8 @@ def violations(model: ModelSpec, cluster: Cluster, job: TrainingJob, strategy: S
     out = []
     for name, (rule, sentence) in RULES.items():
         if bool(rule(model, cluster, job, batch)[0]):
-            out.append(f"{sentence} ({_detail(name, model, cluster, job, strategy)})")
+            detail = _detail(name, model, cluster, job, strategy)
+            out.append(f"{sentence} ({detail})" if detail else sentence)
     return out
 
 
@@ -153,6 +154,9 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "stage layers": f"stage_layers = {list(s.resolved_stage_layers(m.num_layers))}, layers = {m.num_layers}, vpp = {s.virtual_pipeline_stages}",
         "interleaving": f"schedule = {s.pipeline_schedule}, vpp = {s.virtual_pipeline_stages}, pp = {s.pp}, micro-batches = {s.num_micro_batches}",
         "zero stage": f"zero = {s.zero_stage}",
+        "sequence parallel needs tp": f"tp = {s.tp}",
+        "offload needs zero": f"zero = {s.zero_stage}",
+        "positive degrees": f"dp = {s.dp}, tp = {s.tp}, pp = {s.pp}, cp = {s.cp}, ep = {s.ep}",
         "recompute layers": f"recompute = {s.recompute}, recompute_layers = {s.recompute_layers}",
     }
     return details.get(name, "")
