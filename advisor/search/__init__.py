@@ -71,11 +71,15 @@ def _flag_value(value: Any) -> str:
 
 @dataclass(frozen=True)
 class SearchStats:
-    """What a search looked at. ``candidates`` counts complete legal candidates (after rules and
-    de-duplication), each either scored exactly or eliminated by a proven bound; ``scored`` those the
-    cost model priced; ``feasible`` the scored ones that fit. ``pruned`` maps a reason to how many
-    combinations it removed; ``deduplicated`` maps a reason to combinations skipped because another
-    candidate is provably equivalent; ``infeasible`` maps a reason to scored candidates that do not fit."""
+    """What a search looked at.
+
+    ``candidates``: complete legal candidates (after the rules and de-duplication), each either
+    priced exactly or eliminated by a proven bound; ``scored``: those the cost model priced exactly;
+    ``feasible``: the scored ones that fit. ``pruned`` maps a reason to how many were removed: a
+    legality rule (counted in the partial combinations it removed, before the later knobs are
+    crossed in), a search constraint, or a bound (memory, or cannot reach the top K; counted in
+    complete candidates). ``deduplicated`` maps a reason to combinations not generated because a
+    kept one is provably equivalent. ``bound_evaluations`` counts candidates priced for bounds."""
 
     searcher: str
     candidates: int
@@ -84,14 +88,13 @@ class SearchStats:
     seconds: float
     pruned: dict[str, int] = field(default_factory=dict)
     deduplicated: dict[str, int] = field(default_factory=dict)
-    infeasible: dict[str, int] = field(default_factory=dict)
     bound_evaluations: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "searcher": self.searcher, "candidates": self.candidates, "scored": self.scored,
             "feasible": self.feasible, "seconds": round(self.seconds, 4), "pruned": dict(self.pruned),
-            "deduplicated": dict(self.deduplicated), "infeasible": dict(self.infeasible),
+            "deduplicated": dict(self.deduplicated),
             "bound_evaluations": self.bound_evaluations,
         }
 

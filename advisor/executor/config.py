@@ -1,0 +1,371 @@
+"""What one executor run does, read from the plan JSON (plain dicts only), plus the up-front refusals.
+
+The executor never imports the cost model or the searchers: a plan written by any advisor version,
+or by hand, runs the same way. Everything a rank needs travels as a RunConfig (JSON-serializable).
+
+``shrink_plan`` implements ``--tiny``: the same model family (GQA ratio, SwiGLU/GELU, norm, biases,
+position embedding, tied embeddings) at a few MB, with every parallel degree, the micro-batch count,
+the schedule, virtual stages, ZeRO stage, recomputation and mesh order of the plan kept.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from advisor.errors import AdvisorError
+from advisor.executor.model import ModelConfig
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b",
+             # beyond the plan schema's three: accepted in hand-written plans
+             "interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev")
+ZERO_BUBBLE = ("interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev")
+V_SCHEDULES = ("zbv-zero-bubble", "dualpipev")
+RECOMPUTE = ("none", "selective", "full")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+MESH_DIMS = ("pp", "dp", "cp", "tp")
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    dp: int
+    tp: int
+    pp: int
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    virtual_pipeline_stages: int = 1
+    micro_batch_size: int = 1
+    num_micro_batches: int = 1
+    zero_stage: int = 0
+    recompute: str = "none"
+    recompute_layers: int | None = None
+    pipeline_schedule: str = "1f1b"
+    stage_layers: tuple[int, ...] = (1,)
+    mesh_order: tuple[str, ...] = ("pp", "dp", "cp", "tp")
+    offload_optimizer: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def local_batch_size(self) -> int:
+        """Sequences one data-parallel rank trains per step."""
+        return self.micro_batch_size * self.num_micro_batches
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One training run on all ranks of one launch."""
+
+    name: str
+    model: ModelConfig
+    parallel: ParallelConfig
+    seq_length: int
+    dtype: str = "fp32"
+    optimizer: str = "adamw"
+    steps: int = 5
+    seed: int = 1234
+    learning_rate: float = 3e-3
+    inject_failure: tuple[int, int] | None = None   # (rank, step): raise there (tests)
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.parallel.dp * self.parallel.local_batch_size
+
+
+TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp64": "float64"}   # fp64: a diagnostic, not from plans
+
+
+def torch_dtype(cfg: RunConfig):
+    import torch
+
+    return getattr(torch, TORCH_DTYPES[cfg.dtype])
+
+
+def run_config_to_dict(cfg: RunConfig) -> dict[str, Any]:
+    return asdict(cfg)
+
+
+def run_config_from_dict(d: dict[str, Any]) -> RunConfig:
+    par = dict(d["parallel"])
+    par["stage_layers"] = tuple(par["stage_layers"])
+    par["mesh_order"] = tuple(par["mesh_order"])
+    fail = d.get("inject_failure")
+    return RunConfig(
+        name=d["name"], model=ModelConfig(**d["model"]), parallel=ParallelConfig(**par),
+        seq_length=d["seq_length"], dtype=d["dtype"], optimizer=d["optimizer"], steps=d["steps"],
+        seed=d["seed"], learning_rate=d["learning_rate"],
+        inject_failure=tuple(fail) if fail is not None else None, notes=tuple(d.get("notes", ())),
+    )
+
+
+# ---- reading the plan --------------------------------------------------------------------------
+def _section(plan: dict[str, Any], key: str) -> dict[str, Any]:
+    value = plan.get(key)
+    if not isinstance(value, dict):
+        raise AdvisorError(f"plan: key '{key}' must be a mapping, got {value!r}")
+    return value
+
+
+def _int(d: dict[str, Any], key: str, where: str, default: int | None = None, minimum: int = 1) -> int:
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise AdvisorError(f"plan: {where}.{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _bool(d: dict[str, Any], key: str, where: str, default: bool) -> bool:
+    value = d.get(key, default)
+    if not isinstance(value, bool):
+        raise AdvisorError(f"plan: {where}.{key} must be true or false, got {value!r}")
+    return value
+
+
+def _choice(d: dict[str, Any], key: str, where: str, options, default: str | None = None) -> str:
+    value = d.get(key, default)
+    if value not in options:
+        raise AdvisorError(f"plan: {where}.{key} must be one of {', '.join(options)}, got {value!r}")
+    return value
+
+
+def model_config_from_plan(model: dict[str, Any], attention: str = "flash") -> ModelConfig:
+    w = "model"
+    hidden = _int(model, "hidden_size", w)
+    heads = _int(model, "num_attention_heads", w)
+    kv = _int(model, "num_kv_heads", w, default=heads)
+    if hidden % heads:
+        raise AdvisorError(f"plan: model.num_attention_heads = {heads} does not divide model.hidden_size = {hidden}")
+    if heads % kv:
+        raise AdvisorError(f"plan: model.num_kv_heads = {kv} does not divide model.num_attention_heads = {heads}")
+    return ModelConfig(
+        num_layers=_int(model, "num_layers", w),
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=kv,
+        ffn_hidden_size=_int(model, "ffn_hidden_size", w, default=4 * hidden),
+        ffn_activation=_choice(model, "ffn_activation", w, ("gelu", "swiglu"), "gelu"),
+        vocab_size=_int(model, "vocab_size", w),
+        seq_length=_int(model, "seq_length", w),
+        tie_embeddings=_bool(model, "tie_embeddings", w, False),
+        norm=_choice(model, "norm", w, ("layernorm", "rmsnorm"), "layernorm"),
+        use_bias=_bool(model, "use_bias", w, False),
+        position_embedding=_choice(model, "position_embedding", w, ("learned", "rotary", "none"), "rotary"),
+        attention=attention,
+    )
+
+
+def even_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Same rule as advisor.space.strategy.even_stage_layers (extra layers to the middle stages)."""
+    base, extra = divmod(num_layers, pp)
+    counts = [base] * pp
+    order = sorted(range(pp), key=lambda i: (i in (0, pp - 1), abs(i - (pp - 1) / 2)))
+    for i in order[:extra]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+def parallel_config_from_plan(par: dict[str, Any], num_layers: int) -> ParallelConfig:
+    w = "parallel"
+    pp = _int(par, "pp", w)
+    stage_layers = par.get("stage_layers")
+    if stage_layers is None:
+        stage_layers = even_stage_layers(num_layers, pp)
+    if not isinstance(stage_layers, (list, tuple)) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in stage_layers):
+        raise AdvisorError(f"plan: parallel.stage_layers must be a list of layer counts, got {stage_layers!r}")
+    mesh_order = par.get("mesh_order", list(MESH_DIMS))
+    if not isinstance(mesh_order, (list, tuple)) or sorted(mesh_order) != sorted(MESH_DIMS):
+        raise AdvisorError(f"plan: parallel.mesh_order must order all of pp, dp, cp, tp, got {mesh_order!r}")
+    recompute_layers = par.get("recompute_layers")
+    if recompute_layers is not None:
+        recompute_layers = _int(par, "recompute_layers", w)
+    return ParallelConfig(
+        dp=_int(par, "dp", w), tp=_int(par, "tp", w), pp=pp, cp=_int(par, "cp", w, 1), ep=_int(par, "ep", w, 1),
+        sequence_parallel=_bool(par, "sequence_parallel", w, False),
+        virtual_pipeline_stages=_int(par, "virtual_pipeline_stages", w, 1),
+        micro_batch_size=_int(par, "micro_batch_size", w, 1),
+        num_micro_batches=_int(par, "num_micro_batches", w, 1),
+        zero_stage=_int(par, "zero_stage", w, 0, minimum=0),
+        recompute=_choice(par, "recompute", w, RECOMPUTE, "none"),
+        recompute_layers=recompute_layers,
+        pipeline_schedule=_choice(par, "pipeline_schedule", w, SCHEDULES, "1f1b"),
+        stage_layers=tuple(stage_layers),
+        mesh_order=tuple(mesh_order),
+        offload_optimizer=_bool(par, "offload_optimizer", w, False),
+    )
+
+
+def run_config_from_plan(plan: dict[str, Any], *, steps: int = 5, tiny: bool = False, seed: int = 1234,
+                         dtype: str | None = None, name: str | None = None) -> RunConfig:
+    """The run a plan asks for (``tiny``: its --tiny shrink). Refuses what cannot run, up front."""
+    if not isinstance(plan, dict):
+        raise AdvisorError(f"plan: the top level must be a mapping, got {type(plan).__name__}")
+    if tiny:
+        plan = shrink_plan(plan)
+    model_d, train_d, par_d = _section(plan, "model"), _section(plan, "training"), _section(plan, "parallel")
+    if model_d.get("moe") is not None:
+        raise AdvisorError("plan: model.moe is set, but the executor runs dense models only (no expert layers)")
+    attention = _choice(train_d, "attention", "training", ("flash", "math"), "flash")
+    model = model_config_from_plan(model_d, attention)
+    par = parallel_config_from_plan(par_d, model.num_layers)
+    seq = _int(train_d, "seq_length", "training")
+    plan_dtype = _choice(train_d, "dtype", "training", DTYPES, "bf16")
+    run_dtype = plan_dtype if dtype is None else dtype
+    notes = []
+    if dtype is not None and dtype != plan_dtype:
+        notes.append(f"ran in {dtype} instead of the plan's {plan_dtype} (--dtype)")
+    cfg = RunConfig(
+        name=name or str(model_d.get("name", "plan")),
+        model=model, parallel=par, seq_length=seq, dtype=run_dtype,
+        optimizer=_choice(train_d, "optimizer", "training", OPTIMIZERS, "adamw"),
+        steps=steps, seed=seed, notes=tuple(notes),
+    )
+    gbs = _int(train_d, "global_batch_size", "training")
+    problems = refusals(cfg, global_batch_size=gbs, devices=_cluster_devices(plan))
+    if problems:
+        raise AdvisorError("the executor cannot run this plan: " + "; ".join(problems))
+    return cfg
+
+
+def _cluster_devices(plan: dict[str, Any]) -> int | None:
+    cluster = plan.get("cluster")
+    if isinstance(cluster, dict) and "devices" in cluster:
+        return _int(cluster, "devices", "cluster")
+    return None
+
+
+# ---- refusals ----------------------------------------------------------------------------------
+def refusals(cfg: RunConfig, global_batch_size: int | None = None, devices: int | None = None) -> list[str]:
+    """Sentences, each naming the field, for everything this executor cannot run as asked."""
+    m, p = cfg.model, cfg.parallel
+    out = []
+    if cfg.dtype not in ("fp32", "tf32"):
+        out.append(f"training.dtype = {cfg.dtype}: the executor trains in fp32 only (no mixed precision); "
+                   "pass --dtype fp32 to check the plan's parallel layout in fp32")
+    if p.cp != 1:
+        out.append(f"parallel.cp = {p.cp}: context parallelism is not run (PyTorch's context_parallel needs fused "
+                   "SDPA ring attention on CUDA; the executor uses math attention)")
+    if p.ep != 1:
+        out.append(f"parallel.ep = {p.ep}: expert parallelism needs MoE layers, which the executor does not run")
+    if p.offload_optimizer:
+        out.append("parallel.offload_optimizer = true: optimizer offload is not run by the executor")
+    if p.zero_stage > 3:
+        out.append(f"parallel.zero_stage = {p.zero_stage}: must be 0, 1, 2 or 3")
+    if devices is not None and devices != p.world_size:
+        out.append(f"cluster.devices = {devices} but dp x tp x pp x cp = {p.world_size}")
+    if global_batch_size is not None and global_batch_size != cfg.global_batch_size:
+        out.append(f"training.global_batch_size = {global_batch_size} but dp x micro_batch_size x num_micro_batches "
+                   f"= {cfg.global_batch_size}")
+    out += _tp_refusals(cfg)
+    out += _pp_refusals(cfg)
+    if p.sequence_parallel and p.tp == 1:
+        out.append("parallel.sequence_parallel = true needs tp > 1")
+    if m.position_embedding == "learned" and cfg.seq_length > m.seq_length:
+        out.append(f"training.seq_length = {cfg.seq_length} exceeds model.seq_length = {m.seq_length} "
+                   "(the learned position table)")
+    return out
+
+
+def _tp_refusals(cfg: RunConfig) -> list[str]:
+    m, p = cfg.model, cfg.parallel
+    out = []
+    for key, value in (("num_attention_heads", m.num_attention_heads), ("num_kv_heads", m.num_kv_heads),
+                       ("ffn_hidden_size", m.ffn_hidden_size), ("vocab_size", m.vocab_size)):
+        if value % p.tp:
+            out.append(f"model.{key} = {value} is not divisible by parallel.tp = {p.tp}")
+    if p.sequence_parallel and cfg.seq_length % p.tp:
+        out.append(f"training.seq_length = {cfg.seq_length} is not divisible by parallel.tp = {p.tp} "
+                   "(sequence parallelism splits the sequence)")
+    return out
+
+
+def _pp_refusals(cfg: RunConfig) -> list[str]:
+    m, p = cfg.model, cfg.parallel
+    out = []
+    v, n, sched = p.virtual_pipeline_stages, p.num_micro_batches, p.pipeline_schedule
+    if len(p.stage_layers) != p.pp:
+        return [f"parallel.stage_layers has {len(p.stage_layers)} entries but parallel.pp = {p.pp}"]
+    if sum(p.stage_layers) != m.num_layers:
+        out.append(f"parallel.stage_layers sum to {sum(p.stage_layers)} but model.num_layers = {m.num_layers}")
+    if any(x < v or x % v for x in p.stage_layers):
+        out.append(f"parallel.stage_layers = {list(p.stage_layers)}: each stage needs a positive multiple of "
+                   f"virtual_pipeline_stages = {v} layers")
+    if p.recompute_layers is not None and (p.recompute != "full" or p.recompute_layers > max(p.stage_layers)):
+        out.append(f"parallel.recompute_layers = {p.recompute_layers} needs recompute = full and at most the "
+                   "layers of a stage")
+    if p.pp == 1:
+        if v != 1:
+            out.append(f"parallel.virtual_pipeline_stages = {v} needs pp > 1")
+        return out
+    interleaved = sched in ("interleaved-1f1b", "interleaved-zero-bubble")
+    if interleaved and v < 2:
+        out.append(f"parallel.pipeline_schedule = {sched} needs virtual_pipeline_stages > 1")
+    if sched in ("gpipe", "1f1b") and v != 1:
+        out.append(f"parallel.virtual_pipeline_stages = {v} needs an interleaved schedule, not {sched}")
+    if sched in V_SCHEDULES and v != 2:
+        out.append(f"parallel.pipeline_schedule = {sched} needs virtual_pipeline_stages = 2 (two stages per rank)")
+    if sched == "1f1b" and n < p.pp:
+        out.append(f"parallel.num_micro_batches = {n} is below pp = {p.pp}, which torch's Schedule1F1B refuses")
+    if interleaved and n % p.pp:
+        out.append(f"parallel.num_micro_batches = {n} must be a multiple of pp = {p.pp} for {sched}")
+    if sched == "dualpipev" and n < 2 * p.pp:
+        out.append(f"parallel.num_micro_batches = {n} must be at least 2 x pp for dualpipev")
+    if sched in ZERO_BUBBLE and p.zero_stage == 3 and p.dp > 1:
+        out.append(f"parallel.pipeline_schedule = {sched} with zero_stage = 3 (FSDP resharding after forward) gives "
+                   "wrong gradients in PyTorch 2.13 (verified: losses off by 0.05-0.6); use zero_stage <= 2 or a "
+                   "non-zero-bubble schedule")
+    return out
+
+
+# ---- --tiny ------------------------------------------------------------------------------------
+TINY_HEAD_DIM = 16
+TINY_VOCAB = 256
+TINY_SEQ = 32
+
+
+def shrink_plan(plan: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the plan with a tiny model of the same family; parallel knobs kept (see module doc)."""
+    model, par, train = _section(plan, "model"), dict(_section(plan, "parallel")), dict(_section(plan, "training"))
+    tp = _int(par, "tp", "parallel")
+    pp = _int(par, "pp", "parallel")
+    vpp = _int(par, "virtual_pipeline_stages", "parallel", 1)
+    heads = _int(model, "num_attention_heads", "model")
+    kv = _int(model, "num_kv_heads", "model", default=heads)
+    ratio = max(1, heads // kv)
+    kv_tiny = tp if ratio > 1 else tp * math.ceil(4 / tp)
+    heads_tiny = kv_tiny * min(ratio, 4)
+    hidden = heads_tiny * TINY_HEAD_DIM
+    ffn_ratio = model.get("ffn_hidden_size", 4 * model["hidden_size"]) / model["hidden_size"]
+    unit = 8 * tp
+    ffn = max(unit, round(hidden * ffn_ratio / unit) * unit)
+    orig_layers = par.get("stage_layers") or list(even_stage_layers(_int(model, "num_layers", "model"), pp))
+    smallest = max(1, min(orig_layers))
+    stage_layers = [vpp * max(1, round(x / smallest)) if x else 0 for x in orig_layers]
+    seq = max(TINY_SEQ, tp)
+    tiny_model = {k: v for k, v in model.items() if k not in ("published_params", "notes")}
+    tiny_model.update(name=f"{model.get('name', 'model')}-tiny", num_layers=sum(stage_layers), hidden_size=hidden,
+                      num_attention_heads=heads_tiny, num_kv_heads=heads_tiny // min(ratio, 4),
+                      ffn_hidden_size=ffn, vocab_size=TINY_VOCAB * math.ceil(tp / TINY_VOCAB),
+                      seq_length=seq)
+    rl = par.get("recompute_layers")
+    if isinstance(rl, int) and not isinstance(rl, bool) and rl > 0:
+        par["recompute_layers"] = min(max(stage_layers), max(1, round(rl * max(stage_layers) / max(orig_layers))))
+    par["stage_layers"] = stage_layers
+    mbs = min(_int(par, "micro_batch_size", "parallel", 1), 2)
+    par["micro_batch_size"] = mbs
+    dp, nmb = _int(par, "dp", "parallel"), _int(par, "num_micro_batches", "parallel", 1)
+    train.update(seq_length=seq, global_batch_size=dp * mbs * nmb)
+    out = dict(plan)
+    out.update(model=tiny_model, parallel=par, training=train)
+    out["prediction"] = None   # the plan's prediction was for the full model
+    return out
+
+
+def with_parallel(cfg: RunConfig, **changes) -> RunConfig:
+    """A copy with some parallel knobs changed (tests build their matrix with it)."""
+    return replace(cfg, parallel=replace(cfg.parallel, **changes))

@@ -1,0 +1,300 @@
+"""Apply a plan's parallelism to the model with PyTorch's own distributed stack.
+
+* Device mesh: ``init_device_mesh`` with the plan's mesh order (outermost first; the last dimension
+  gets consecutive ranks).
+* Tensor parallelism: ``parallelize_module`` with ColwiseParallel / RowwiseParallel (Megatron's
+  column/row split of attention and MLP), the token embedding RowwiseParallel and the LM head
+  ColwiseParallel; with sequence parallelism the norms (and learned positions) are SequenceParallel
+  and the attention/MLP inputs are all-gathered by PrepareModuleInput (Korthikanti et al. 2022).
+* Recomputation: non-reentrant ``checkpoint_wrapper`` around each block (full; the first
+  ``recompute_layers`` blocks of a stage when given) or around the attention core (selective).
+* Data parallelism: ZeRO-3 = FSDP2 ``fully_shard`` with ``reshard_after_forward=True``; ZeRO-2 =
+  ``fully_shard`` with ``reshard_after_forward=False`` (parameters stay gathered from forward to
+  backward; gradients and optimizer state sharded); ZeRO-0 = gradients averaged over the
+  data-parallel group after accumulation (Megatron-style DDP); ZeRO-1 = the same plus
+  :class:`ZeroOneOptimizer`, which partitions the optimizer state element-wise over the
+  data-parallel ranks. (torch's ``replicate`` turns TP DTensor parameters into non-leaf tensors in
+  2.13, and ``ZeroRedundancyOptimizer`` partitions whole parameters and rejects DTensors, hence the
+  two small pieces here.)
+* Pipeline parallelism: ``torch.distributed.pipelining`` PipelineStage per model chunk and the
+  plan's schedule (GPipe, 1F1B, Interleaved1F1B; zero-bubble ones for hand-written plans). Stage s
+  holds chunks s, s + pp, ... (looped), or s and 2pp - 1 - s for the V schedules; the layers of
+  physical stage s are ``stage_layers[s]``, split evenly over its chunks in Megatron's order.
+* Tied embeddings across pipeline ends: the LM head holds a copy of the embedding weight whose
+  gradient is summed with the embedding's after backward (Megatron's embedding group).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from advisor.executor.config import RunConfig, V_SCHEDULES
+from advisor.executor.model import GPT
+
+
+# ---- mesh --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Coords:
+    """This rank's place in the mesh."""
+
+    pp: int
+    dp: int
+    tp: int
+
+
+def build_mesh(cfg: RunConfig, device_type: str):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    p = cfg.parallel
+    names = tuple(d for d in p.mesh_order if d != "cp")   # cp = 1 (refused otherwise)
+    shape = tuple(getattr(p, d) for d in names)
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    coord = mesh.get_coordinate()
+    where = dict(zip(names, coord))
+    return mesh, Coords(pp=where["pp"], dp=where["dp"], tp=where["tp"])
+
+
+# ---- layer placement ---------------------------------------------------------------------------
+def chunk_layout(cfg: RunConfig) -> list[tuple[int, int, tuple[int, ...]]]:
+    """(virtual stage index, physical stage, layer ids) for every model chunk, in model order."""
+    p = cfg.parallel
+    v = p.virtual_pipeline_stages
+    per_chunk = [n // v for n in p.stage_layers]
+    n_stages = p.pp * v
+    owner = [stage_to_rank(i, p.pp, n_stages, p.pipeline_schedule) for i in range(n_stages)]
+    taken = [0] * p.pp
+    out, next_layer = [], 0
+    for stage in range(n_stages):
+        rank = owner[stage]
+        count = per_chunk[rank]
+        out.append((stage, rank, tuple(range(next_layer, next_layer + count))))
+        taken[rank] += count
+        next_layer += count
+    return out
+
+
+def stage_to_rank(stage: int, pp: int, n_stages: int, schedule: str) -> int:
+    if schedule in V_SCHEDULES:
+        return stage if stage < pp else n_stages - 1 - stage
+    return stage % pp
+
+
+def build_chunks(cfg: RunConfig, pp_rank: int) -> list[tuple[int, GPT]]:
+    """This rank's model chunks (virtual stage index, module), fully initialized."""
+    layout = chunk_layout(cfg)
+    last = len(layout) - 1
+    chunks = []
+    for stage, rank, layers in layout:
+        if rank == pp_rank:
+            chunks.append((stage, GPT(cfg.model, layers, has_embedding=stage == 0, has_head=stage == last,
+                                      init_seed=cfg.seed)))
+    return chunks
+
+
+# ---- tensor / sequence parallel ----------------------------------------------------------------
+def apply_tensor_parallel(model: GPT, tp_mesh, sequence_parallel: bool) -> None:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+
+    sp = sequence_parallel
+    act = Shard(1) if sp else Replicate()
+    for block in model.layers.values():
+        plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+                "attn.o": RowwiseParallel(output_layouts=act)}
+        if block.mlp.swiglu:
+            plan.update({"mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(),
+                         "mlp.down": RowwiseParallel(output_layouts=act)})
+        else:
+            plan.update({"mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel(output_layouts=act)})
+        if sp:
+            gather = dict(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
+            plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel(),
+                         "attn": PrepareModuleInput(**gather), "mlp": PrepareModuleInput(**gather)})
+        parallelize_module(block, tp_mesh, plan)
+    top = {}
+    if model.embed is not None:
+        top["embed.tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=act)
+        if model.embed.pos is not None and sp:
+            top["embed.pos"] = SequenceParallel(use_local_output=True)
+    if model.head is not None:
+        # logits stay split over the vocabulary: the loss is vocab-parallel (model.VocabParallelLoss)
+        top["head"] = ColwiseParallel(input_layouts=act, output_layouts=Shard(-1))
+        if sp:
+            top["norm"] = SequenceParallel()
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    if model.head is not None and model.embed is not None and model.cfg.tie_embeddings:
+        model.head.weight = model.embed.tok.weight   # re-tie: both are Shard(0) over the vocabulary
+    if model.embed is not None:
+        model.embed.tok.weight.register_post_accumulate_grad_hook(_keep_grad_sharded)
+
+
+def _keep_grad_sharded(param) -> None:
+    """torch computes a RowwiseParallel embedding's gradient as a replicated (full) tensor; keep it in
+    the parameter's vocabulary sharding, as Megatron's VocabParallelEmbedding does (a local slice)."""
+    if param.grad is not None and param.grad.placements != param.placements:
+        param.grad = param.grad.redistribute(param.device_mesh, param.placements)
+
+
+# ---- recomputation -----------------------------------------------------------------------------
+def apply_recompute(model: GPT, recompute: str, recompute_layers: int | None) -> list[nn.Module]:
+    """Wrap blocks (full) or attention cores (selective); returns the wrappers (their inputs are the
+    activations a checkpoint keeps)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    wrappers = []
+    if recompute == "none":
+        return wrappers
+    for i, key in enumerate(list(model.layers.keys())):
+        block = model.layers[key]
+        if recompute == "full":
+            if recompute_layers is not None and i >= recompute_layers:
+                continue
+            wrapped = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+            model.layers[key] = wrapped
+        elif block.attn.core.flash:   # a fused (flash) core keeps no scores: nothing to recompute
+            continue
+        else:
+            wrapped = checkpoint_wrapper(block.attn.core, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+            block.attn.core = wrapped
+        wrappers.append(wrapped)
+    return wrappers
+
+
+# ---- data parallel -----------------------------------------------------------------------------
+def apply_fsdp(model: GPT, dp_mesh, reshard_after_forward: bool) -> None:
+    """FSDP2 groups as torchtitan: one per block, the embedding, the final norm with the head, root.
+    A tied embedding and head on one chunk share the root group."""
+    from torch.distributed.fsdp import fully_shard
+
+    kw = dict(mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    for block in model.layers.values():
+        fully_shard(block, **kw)
+    tied_here = model.cfg.tie_embeddings and model.embed is not None and model.head is not None
+    if not tied_here:
+        if model.embed is not None:
+            fully_shard(model.embed, **kw)
+        if model.head is not None:
+            fully_shard([model.norm, model.head], **kw)
+    fully_shard(model, **kw)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def average_gradients(params: list[nn.Parameter], group, world: int, bucket_bytes: int = 32 << 20) -> None:
+    """ZeRO-0/1 data parallelism: average local gradients over the data-parallel group, in buckets."""
+    grads = [_local(p.grad) for p in params if p.grad is not None]
+    bucket, size = [], 0
+    for g in grads + [None]:
+        if g is not None:
+            bucket.append(g)
+            size += g.numel() * g.element_size()
+        if bucket and (g is None or size >= bucket_bytes):
+            flat = torch.cat([b.reshape(-1) for b in bucket])
+            dist.all_reduce(flat, group=group)
+            flat.div_(world)
+            offset = 0
+            for b in bucket:
+                b.copy_(flat[offset: offset + b.numel()].view_as(b))
+                offset += b.numel()
+            bucket, size = [], 0
+
+
+class ZeroOneOptimizer:
+    """ZeRO stage 1 (Rajbhandari et al. 2020): each data-parallel rank keeps optimizer state for a
+    contiguous 1/dp slice of the (local, TP-sharded) parameters, steps it, and the updated slices
+    are all-gathered. The inner optimizer is torch's, on parameter views, so the update is
+    element-for-element the one a replicated optimizer makes."""
+
+    def __init__(self, params: list[nn.Parameter], make_optimizer, group, dp: int, dp_rank: int):
+        self.params = [p for p in params]
+        self.group, self.dp, self.rank = group, dp, dp_rank
+        total = sum(_local(p).numel() for p in self.params)
+        self.shard = -(-total // dp)
+        lo, hi = dp_rank * self.shard, min((dp_rank + 1) * self.shard, total)
+        self.views: list[tuple[nn.Parameter, nn.Parameter, int, int]] = []
+        offset = 0
+        for p in self.params:
+            n = _local(p).numel()
+            a, b = max(lo, offset), min(hi, offset + n)
+            if a < b:
+                view = nn.Parameter(_local(p).detach().view(-1)[a - offset: b - offset])
+                self.views.append((p, view, a - offset, b - offset))
+            offset += n
+        self.total = total
+        self.inner = make_optimizer([v for _, v, _, _ in self.views]) if self.views else None
+
+    def step(self) -> None:
+        for p, view, a, b in self.views:
+            view.grad = _local(p.grad).view(-1)[a:b] if p.grad is not None else None
+        if self.inner is not None:
+            self.inner.step()
+        self._all_gather()
+
+    def _all_gather(self) -> None:
+        locals_ = [_local(p).detach().view(-1) for p in self.params]
+        mine = torch.zeros(self.shard, dtype=locals_[0].dtype, device=locals_[0].device)
+        lo = self.rank * self.shard
+        offset = 0
+        for t in locals_:
+            a, b = max(lo, offset), min(lo + self.shard, offset + t.numel())
+            if a < b:
+                mine[a - lo: b - lo] = t[a - offset: b - offset]
+            offset += t.numel()
+        full = torch.empty(self.shard * self.dp, dtype=mine.dtype, device=mine.device)
+        dist.all_gather_into_tensor(full, mine, group=self.group)
+        offset = 0
+        with torch.no_grad():
+            for t in locals_:
+                t.copy_(full[offset: offset + t.numel()])
+                offset += t.numel()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+        for _, v, _, _ in self.views:
+            v.grad = None
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return optimizer_state_tensors(self.inner) if self.inner is not None else []
+
+
+def optimizer_state_tensors(opt) -> list[torch.Tensor]:
+    if isinstance(opt, ZeroOneOptimizer):
+        return opt.state_tensors()
+    out = []
+    for state in opt.state.values():
+        out += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return out
+
+
+def make_torch_optimizer(name: str, lr: float):
+    """torch's optimizer with its multi-tensor (foreach) kernels, one parameter group per kind of
+    tensor (plain, or DTensor on one mesh): foreach ops cannot mix them."""
+    def build(params):
+        groups = [{"params": g} for g in _homogeneous_groups(params)]
+        if name == "sgd":
+            return torch.optim.SGD(groups, lr=lr, momentum=0.9, foreach=True)
+        if name == "adam":
+            return torch.optim.Adam(groups, lr=lr, foreach=True)
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=0.01, foreach=True)
+    return build
+
+
+def _homogeneous_groups(params) -> list[list[nn.Parameter]]:
+    from torch.distributed.tensor import DTensor
+
+    groups: dict = {}
+    for p in params:
+        key = (id(p.device_mesh), tuple(map(str, p.placements))) if isinstance(p, DTensor) else "plain"
+        groups.setdefault(key, []).append(p)
+    return list(groups.values())

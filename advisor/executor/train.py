@@ -1,0 +1,302 @@
+"""One training run: on every rank of a process group (``run_distributed``), or in one process
+with no parallelism at all (``run_reference``, the yardstick for the losses)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from advisor.executor.config import RunConfig, torch_dtype
+from advisor.executor.data import dp_slice, global_batch
+from advisor.executor.measure import (ActivationTracker, ParameterProbe, gradient_bytes, parameter_bytes,
+                                      tensor_bytes)
+from advisor.executor.model import GPT, VocabParallelLoss, cross_entropy
+from advisor.executor.parallel import (ZeroOneOptimizer, apply_fsdp, apply_recompute, apply_tensor_parallel,
+                                       average_gradients, build_chunks, build_mesh, chunk_layout,
+                                       make_torch_optimizer, optimizer_state_tensors)
+
+
+class InjectedFailure(RuntimeError):
+    """Raised on purpose (RunConfig.inject_failure) to test failure handling."""
+
+
+# ---- the single-process reference --------------------------------------------------------------
+def run_reference(cfg: RunConfig) -> dict:
+    """Same model, data, seed and optimizer as the parallel run, no parallelism: per-step loss and
+    gradient norm. Runs on one intra-op thread (the deterministic, uncontended choice)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _reference(cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _reference(cfg: RunConfig) -> dict:
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.model, range(cfg.model.num_layers), True, True, init_seed=cfg.seed).to(torch_dtype(cfg))
+    params = list(model.parameters())
+    opt = make_torch_optimizer(cfg.optimizer, cfg.learning_rate)(params)
+    mbs = cfg.parallel.micro_batch_size
+    losses, norms = [], []
+    for step in range(cfg.steps):
+        tokens = global_batch(step, cfg.global_batch_size, cfg.seq_length, cfg.model.vocab_size, cfg.seed)
+        count = tokens.shape[0] // mbs
+        total = 0.0
+        for i in range(count):
+            rows = tokens[i * mbs:(i + 1) * mbs]
+            loss = cross_entropy(model(rows[:, :-1]), rows[:, 1:])
+            (loss / count).backward()
+            total += loss.item()
+        losses.append(total / count)
+        norms.append(float(sum(p.grad.double().pow(2).sum() for p in params if p.grad is not None)) ** 0.5)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {"losses": losses, "grad_norms": norms}
+
+
+# ---- the distributed run -----------------------------------------------------------------------
+class _Setup:
+    """Everything one rank builds for a run."""
+
+    def __init__(self, cfg: RunConfig, device: torch.device):
+        p = cfg.parallel
+        self.cfg, self.device = cfg, device
+        self.mesh, self.coords = build_mesh(cfg, device.type)
+        self.tracker = ActivationTracker()
+        self.probe = ParameterProbe()
+        self.chunks = build_chunks(cfg, self.coords.pp)
+        self.n_stages = p.pp * p.virtual_pipeline_stages
+        for stage, chunk in self.chunks:
+            chunk.to(device=device, dtype=torch_dtype(cfg))
+            if p.tp > 1:
+                apply_tensor_parallel(chunk, self.mesh["tp"], p.sequence_parallel)
+            for wrapper in apply_recompute(chunk, p.recompute, p.recompute_layers):
+                self.tracker.watch_checkpoint(wrapper)
+            if p.dp > 1 and p.zero_stage >= 2:
+                apply_fsdp(chunk, self.mesh["dp"], reshard_after_forward=p.zero_stage == 3)
+            self.tracker.watch_chunk(f"chunk{stage}", chunk)
+        self.modules = [c for _, c in self.chunks]
+        self.loss_fn = (VocabParallelLoss(self.mesh["tp"].get_group(), self.coords.tp, cfg.model.vocab_size, p.tp)
+                        if p.tp > 1 else cross_entropy)
+        self.probe.watch(self.modules)
+        self.params = _unique_params(self.modules)
+        self.dp_group = self.mesh["dp"].get_group() if p.dp > 1 else None
+        self.tied = _TiedEmbedding(cfg, self) if cfg.model.tie_embeddings and self.n_stages > 1 else None
+        build = make_torch_optimizer(cfg.optimizer, cfg.learning_rate)
+        if p.zero_stage == 1 and p.dp > 1:
+            self.optimizer = ZeroOneOptimizer(self.params, build, self.dp_group, p.dp, self.coords.dp)
+        else:
+            self.optimizer = build(self.params)
+        self.schedule = _schedule(cfg, self) if p.pp > 1 else None
+
+    @property
+    def holds_first(self) -> bool:
+        return any(stage == 0 for stage, _ in self.chunks)
+
+    @property
+    def holds_last(self) -> bool:
+        return any(stage == self.n_stages - 1 for stage, _ in self.chunks)
+
+
+def _unique_params(modules: list[nn.Module]) -> list[nn.Parameter]:
+    seen, out = set(), []
+    for m in modules:
+        for p in m.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def _schedule(cfg: RunConfig, s: _Setup):
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
+                                              ScheduleZBVZeroBubble)
+
+    p, m = cfg.parallel, cfg.model
+    mbs = p.micro_batch_size
+    seq_local = cfg.seq_length // p.tp if p.sequence_parallel else cfg.seq_length
+    # example tensors: static shapes (no shape-inference pass); requires_grad marks what flows back
+    dtype = torch_dtype(cfg)
+    hidden = torch.zeros(mbs, seq_local, m.hidden_size, device=s.device, dtype=dtype, requires_grad=True)
+    stages = []
+    for stage, chunk in s.chunks:
+        inp = torch.zeros(mbs, cfg.seq_length, dtype=torch.long, device=s.device) if stage == 0 else hidden
+        out = (torch.zeros(mbs, cfg.seq_length, m.vocab_size // p.tp, device=s.device, dtype=dtype, requires_grad=True)
+               if stage == s.n_stages - 1 else hidden)
+        stages.append(PipelineStage(chunk, stage, s.n_stages, s.device, input_args=(inp,), output_args=(out,),
+                                    group=s.mesh["pp"].get_group()))
+    n = p.num_micro_batches
+    kinds = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+    if p.pipeline_schedule in kinds:
+        return kinds[p.pipeline_schedule](stages[0], n, loss_fn=s.loss_fn)
+    multi = {"interleaved-1f1b": ScheduleInterleaved1F1B, "interleaved-zero-bubble": ScheduleInterleavedZeroBubble,
+             "zbv-zero-bubble": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}
+    return multi[p.pipeline_schedule](stages, n, loss_fn=s.loss_fn)
+
+
+class _TiedEmbedding:
+    """Megatron's embedding group: the first stage's embedding and the last stage's head copy get the
+    sum of both gradients, so they stay equal."""
+
+    def __init__(self, cfg: RunConfig, s: _Setup):
+        self.local = []
+        for stage, chunk in s.chunks:
+            if chunk.embed is not None:
+                self.local.append(chunk.embed.tok.weight)
+            if chunk.head is not None:
+                self.local.append(chunk.head.weight)
+        self.group = None
+        ranks_of = s.mesh.mesh  # tensor of global ranks, dims in mesh order
+        names = list(s.mesh.mesh_dim_names)
+        pp_dim = names.index("pp")
+        first = 0
+        last = [stage_rank for stage, stage_rank, _ in chunk_layout(cfg)][-1]
+        if first == last:
+            return
+        moved = ranks_of.movedim(pp_dim, 0)
+        pairs = torch.stack([moved[first], moved[last]], dim=-1).reshape(-1, 2)
+        for pair in pairs.tolist():   # every rank creates every group, in the same order
+            group = dist.new_group(pair)
+            if dist.get_rank() in pair:
+                self.group = group
+
+    def sync(self) -> None:
+        grads = [p.grad for p in self.local if p.grad is not None]
+        if not grads:
+            return
+        from torch.distributed.tensor import DTensor
+
+        local = [g._local_tensor if isinstance(g, DTensor) else g for g in grads]
+        total = local[0].clone()
+        for extra in local[1:]:
+            total += extra
+        if self.group is not None:
+            dist.all_reduce(total, group=self.group)
+        for t in local:
+            t.copy_(total)
+
+    def is_copy(self, param: nn.Parameter, s: _Setup) -> bool:
+        """The head copy (not counted twice in the gradient norm)."""
+        return any(chunk.head is not None and chunk.head.weight is param and chunk.embed is None
+                   for _, chunk in s.chunks)
+
+
+def _owned_grad_sq(s: _Setup) -> float:
+    """Sum of squares of the gradient elements this rank owns (each element counted once over the
+    world): shards count where they live, replicas only at coordinate 0 of the replicating dims."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    p = s.cfg.parallel
+    total = 0.0
+    coord = {"dp": s.coords.dp, "tp": s.coords.tp}
+    sizes = {"dp": p.dp, "tp": p.tp}
+    for param in s.params:
+        if param.grad is None or (s.tied is not None and s.tied.is_copy(param, s)):
+            continue
+        g = param.grad
+        sharded_on = set()
+        if isinstance(g, DTensor):
+            if any(pl.is_partial() for pl in g.placements):   # pending sums (sequence-parallel norms)
+                g = g.redistribute(g.device_mesh, [Replicate() if pl.is_partial() else pl for pl in g.placements])
+            names = g.device_mesh.mesh_dim_names or ()
+            for name, placement in zip(names, g.placements):
+                if isinstance(placement, Shard) or type(placement).__name__ == "_StridedShard":
+                    sharded_on.update(name.split("_"))
+            local = g._local_tensor
+        else:
+            local = g
+        if any(sizes[d] > 1 and d not in sharded_on and coord[d] != 0 for d in ("dp", "tp")):
+            continue
+        total += float(local.double().pow(2).sum())
+    return total
+
+
+def _step(s: _Setup, x: torch.Tensor, y: torch.Tensor) -> float | None:
+    """Forward and backward of one optimizer step; the mean loss of this rank's micro-batches (None
+    on ranks without the last stage)."""
+    p = s.cfg.parallel
+    if s.schedule is not None:
+        losses: list = []
+        args = (x,) if s.holds_first else ()
+        s.schedule.step(*args, target=y if s.holds_last else None, losses=losses)
+        return float(torch.stack([l.detach() for l in losses]).mean()) if s.holds_last else None
+    model = s.modules[0]
+    n, mbs = p.num_micro_batches, p.micro_batch_size
+    total = 0.0
+    for i in range(n):
+        loss = s.loss_fn(model(x[i * mbs:(i + 1) * mbs]), y[i * mbs:(i + 1) * mbs])
+        (loss / n).backward()
+        total += loss.item()
+    return total / n
+
+
+def run_distributed(cfg: RunConfig, device: torch.device) -> dict:
+    """Train ``cfg`` on this rank; per-step global loss, gradient norm and time, and memory by part.
+
+    A step's time runs from a barrier to the end of the optimizer step (forward, backward, gradient
+    reduction, optimizer); the measurements (gradient norm, bytes) are taken outside it, and the
+    saved-tensor hooks only run in the first step, which the median leaves out."""
+    p = cfg.parallel
+    rank = dist.get_rank()
+    s = _Setup(cfg, device)
+    losses, norms, times = [], [], []
+    memory: dict[str, int | None] = {}
+    sharded_at_rest = parameter_bytes(s.modules)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for step in range(cfg.steps):
+        tokens = global_batch(step, cfg.global_batch_size, cfg.seq_length, cfg.model.vocab_size, cfg.seed)
+        local = dp_slice(tokens, s.coords.dp, p.dp).to(device)
+        _sync(device)
+        dist.barrier()
+        start = time.perf_counter()
+        s.tracker.enabled = step == 0
+        with s.tracker.hooks():
+            loss = _step(s, local[:, :-1], local[:, 1:])
+        s.tracker.close()
+        s.tracker.enabled = False
+        if p.dp > 1 and p.zero_stage <= 1:
+            average_gradients(s.params, s.dp_group, p.dp)
+        if s.tied is not None:
+            s.tied.sync()
+        if cfg.inject_failure is not None and tuple(cfg.inject_failure) == (rank, step):
+            raise InjectedFailure(f"injected failure on rank {rank} at step {step}")
+        s.optimizer.step()
+        _sync(device)
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+        stats = torch.tensor([_owned_grad_sq(s), loss if (loss is not None and s.coords.tp == 0) else 0.0],
+                             dtype=torch.float64)
+        dist.all_reduce(stats)
+        norms.append(float(stats[0]) ** 0.5)
+        losses.append(float(stats[1]) / p.dp)
+        if step == 0:
+            memory["gradients"] = gradient_bytes(s.modules)
+            memory["optimizer"] = tensor_bytes(optimizer_state_tensors(s.optimizer))
+        s.optimizer.zero_grad(set_to_none=True)
+    memory["parameters"] = s.probe.compute_bytes if s.probe.compute_bytes is not None else sharded_at_rest
+    memory["fsdp_sharded_copy"] = sharded_at_rest if (p.zero_stage == 2 and p.dp > 1) else 0
+    memory["activations_per_microbatch"] = s.tracker.first_microbatch_bytes()
+    memory["activations_in_flight"] = s.tracker.peak_bytes
+    memory["cuda_max_allocated"] = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    return {
+        "name": cfg.name, "rank": rank, "coords": {"pp": s.coords.pp, "dp": s.coords.dp, "tp": s.coords.tp},
+        "stages": [stage for stage, _ in s.chunks],
+        "layers": [list(c.layer_ids) for _, c in s.chunks],
+        "losses": losses, "grad_norms": norms, "step_times_s": times,
+        "median_step_time_s": statistics.median(times[1:] if len(times) > 1 else times),
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "memory_bytes": memory,
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

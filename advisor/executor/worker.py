@@ -1,0 +1,130 @@
+"""The per-rank entry point. ``advisor execute`` starts one per device on this machine; ``torchrun``
+starts the same module on every machine:
+
+    python -m advisor.executor.worker --spec runs.json --out-dir DIR          (what execute does)
+    torchrun ... -m advisor.executor.worker --plan plan.json --out-dir DIR [--tiny] [--steps K]
+
+It reads the rendezvous from the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT, as torchrun and the local launcher set them), runs every run of the spec in one
+process group, and writes DIR/rank<R>.json (its own results) and, on rank 0, DIR/results.json
+(everyone's, gathered over the process group). A rank that raises writes DIR/rank<R>.error.json and
+exits 1 at once, without waiting for the others (the launcher then stops them).
+
+Environment knobs: ADVISOR_EXECUTOR_PG_TIMEOUT_S (process-group timeout, default 60),
+ADVISOR_EXECUTOR_THREADS (intra-op threads per rank, default 1 on CPU),
+ADVISOR_EXECUTOR_PARENT_PID and ADVISOR_EXECUTOR_DEADLINE (set by the local launcher: exit when the
+launcher disappears or the deadline passes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+
+def _watchdog() -> None:
+    parent = os.environ.get("ADVISOR_EXECUTOR_PARENT_PID")
+    deadline = os.environ.get("ADVISOR_EXECUTOR_DEADLINE")
+    if parent is None and deadline is None:
+        return
+
+    def watch():
+        while True:
+            time.sleep(0.5)
+            if parent is not None and os.getppid() != int(parent):
+                os._exit(3)
+            if deadline is not None and time.time() > float(deadline):
+                sys.stderr.write("advisor executor: rank passed its deadline, exiting\n")
+                sys.stderr.flush()
+                os._exit(124)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _runs(args) -> list[dict]:
+    from advisor.executor.config import run_config_from_plan, run_config_to_dict
+
+    if args.spec:
+        return json.loads(Path(args.spec).read_text())["runs"]
+    plan = json.loads(Path(args.plan).read_text())
+    cfg = run_config_from_plan(plan, steps=args.steps, tiny=args.tiny, dtype=args.dtype)
+    return [run_config_to_dict(cfg)]
+
+
+def _write(path: Path, obj) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m advisor.executor.worker")
+    parser.add_argument("--spec", help="JSON file {'runs': [RunConfig dicts]} (written by advisor execute)")
+    parser.add_argument("--plan", help="a plan JSON (torchrun use)")
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    parser.add_argument("--out-dir", required=True)
+    args = parser.parse_args(argv)
+    if not (args.spec or args.plan):
+        parser.error("give --spec or --plan")
+    _watchdog()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        return _main(args, out, rank)
+    except BaseException as exc:  # report and leave at once; the others are stopped by the launcher
+        _write(out / f"rank{rank}.error.json", {
+            "rank": rank, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+        sys.stderr.write(f"rank {rank} failed: {type(exc).__name__}: {exc}\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _main(args, out: Path, rank: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from advisor.executor.config import run_config_from_dict
+    from advisor.executor.train import run_distributed
+
+    runs = [run_config_from_dict(d) for d in _runs(args)]
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(int(os.environ.get("ADVISOR_EXECUTOR_THREADS", "1")))
+    timeout = datetime.timedelta(seconds=float(os.environ.get("ADVISOR_EXECUTOR_PG_TIMEOUT_S", "60")))
+    dist.init_process_group(backend, timeout=timeout)
+    results = []
+    for cfg in runs:
+        results.append(run_distributed(cfg, device))
+        _write(out / f"rank{rank}.json", {"rank": rank, "backend": backend, "runs": results})
+    gathered = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(results, gathered, dst=0)
+    if rank == 0:
+        from advisor.executor.config import run_config_to_dict
+
+        _write(out / "results.json", {"backend": backend, "world_size": dist.get_world_size(),
+                                      "configs": [run_config_to_dict(c) for c in runs], "ranks": gathered})
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

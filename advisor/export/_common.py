@@ -1,0 +1,84 @@
+"""What every exporter needs from a plan: processes per node, chunk layouts, step counts, a header."""
+
+from __future__ import annotations
+
+import math
+
+from advisor.plan import Plan
+from advisor.space.strategy import DEFAULT_MESH_ORDER
+
+DTYPE_TORCH = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32", "fp8": "bfloat16"}
+
+
+def procs_per_node(plan: Plan, target: str, unsupported: list[str]) -> int:
+    """Processes per node for a launcher that starts the same number on every node (torchrun)."""
+    nodes, devices = plan.cluster.nodes, plan.cluster.devices
+    per_node = plan.hardware.node.devices_per_node
+    if devices % nodes:
+        unsupported.append(
+            f"cluster.devices = {devices} on {nodes} nodes: {target} starts the same number of processes on every "
+            f"node; exported with {per_node} per node ({nodes * per_node} processes), adjust the degrees before launching")
+        return per_node
+    return devices // nodes
+
+
+def chunk_layers(plan: Plan) -> list[list[int]]:
+    """Transformer layers of each model chunk, [virtual stage][pipeline stage]. A physical stage with
+    L layers holds vpp chunks of L / vpp layers (the rules make L divisible by vpp)."""
+    s = plan.strategy
+    stages = s.resolved_stage_layers(plan.model.num_layers)
+    v = s.virtual_pipeline_stages
+    return [[n // v for n in stages] for _ in range(v)]
+
+
+def stage_layers(plan: Plan) -> tuple[int, ...]:
+    return tuple(plan.strategy.resolved_stage_layers(plan.model.num_layers))
+
+
+def is_even_split(plan: Plan) -> bool:
+    layers = stage_layers(plan)
+    return len(set(layers)) == 1
+
+
+def train_steps(plan: Plan) -> int | None:
+    """Optimizer steps to consume the plan's token budget (None when it has none)."""
+    tokens = plan.training.train_tokens
+    if tokens is None:
+        return None
+    return max(1, math.ceil(tokens / plan.training.tokens_per_step))
+
+
+def non_default_mesh(plan: Plan) -> bool:
+    """The mesh order differs from tp innermost, then cp, dp, pp outermost, in a way that matters
+    (a dimension of degree 1 can sit anywhere)."""
+    s = plan.strategy
+    active = [d for d in s.mesh_order if s.degree(d) > 1]
+    default = [d for d in DEFAULT_MESH_ORDER if s.degree(d) > 1]
+    return active != default
+
+
+def mesh_text(plan: Plan) -> str:
+    return " > ".join(plan.strategy.mesh_order) + " (outermost to innermost)"
+
+
+def header_lines(plan: Plan, target: str) -> list[str]:
+    """A few comment lines: what the plan is and what it predicts."""
+    s, m, c, j = plan.strategy, plan.model, plan.cluster, plan.training
+    lines = [
+        f"advisor plan -> {target} (advisor {plan.advisor_version})",
+        f"model {m.name} on {c.devices} x {plan.hardware.device.name} ({c.nodes} nodes, profile {plan.hardware.name})",
+        f"dp={s.dp} tp={s.tp} pp={s.pp} cp={s.cp} ep={s.ep} sp={'on' if s.sequence_parallel else 'off'} "
+        f"vpp={s.virtual_pipeline_stages} zero={s.zero_stage} recompute={s.recompute} schedule={s.pipeline_schedule}",
+        f"global batch {j.global_batch_size} x seq {j.seq_length} = micro-batch {s.micro_batch_size} x "
+        f"{s.num_micro_batches} micro-batches x dp {s.dp}; dtype {j.dtype}",
+    ]
+    pred = plan.prediction or {}
+    if pred.get("tokens_per_s"):
+        mfu = pred.get("mfu")
+        lines.append(f"predicted: {pred['tokens_per_s']:,.0f} tokens/s, step {pred.get('step_time_s', 0.0):.3f} s"
+                     + (f", MFU {mfu:.1%}" if isinstance(mfu, (int, float)) else ""))
+    return lines
+
+
+def comment_block(lines: list[str], prefix: str = "# ") -> str:
+    return "".join(f"{prefix}{line}\n" for line in lines)

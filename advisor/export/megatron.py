@@ -1,0 +1,249 @@
+"""Megatron-LM: a launch script running ``pretrain_gpt.py`` under torchrun with the plan's flags.
+
+Flag names, choices and the checks they must pass follow megatron/training/arguments.py of
+NVIDIA/Megatron-LM (``_add_distributed_args``, ``_add_training_args``, ``_add_network_size_args``,
+``_add_moe_args``, ``_add_mixed_precision_args``, ``validate_args``); the custom pipeline layout
+string follows megatron/core/transformer/pipeline_parallel_layer_layout.py ("E|t*n|...|L": E the
+embedding, t a transformer layer, L the loss, stages split by '|', virtual stages in the order
+vpp_rank * pp + pp_rank). ZeRO-2/3 use Megatron FSDP (Megatron-Core developer guide, "Megatron FSDP":
+--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads[_params]
+--no-gradient-accumulation-fusion --use-distributed-optimizer, checkpoint format fsdp_dtensor).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from advisor.export import ExportResult
+from advisor.export._common import (
+    chunk_layers, comment_block, header_lines, is_even_split, mesh_text, procs_per_node, stage_layers, train_steps,
+)
+from advisor.plan import Plan
+
+SCRIPT = "pretrain_gpt.py"
+# Megatron's rank orders, outermost to innermost, over advisor's mesh dimensions:
+# default "tp-cp-ep-dp-pp", and "tp-cp-ep-pp-dp" with --use-tp-pp-dp-mapping.
+DEFAULT_ORDER = ("pp", "dp", "cp", "tp")
+TP_PP_DP_ORDER = ("dp", "pp", "cp", "tp")
+GROUPS = ("PARALLEL_ARGS", "MODEL_ARGS", "TRAINING_ARGS", "OPTIMIZER_ARGS", "DATA_ARGS", "LOGGING_ARGS")
+
+
+@dataclass
+class MegatronLaunch:
+    """The torchrun arguments, pretrain_gpt.py's arguments by group, and environment variables."""
+
+    nnodes: int
+    nproc_per_node: int
+    groups: dict[str, list[str]] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    unsupported: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def args(self) -> list[str]:
+        """pretrain_gpt.py's arguments, in group order."""
+        return [a for g in GROUPS for a in self.groups.get(g, [])]
+
+
+def _active(order: tuple[str, ...], plan: Plan) -> list[str]:
+    return [d for d in order if plan.strategy.degree(d) > 1]
+
+
+def pipeline_layout(plan: Plan) -> str:
+    """Megatron's --pipeline-model-parallel-layout for the plan's stage layers (and virtual stages)."""
+    chunks = chunk_layers(plan)
+    pp = plan.strategy.pp
+    parts = []
+    for v, row in enumerate(chunks):
+        for p in range(pp):
+            body = f"t*{row[p]}" if row[p] > 1 else "t"
+            if v == 0 and p == 0:
+                body = "E" + body
+            if v == len(chunks) - 1 and p == pp - 1:
+                body = body + "L"
+            parts.append(body)
+    return "|".join(parts)
+
+
+def moe_layer_freq(plan: Plan) -> str:
+    """--moe-layer-freq: an integer N puts an MoE layer at indices 0, N, 2N...; advisor's convention
+    (ModelSpec.is_moe_layer) puts it last in each group of N, so give Megatron the explicit pattern."""
+    m = plan.model
+    freq = m.moe.layer_frequency
+    if freq == 1:
+        return "1"
+    pattern = [1 if m.is_moe_layer(i) else 0 for i in range(m.num_layers)]
+    if m.num_layers % freq == 0:
+        return f"([0]*{freq - 1}+[1])*{m.num_layers // freq}"
+    return "[" + ",".join(str(x) for x in pattern) + "]"
+
+
+def megatron_launch(plan: Plan) -> MegatronLaunch:
+    s, m, j = plan.strategy, plan.model, plan.training
+    unsupported: list[str] = []
+    notes: list[str] = []
+    nproc = procs_per_node(plan, "torchrun", unsupported)
+    launch = MegatronLaunch(nnodes=plan.cluster.nodes, nproc_per_node=nproc, unsupported=unsupported, notes=notes)
+
+    # ---- parallelism ---------------------------------------------------------------------------
+    par = ["--tensor-model-parallel-size", str(s.tp), "--pipeline-model-parallel-size", str(s.pp),
+           "--context-parallel-size", str(s.cp)]
+    if s.sequence_parallel:
+        par.append("--sequence-parallel")
+    if m.moe is not None:
+        par += ["--expert-model-parallel-size", str(s.ep)]
+    if s.pp > 1:
+        even = is_even_split(plan)
+        if not even:
+            par += ["--pipeline-model-parallel-layout", pipeline_layout(plan)]
+            notes.append(f"uneven pipeline stages {list(stage_layers(plan))} use --pipeline-model-parallel-layout "
+                         "(Megatron-Core 0.13 or newer)")
+        elif s.virtual_pipeline_stages > 1:
+            par += ["--num-layers-per-virtual-pipeline-stage", str(m.num_layers // (s.pp * s.virtual_pipeline_stages))]
+        if s.pipeline_schedule == "gpipe":
+            unsupported.append("parallel.pipeline_schedule = gpipe: Megatron-LM has no GPipe schedule; it runs 1F1B "
+                               "(same bubble, less activation memory than the plan assumes)")
+    zero_flags, fsdp = _zero_flags(plan, unsupported)
+    par += zero_flags
+    active = _active(s.mesh_order, plan)
+    if active == _active(TP_PP_DP_ORDER, plan) and active != _active(DEFAULT_ORDER, plan):
+        par.append("--use-tp-pp-dp-mapping")
+    elif active != _active(DEFAULT_ORDER, plan):
+        unsupported.append(f"parallel.mesh_order = {mesh_text(plan)}: Megatron-LM orders ranks tp-cp-ep-dp-pp "
+                           "(or tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping); exported with the default order")
+    launch.groups["PARALLEL_ARGS"] = par
+    if (s.tp > 1 or s.cp > 1) and not fsdp:
+        # validate_args: TP or CP on pre-Blackwell GPUs requires CUDA_DEVICE_MAX_CONNECTIONS=1.
+        launch.env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+
+    # ---- model shape -----------------------------------------------------------------------------
+    model = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
+             "--ffn-hidden-size", str(m.ffn_hidden_size), "--num-attention-heads", str(m.num_attention_heads)]
+    if m.num_kv_heads != m.num_attention_heads:
+        model += ["--group-query-attention", "--num-query-groups", str(m.num_kv_heads)]
+    model += ["--seq-length", str(j.seq_length), "--max-position-embeddings", str(max(j.seq_length, m.seq_length))]
+    model += ["--position-embedding-type",
+              {"rotary": "rope", "learned": "learned_absolute", "none": "none"}[m.position_embedding]]
+    model += ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
+    if m.ffn_activation == "swiglu":
+        model.append("--swiglu")
+    if not m.tie_embeddings:
+        model.append("--untie-embeddings-and-output-weights")
+    if not m.use_bias:
+        model.append("--disable-bias-linear")
+    model += ["--attention-backend", "flash" if j.attention == "flash" else "unfused"]
+    if m.moe is not None:
+        model += ["--num-experts", str(m.moe.num_experts), "--moe-router-topk", str(m.moe.top_k),
+                  "--moe-ffn-hidden-size", str(m.moe.expert_ffn_hidden_size), "--moe-layer-freq", moe_layer_freq(plan),
+                  "--moe-token-dispatcher-type", "alltoall" if s.ep > 1 else "allgather"]
+    launch.groups["MODEL_ARGS"] = model
+
+    # ---- batch, precision, recomputation -----------------------------------------------------------
+    train = ["--micro-batch-size", str(s.micro_batch_size), "--global-batch-size", str(j.global_batch_size)]
+    steps = train_steps(plan)
+    if steps is None:
+        train += ["--train-iters", "1000"]
+        notes.append("the plan has no token budget: --train-iters 1000 is a placeholder")
+    else:
+        train += ["--train-iters", str(steps)]
+    if j.dtype == "bf16":
+        train.append("--bf16")
+    elif j.dtype == "fp16":
+        train.append("--fp16")
+    elif j.dtype == "fp8":
+        train += ["--bf16", "--fp8-format", "hybrid"]
+    elif j.dtype == "tf32":
+        notes.append("training.dtype = tf32: Megatron-LM trains in fp32; TF32 matmuls follow PyTorch's "
+                     "torch.backends.cuda.matmul.allow_tf32 setting")
+    train += _recompute_flags(plan)
+    launch.groups["TRAINING_ARGS"] = train
+
+    opt = ["--optimizer", "sgd" if j.optimizer == "sgd" else "adam",
+           "--lr", "3.0e-4", "--min-lr", "3.0e-5", "--lr-decay-style", "cosine", "--weight-decay", "0.1",
+           "--clip-grad", "1.0"]
+    if j.optimizer == "adam":
+        notes.append("training.optimizer = adam: Megatron-LM's adam is AdamW (decoupled weight decay); "
+                     "set --weight-decay 0 for plain Adam")
+    if s.offload_optimizer:
+        # validate_args: optimizer CPU offload needs the precision-aware optimizer.
+        opt += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
+    launch.groups["OPTIMIZER_ARGS"] = opt
+    notes.append("learning-rate flags in OPTIMIZER_ARGS are placeholders: the plan does not choose hyper-parameters")
+
+    launch.groups["DATA_ARGS"] = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(m.vocab_size)]
+    notes.append("DATA_ARGS trains on mock data: replace with --data-path, --split and your tokenizer")
+    launch.groups["LOGGING_ARGS"] = ["--log-interval", "10", "--log-throughput", "--eval-iters", "0"]
+    return launch
+
+
+def _zero_flags(plan: Plan, unsupported: list[str]) -> tuple[list[str], bool]:
+    s = plan.strategy
+    if s.zero_stage == 0:
+        return ["--overlap-grad-reduce"], False
+    if s.zero_stage == 1:
+        return ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"], False
+    strategy = "optim_grads" if s.zero_stage == 2 else "optim_grads_params"
+    if s.pp > 1:
+        unsupported.append(
+            f"parallel.zero_stage = {s.zero_stage} with pp = {s.pp}: Megatron-LM shards gradients (and parameters) only "
+            "through Megatron FSDP, which is documented with TP, CP and EP but not with pipeline parallelism")
+    return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy, "--no-gradient-accumulation-fusion",
+            "--use-distributed-optimizer", "--ckpt-format", "fsdp_dtensor", "--overlap-grad-reduce",
+            "--overlap-param-gather"], True
+
+
+def _recompute_flags(plan: Plan) -> list[str]:
+    s = plan.strategy
+    if s.recompute == "selective":
+        return ["--recompute-granularity", "selective"]      # default module: core_attn
+    if s.recompute == "full":
+        if s.recompute_layers is None:
+            return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        # block: recompute this many layers of each pipeline stage (per model chunk when interleaved)
+        per_chunk = max(1, s.recompute_layers // s.virtual_pipeline_stages)
+        return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(per_chunk)]
+    return []
+
+
+def _bash_array(name: str, args: list[str]) -> str:
+    lines, i = [], 0
+    while i < len(args):
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value = args[i + 1]
+            quoted = f'"{value}"' if value.startswith("${") else shlex.quote(value)   # let bash expand ${VAR:-default}
+            lines.append(f"    {args[i]} {quoted}")
+            i += 2
+        else:
+            lines.append(f"    {args[i]}")
+            i += 1
+    return f"{name}=(\n" + "\n".join(lines) + "\n)\n"
+
+
+def render_script(plan: Plan, launch: MegatronLaunch) -> str:
+    out = ["#!/usr/bin/env bash\n", comment_block(header_lines(plan, "Megatron-LM pretrain_gpt.py")),
+           "# Run on every node (NODE_RANK 0..NNODES-1), with MASTER_ADDR set to node 0.\n",
+           "set -euo pipefail\n", 'MEGATRON_LM="${MEGATRON_LM:-/workspace/Megatron-LM}"\n']
+    for key, value in launch.env.items():
+        out.append(f"export {key}={value}\n")
+    out.append("\n")
+    out.append(_bash_array("DISTRIBUTED_ARGS", [
+        "--nnodes", str(launch.nnodes), "--nproc-per-node", str(launch.nproc_per_node),
+        "--node-rank", "${NODE_RANK:-0}", "--master-addr", "${MASTER_ADDR:-localhost}",
+        "--master-port", "${MASTER_PORT:-6000}",
+        ]))
+    comments = {
+        "OPTIMIZER_ARGS": "# hyper-parameters below are placeholders (not part of the plan)\n",
+        "DATA_ARGS": "# mock data: replace with --data-path PREFIX --split 949,50,1 and your tokenizer\n",
+    }
+    for group in GROUPS:
+        out.append(comments.get(group, ""))
+        out.append(_bash_array(group, launch.groups.get(group, [])))
+    out.append('\ntorchrun "${DISTRIBUTED_ARGS[@]}" "${MEGATRON_LM}/' + SCRIPT + '" \\\n')
+    out.append(" \\\n".join(f'    "${{{g}[@]}}"' for g in GROUPS) + "\n")
+    return "".join(out)
+
+
+def export(plan: Plan) -> ExportResult:
+    launch = megatron_launch(plan)
+    return ExportResult(target="megatron", files={"megatron_pretrain_gpt.sh": render_script(plan, launch)},
+                        unsupported=tuple(launch.unsupported), notes=tuple(launch.notes))

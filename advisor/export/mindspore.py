@@ -1,0 +1,180 @@
+"""MindSpore / MindFormers: the set_auto_parallel_context call and a MindFormers parallel YAML.
+
+``mindspore.set_auto_parallel_context`` keywords and values follow its API reference (MindSpore 2.x:
+parallel_mode, device_num, pipeline_stages, pipeline_config {pipeline_interleave, pipeline_scheduler},
+enable_parallel_optimizer, parallel_optimizer_config {optimizer_level level1/level2/level3 =
+ZeRO-1/2/3, optimizer_weight_shard_size}, search_mode, gradients_mean, full_batch, enable_alltoall).
+The MindFormers sections follow mindformers/tools/register/template.py (ParallelConfig,
+RecomputeConfig, RunnerConfig, MsParallelConfig: the ``parallel`` section is passed to
+set_auto_parallel_context) and the LayerSetting of mindformers (layers of stage (v, p) =
+num_layers // (pp x pp_interleave_num) + offset[v][p]; recompute as a per-stage list of layer counts).
+Plans found by the D-Rec searcher map to MindSpore's own recursive-programming search
+(parallel_mode auto_parallel, search_mode recursive_programming); all others are explicit
+(semi_auto_parallel) with MindFormers' data_parallel / model_parallel / pipeline_stage degrees.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from advisor.export import ExportResult
+from advisor.export._common import (
+    chunk_layers, comment_block, header_lines, mesh_text, non_default_mesh, stage_layers,
+)
+from advisor.plan import Plan
+
+# MindSpore's set_pipeline_config allows schedulers other than 1f1b only with pipeline_interleave on;
+# a GPipe plan has no virtual stages, so it runs 1F1B (reported).
+SCHEDULERS = {"gpipe": "1f1b", "1f1b": "1f1b", "interleaved-1f1b": "1f1b"}
+COMPUTE_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32", "fp8": "bfloat16"}
+
+
+def auto_parallel_context(plan: Plan) -> dict:
+    """Keyword arguments of mindspore.set_auto_parallel_context for the plan."""
+    s = plan.strategy
+    searcher = (plan.search or {}).get("searcher")
+    ctx: dict = {
+        "parallel_mode": "auto_parallel" if searcher == "drec" else "semi_auto_parallel",
+        "search_mode": "recursive_programming" if searcher == "drec" else "sharding_propagation",
+        "device_num": plan.cluster.devices,
+        "gradients_mean": True,
+        "full_batch": True,
+        "enable_parallel_optimizer": s.zero_stage >= 1,
+        "pipeline_stages": s.pp,
+    }
+    if s.zero_stage >= 1:
+        ctx["parallel_optimizer_config"] = {"optimizer_level": f"level{s.zero_stage}",
+                                            "optimizer_weight_shard_size": s.dp}
+    if s.pp > 1:
+        ctx["pipeline_config"] = {"pipeline_interleave": s.virtual_pipeline_stages > 1,
+                                  "pipeline_scheduler": SCHEDULERS[s.pipeline_schedule]}
+    if s.ep > 1:
+        ctx["enable_alltoall"] = True
+    return ctx
+
+
+def _offset(plan: Plan):
+    """MindFormers' offset: per (mini) stage, layers beyond num_layers // (pp x vpp)."""
+    s, n = plan.strategy, plan.model.num_layers
+    v = s.virtual_pipeline_stages
+    avg = n // (s.pp * v)
+    rows = [[c - avg for c in row] for row in chunk_layers(plan)]
+    if all(x == 0 for row in rows for x in row):
+        return 0
+    return rows[0] if v == 1 else rows
+
+
+def _recompute(plan: Plan):
+    s = plan.strategy
+    if s.recompute != "full":
+        return False
+    if s.recompute_layers is None:
+        return True
+    v = s.virtual_pipeline_stages
+    layers = stage_layers(plan)
+    if v == 1:
+        return [min(s.recompute_layers, n) for n in layers]
+    # split each stage's recomputed layers over its chunks, the first chunks taking the remainder
+    out = []
+    for vi in range(v):
+        row = []
+        for n in layers:
+            base, extra = divmod(min(s.recompute_layers, n), v)
+            row.append(min(base + (1 if vi < extra else 0), n // v))
+        out.append(row)
+    return out
+
+
+def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
+    s, m, j = plan.strategy, plan.model, plan.training
+    parallel_config = {
+        "data_parallel": s.dp,
+        "model_parallel": s.tp,
+        "context_parallel": s.cp,
+        "expert_parallel": s.ep,
+        "pipeline_stage": s.pp,
+        "micro_batch_num": s.num_micro_batches if s.pp > 1 else 1,
+        "use_seq_parallel": s.sequence_parallel,
+        "vocab_emb_dp": s.tp == 1,
+        "gradient_aggregation_group": 4,
+    }
+    recompute_config = {
+        "recompute": _recompute(plan),
+        "select_recompute": s.recompute == "selective",
+        "parallel_optimizer_comm_recompute": False,
+        "mp_comm_recompute": True,
+        "recompute_slice_activation": False,
+    }
+    runner_config = {
+        "batch_size": s.micro_batch_size,
+        "gradient_accumulation_steps": 1 if s.pp > 1 else s.num_micro_batches,
+    }
+    model_config = {
+        "seq_length": j.seq_length,
+        "num_layers": m.num_layers,
+        "hidden_size": m.hidden_size,
+        "num_heads": m.num_attention_heads,
+        "n_kv_heads": m.num_kv_heads,
+        "intermediate_size": m.ffn_hidden_size,
+        "vocab_size": m.vocab_size,
+        "compute_dtype": COMPUTE_DTYPE[j.dtype],
+        "param_init_type": "float32",
+        "offset": _offset(plan),
+    }
+    if s.virtual_pipeline_stages > 1:
+        model_config["pp_interleave_num"] = s.virtual_pipeline_stages
+    if s.pp > 1 and s.pipeline_schedule == "gpipe":
+        unsupported.append("parallel.pipeline_schedule = gpipe: MindSpore accepts pipeline_scheduler 'gpipe' only with "
+                           "pipeline_interleave on (set_pipeline_config); exported as 1f1b (same bubble, less memory)")
+    if s.recompute == "selective":
+        unsupported.append("parallel.recompute = selective: MindFormers' select_recompute recomputes the operators "
+                           "matched by its default patterns (the feed-forward activation), not the attention core the "
+                           "plan was priced with; give select_recompute patterns to match")
+    if s.cp > 1:
+        notes.append("context_parallel uses MindFormers' default colossalai_cp algorithm (ring exchange)")
+    if j.dtype == "fp8":
+        unsupported.append("training.dtype = fp8: MindFormers' compute_dtype has no FP8; exported as bfloat16")
+    if s.offload_optimizer:
+        unsupported.append("parallel.offload_optimizer = true: neither set_auto_parallel_context nor MindFormers' "
+                           "parallel_config offloads optimizer states (MindSpore does it with nn.AdamOffload in the "
+                           "training script)")
+    if non_default_mesh(plan):
+        unsupported.append(f"parallel.mesh_order = {mesh_text(plan)}: MindSpore places pipeline stages outermost and "
+                           "the model-parallel dimension innermost; exported with that order")
+    return {
+        "parallel": auto_parallel_context(plan),
+        "parallel_config": parallel_config,
+        "recompute_config": recompute_config,
+        "runner_config": runner_config,
+        "model": {"model_config": model_config},
+    }
+
+
+def _py_value(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_py_value(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def context_script(plan: Plan, ctx: dict) -> str:
+    args = ",\n".join(f"    {k}={_py_value(v)}" for k, v in ctx.items())
+    return (
+        comment_block(header_lines(plan, "MindSpore set_auto_parallel_context"))
+        + "# Call before building the network; run one process per device (msrun / mpirun).\n"
+        + "import mindspore as ms\n\n"
+        + "ms.set_auto_parallel_context(\n" + args + ",\n)\n"
+    )
+
+
+def export(plan: Plan) -> ExportResult:
+    unsupported: list[str] = []
+    notes: list[str] = []
+    cfg = mindformers_config(plan, unsupported, notes)
+    yaml_text = (comment_block(header_lines(plan, "MindFormers parallel settings"))
+                 + "# Merge into your MindFormers training YAML (run_mode: train).\n"
+                 + yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None))
+    files = {
+        "parallel_context.py": context_script(plan, cfg["parallel"]),
+        "mindformers_parallel.yaml": yaml_text,
+    }
+    return ExportResult(target="mindspore", files=files, unsupported=tuple(unsupported), notes=tuple(notes))

@@ -1,0 +1,172 @@
+"""torchtitan 0.2: the [parallelism], [training] and [activation_checkpoint] sections of a job TOML.
+
+Field names and allowed values follow torchtitan 0.2's torchtitan/config/job_config.py (dataclasses
+Parallelism, Training, ActivationCheckpoint; ConfigManager refuses unknown fields) and
+torchtitan/distributed/parallel_dims.py (world = dp_replicate x dp_shard x cp x tp x pp; the device
+mesh is ordered pp > dp_replicate > dp_shard > cp > tp; expert parallelism borrows from dp_shard x cp
+when expert_tensor_parallel_degree = tp). Pipeline parts are given explicitly with
+module_fqns_per_model_part (torchtitan's Transformer FQNs: tok_embeddings, layers.N, norm, output);
+part i runs on pipeline rank i mod pp, as torchtitan's looped schedules place them. Schedule names
+are those of torch.distributed.pipelining (get_schedule_class): GPipe, 1F1B, Interleaved1F1B.
+Data parallelism is FSDP2: ZeRO-3 = reshard after forward ("always"), ZeRO-2 = keep the gathered
+parameters until backward ("never"), ZeRO-0 = replicate (DDP).
+"""
+
+from __future__ import annotations
+
+import json
+from math import gcd
+
+from advisor.export import ExportResult
+from advisor.export._common import (
+    chunk_layers, comment_block, header_lines, mesh_text, non_default_mesh, stage_layers, train_steps,
+)
+from advisor.plan import Plan
+
+SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+
+
+def model_parts(plan: Plan) -> list[list[str]]:
+    """Module FQNs of each pipeline part, in part order (virtual stage v, pipeline rank p -> part v*pp + p)."""
+    chunks = chunk_layers(plan)
+    pp = plan.strategy.pp
+    parts: list[list[str]] = []
+    layer = 0
+    for v, row in enumerate(chunks):
+        for p in range(pp):
+            names = ["tok_embeddings"] if (v == 0 and p == 0) else []
+            names += [f"layers.{layer + i}" for i in range(row[p])]
+            layer += row[p]
+            if v == len(chunks) - 1 and p == pp - 1:
+                names += ["norm", "output"]
+            parts.append(names)
+    return parts
+
+
+def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, dict]:
+    s, m, j = plan.strategy, plan.model, plan.training
+    par: dict = {}
+    # ---- data parallelism: FSDP2 ---------------------------------------------------------------------
+    if s.zero_stage == 0:
+        replicate, shard, reshard = s.dp, 1, "default"
+    else:
+        replicate, shard = 1, s.dp
+        reshard = "always" if s.zero_stage == 3 else "never"
+        if s.zero_stage == 1:
+            unsupported.append("parallel.zero_stage = 1: torchtitan's data parallelism is FSDP2, which has no "
+                               "optimizer-only sharding; exported as FSDP with fsdp_reshard_after_forward = \"never\" "
+                               "(ZeRO-2-like: gradients sharded too, parameters gathered once per step)")
+    if m.moe is not None and s.ep > 1:
+        # etp = tp: cp <= ep <= dp_shard * cp, ep % cp == 0, (dp_shard * cp) % ep == 0 (parallel_dims.py)
+        if (shard * s.cp) % s.ep:
+            need = s.ep // gcd(s.ep, s.cp)
+            replicate, shard = s.dp // need, need
+            unsupported.append(f"parallel.ep = {s.ep} with zero_stage = 0: torchtitan's expert parallelism borrows from "
+                               f"the FSDP shard dimension; exported as HSDP with data_parallel_shard_degree = {shard} "
+                               "(parameters sharded, which the plan does not do)")
+        if s.ep % s.cp or s.ep < s.cp:
+            unsupported.append(f"parallel.ep = {s.ep} with cp = {s.cp}: torchtitan needs ep to be a multiple of cp")
+    par["data_parallel_replicate_degree"] = replicate
+    par["data_parallel_shard_degree"] = shard
+    par["fsdp_reshard_after_forward"] = reshard
+    # ---- tensor, context, expert ------------------------------------------------------------------------
+    par["tensor_parallel_degree"] = s.tp
+    if s.tp > 1 and not s.sequence_parallel:
+        unsupported.append("parallel.sequence_parallel = false: torchtitan's tensor parallelism always shards the "
+                           "norms along the sequence (sequence parallelism), so activations use less memory than planned")
+    par["context_parallel_degree"] = s.cp
+    if m.moe is not None:
+        par["expert_parallel_degree"] = s.ep
+        par["expert_tensor_parallel_degree"] = s.tp
+    # ---- pipeline ---------------------------------------------------------------------------------------
+    par["pipeline_parallel_degree"] = s.pp
+    if s.pp > 1:
+        par["pipeline_parallel_schedule"] = SCHEDULE_NAMES[s.pipeline_schedule]
+        par["pipeline_parallel_microbatch_size"] = s.micro_batch_size
+        par["module_fqns_per_model_part"] = model_parts(plan)
+        notes.append(f"pipeline parts follow the plan's stage layers {list(stage_layers(plan))} "
+                     "(module_fqns_per_model_part, torchtitan Transformer module names)")
+    if non_default_mesh(plan):
+        unsupported.append(f"parallel.mesh_order = {mesh_text(plan)}: torchtitan builds its device mesh as "
+                           "pp > dp_replicate > dp_shard > cp > tp; exported with that order")
+
+    # ---- training -------------------------------------------------------------------------------------
+    train: dict = {}
+    # torchtitan: gradient accumulation = global / (local x dp); with PP the local batch is split into
+    # local / pipeline_parallel_microbatch_size micro-batches instead.
+    train["local_batch_size"] = s.micro_batch_size * s.num_micro_batches if s.pp > 1 else s.micro_batch_size
+    train["global_batch_size"] = j.global_batch_size
+    train["seq_len"] = j.seq_length
+    steps = train_steps(plan)
+    train["steps"] = steps if steps is not None else 1000
+    if steps is None:
+        notes.append("the plan has no token budget: training.steps = 1000 is a placeholder")
+    if j.dtype in ("bf16", "fp8"):
+        train["mixed_precision_param"] = "bfloat16"
+    elif j.dtype == "fp16":
+        train["mixed_precision_param"] = "bfloat16"
+        unsupported.append("training.dtype = fp16: torchtitan trains in bfloat16 or float32; exported as bfloat16")
+    else:
+        train["mixed_precision_param"] = "float32"
+    if j.dtype == "fp8":
+        unsupported.append("training.dtype = fp8: FP8 is torchtitan's [quantize] section (float8 converters), "
+                           "outside the exported sections; exported as bfloat16")
+    if s.offload_optimizer:
+        train["enable_cpu_offload"] = True
+        unsupported.append("parallel.offload_optimizer = true: torchtitan's enable_cpu_offload offloads parameters and "
+                           "gradients as well as optimizer states (FSDP2 CPU offload)")
+
+    # ---- activation checkpointing ---------------------------------------------------------------------
+    ac: dict = {}
+    if s.recompute == "none":
+        ac["mode"] = "none"
+    elif s.recompute == "selective":
+        ac["mode"] = "selective"
+        ac["selective_ac_option"] = "op"
+    elif s.recompute_layers is None:
+        ac["mode"] = "full"
+    else:
+        per_stage = max(stage_layers(plan))
+        every = max(1, round(per_stage / s.recompute_layers))
+        ac["mode"] = "selective"
+        ac["selective_ac_option"] = str(every)
+        unsupported.append(f"parallel.recompute_layers = {s.recompute_layers}: torchtitan recomputes every n-th layer, "
+                           f"not a count per stage; exported as every {every} layer(s)")
+    return {"parallelism": par, "training": train, "activation_checkpoint": ac}
+
+
+def _toml_value(value, indent: str = "") -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        if value and all(isinstance(v, list) for v in value):
+            inner = ",\n".join(f"{indent}    {_toml_value(v)}" for v in value)
+            return "[\n" + inner + f",\n{indent}]"
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def render_toml(plan: Plan, secs: dict[str, dict]) -> str:
+    out = [comment_block(header_lines(plan, "torchtitan 0.2 job config")),
+           "# Merge these sections into your torchtitan job TOML (the [job], [model], [optimizer] ... sections\n"
+           "# are yours); run with --job.config_file.\n"]
+    for name, body in secs.items():
+        out.append(f"\n[{name}]\n")
+        for key, value in body.items():
+            out.append(f"{key} = {_toml_value(value)}\n")
+    return "".join(out)
+
+
+def export(plan: Plan) -> ExportResult:
+    unsupported: list[str] = []
+    notes: list[str] = []
+    if plan.cluster.devices % plan.cluster.nodes:
+        unsupported.append(f"cluster.devices = {plan.cluster.devices} on {plan.cluster.nodes} nodes: torchrun starts "
+                           "the same number of processes on every node")
+    secs = sections(plan, unsupported, notes)
+    return ExportResult(target="torchtitan", files={"torchtitan.toml": render_toml(plan, secs)},
+                        unsupported=tuple(unsupported), notes=tuple(notes))

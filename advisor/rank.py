@@ -1,0 +1,63 @@
+"""Ranking: by throughput, and among plans within TIE_BAND of each other, the simpler one first.
+
+Simplicity, most important first (the order an engineer would weigh them): fewer active parallel
+dimensions; no optimizer offload; the TP group inside one node; a smaller ZeRO stage; then no
+interleaving, less recomputation, the default mesh order, 1F1B over GPipe, no sequence parallelism.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from advisor.cost.comm import slowest_tier
+from advisor.space.strategy import DEFAULT_MESH_ORDER, SCHEDULES, StrategyBatch
+from advisor.specs.hardware import HardwareProfile
+
+TIE_BAND = 0.01          # plans within 1% of the best remaining count as tied
+ACROSS_NODES = 2         # slowest_tier's code for a group spanning nodes
+_ONE_F_ONE_B = SCHEDULES.index("1f1b")
+
+
+def _default_strides(b: StrategyBatch) -> dict[str, np.ndarray]:
+    degree = {"pp": b.pp, "dp": b.dp, "cp": b.cp, "tp": b.tp}
+    out = {}
+    for i, dim in enumerate(DEFAULT_MESH_ORDER):
+        inner = DEFAULT_MESH_ORDER[i + 1:]
+        out[dim] = np.prod([degree[d] for d in inner], axis=0) if inner else np.ones(len(b), dtype=np.int64)
+    return out
+
+
+def simplicity_key(b: StrategyBatch, hw: HardwareProfile) -> np.ndarray:
+    """(N, 9) integer matrix; lexicographically smaller rows are simpler."""
+    active = sum((x > 1).astype(np.int64) for x in (b.dp, b.tp, b.pp, b.cp, b.ep))
+    tp_across_nodes = slowest_tier(hw, b.tp, b.tp_stride) == ACROSS_NODES
+    default = _default_strides(b)
+    moved = ((b.tp_stride != default["tp"]) | (b.dp_stride != default["dp"])
+             | (b.cp_stride != default["cp"]) | (b.pp_stride != default["pp"]))
+    columns = (
+        active, b.offload_optimizer, tp_across_nodes, b.zero_stage, b.virtual_pipeline_stages > 1,
+        b.recompute, moved, b.pipeline_schedule != _ONE_F_ONE_B, b.sequence_parallel,
+    )
+    return np.stack([np.asarray(c, dtype=np.int64) for c in columns], axis=1)
+
+
+def rank(tokens_per_s: np.ndarray, key: np.ndarray, top_k: int, feasible: np.ndarray | None = None,
+         memory_bytes: np.ndarray | None = None) -> np.ndarray:
+    """Indices of the top_k candidates, best first. Each pick takes the simplest candidate within
+    TIE_BAND of the best remaining throughput (ties in simplicity: the faster one). Candidates that
+    the cost model cannot tell from a pick (the same throughput and memory, e.g. selective
+    recomputation with a fused attention that stores no scores) are dropped as duplicates of it."""
+    tps = np.asarray(tokens_per_s, dtype=float)
+    alive = np.ones(len(tps), dtype=bool) if feasible is None else np.asarray(feasible, dtype=bool).copy()
+    mem = np.zeros(len(tps)) if memory_bytes is None else np.asarray(memory_bytes, dtype=float)
+    picks: list[int] = []
+    while len(picks) < top_k and alive.any():
+        best = tps[alive].max()
+        band = np.flatnonzero(alive & (tps >= best * (1.0 - TIE_BAND)))
+        # np.lexsort sorts by its last key first: simplicity columns, then higher throughput.
+        order = np.lexsort((-tps[band], *key[band].T[::-1]))
+        choice = int(band[order[0]])
+        picks.append(choice)
+        alive &= ~(np.isclose(tps, tps[choice], rtol=1e-9, atol=0.0) & np.isclose(mem, mem[choice], rtol=1e-9, atol=0.0))
+        alive[choice] = False
+    return np.array(picks, dtype=np.int64)

@@ -1,0 +1,252 @@
+"""`advisor recommend` as a library call: specs -> search -> estimate -> rank -> plans.
+
+The one orchestrator. Searchers are looked up by name in SEARCHERS (operator-level searchers add
+themselves there); each returns its finalists and a summary, and this module prices the finalists
+with the vectorized cost model, ranks them (advisor.rank) and turns the top K into Plans with their
+prediction filled in. When nothing fits it names the smallest change that would, found by running
+more (cheap) searches: a pinned knob relaxed, or a larger cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from advisor.cost.estimate import Estimate, estimate_batch, from_batch
+from advisor.errors import AdvisorError, InfeasibleError
+from advisor.plan import Plan, plan_to_dict
+from advisor.rank import rank, simplicity_key
+from advisor.search import PIN_FLAGS, Pins, Progress, SearchOutcome, SearchStats
+from advisor.search import enumerate as enumerate_searcher
+from advisor.space.rules import RULES
+from advisor.space.strategy import RECOMPUTE
+from advisor.specs.hardware import HardwareProfile
+from advisor.specs.job import Cluster, TrainingJob
+from advisor.specs.model import ModelSpec
+
+Searcher = Callable[[ModelSpec, HardwareProfile, Cluster, TrainingJob, Pins, int, Progress], SearchOutcome]
+
+SEARCHERS: dict[str, Searcher] = {
+    "enumerate": enumerate_searcher.search,
+}
+
+MAX_TOP_K = 1000
+MAX_CLUSTER_GROWTH = 2 ** 12      # the "more devices" suggestion looks up to 4096x the cluster
+
+
+@dataclass(frozen=True)
+class RecommendResult:
+    """Ranked plans (best first, prediction filled in), their estimates, and the search summary."""
+
+    plans: tuple[Plan, ...]
+    estimates: tuple[Estimate, ...]
+    search: SearchStats
+
+    @property
+    def best(self) -> Plan:
+        return self.plans[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plans": [plan_to_dict(p) for p in self.plans], "search": self.search.to_dict()}
+
+
+def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job: TrainingJob, pins: Pins = Pins(),
+              top_k: int = 5, searcher: str = "enumerate", progress: Progress = None,
+              suggest: bool = True) -> RecommendResult:
+    """The top_k plans for training `model` on `cluster`, best first.
+
+    Raises AdvisorError (exit 2) for an unknown searcher, a bad top_k or pins that leave no legal
+    strategy, and InfeasibleError (exit 1) when no legal strategy fits, naming the smallest change
+    that would (found by further searches; suggest=False skips them, for sweeps)."""
+    search = _searcher(searcher)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        raise AdvisorError(f"--top must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}")
+    check_pins(cluster, pins)
+    outcome = search(model, hardware, cluster, job, pins, top_k, progress)
+    if len(outcome.finalists) == 0:
+        if outcome.stats.candidates == 0:
+            raise _no_legal_strategy(model, hardware, cluster, job, pins, outcome.stats)
+        raise InfeasibleError(nothing_fits_message(model, hardware, cluster, job, pins, searcher, suggest))
+    batch = outcome.finalists
+    e = estimate_batch(model, hardware, cluster, job, batch)
+    order = rank(e.tokens_per_s, simplicity_key(batch, hardware), top_k, feasible=e.feasible, memory_bytes=e.memory.total)
+    if len(order) == 0:   # a searcher proposed only plans that do not fit
+        raise InfeasibleError(nothing_fits_message(model, hardware, cluster, job, pins, searcher, suggest))
+    summary = {k: v for k, v in outcome.stats.to_dict().items() if k in ("searcher", "candidates", "scored", "feasible", "seconds")}
+    plans, estimates = [], []
+    for position, i in enumerate(order, start=1):
+        est = from_batch(e, int(i), model, hardware, cluster, job)
+        operator = outcome.operator_strategies[int(i)] if outcome.operator_strategies is not None else None
+        plans.append(Plan(model=model, hardware=hardware, cluster=cluster, training=job, strategy=batch.strategy(int(i)),
+                          operator_strategies=operator, prediction=prediction_of(est),
+                          search={**summary, "rank": position}))
+        estimates.append(est)
+    return RecommendResult(tuple(plans), tuple(estimates), outcome.stats)
+
+
+def _searcher(name: str) -> Searcher:
+    if name not in SEARCHERS:
+        raise AdvisorError(f"--searcher {name}: unknown searcher (available: {', '.join(sorted(SEARCHERS))})")
+    return SEARCHERS[name]
+
+
+def prediction_of(e: Estimate) -> dict[str, Any]:
+    """An estimate as the plan JSON's "prediction" block."""
+    mem = e.memory_gib
+    return {
+        "step_time_s": e.step_time_s, "tokens_per_s": e.tokens_per_s, "mfu": e.mfu, "hfu": e.hfu,
+        "tflops_per_device": e.tflops_per_device,
+        "memory_gib": {"parameters": mem.parameters, "gradients": mem.gradients, "optimizer": mem.optimizer,
+                       "activations": mem.activations, "buffers": mem.buffers, "total": mem.total},
+        "time_s": dict(e.time_s), "bottleneck": e.bottleneck,
+    }
+
+
+# ---- pins ---------------------------------------------------------------------------------------
+def check_pins(cluster: Cluster, pins: Pins) -> None:
+    """Pinned degrees must divide the device count, alone and together."""
+    product = 1
+    given = []
+    for name in ("dp", "tp", "pp", "cp"):
+        value = getattr(pins, name)
+        if value is None:
+            continue
+        if cluster.devices % value:
+            raise AdvisorError(f"{PIN_FLAGS[name]} {value} does not divide the {cluster.devices} devices")
+        product *= value
+        given.append(f"{PIN_FLAGS[name]} {value}")
+    if cluster.devices % product:
+        raise AdvisorError(f"{' x '.join(given)} = {product} does not divide the {cluster.devices} devices")
+    if pins.dp is not None and None not in (pins.tp, pins.pp, pins.cp) and product != cluster.devices:
+        raise AdvisorError(f"{' x '.join(given)} = {product}, but the cluster has {cluster.devices} devices")
+
+
+def _reason_sentence(stats: SearchStats) -> str:
+    if not stats.pruned:
+        return "no combination of degrees is possible"
+    reason = max(stats.pruned, key=lambda k: stats.pruned[k])
+    return RULES[reason][1] if reason in RULES else reason
+
+
+def _no_legal_strategy(model, hardware, cluster, job, pins: Pins, stats: SearchStats) -> AdvisorError:
+    """Which pin leaves no legal strategy (exit 2), or why none exists without pins (exit 1)."""
+    where = f"{model.name} on {cluster.devices} devices at global batch {job.global_batch_size}"
+    for name, value in pins.pinned().items():
+        alone = enumerate_searcher.space_size(model, hardware, cluster, job, Pins(**{name: value}))
+        if alone.candidates == 0:
+            flag = f"{PIN_FLAGS[name]} {_flag(value)}"
+            return AdvisorError(f"{flag} leaves no legal strategy for {where}: {_reason_sentence(alone)}")
+    if pins.pinned():
+        return AdvisorError(f"the pinned choices {pins.describe()} together leave no legal strategy for {where}: "
+                            f"{_reason_sentence(stats)}")
+    return InfeasibleError(f"no legal strategy for {where}: {_reason_sentence(stats)}; "
+                           f"try a global batch that is a multiple of the device count")
+
+
+def _flag(value) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+# ---- nothing fits -------------------------------------------------------------------------------
+def fits_somewhere(model, hardware, cluster, job, pins: Pins, searcher: str = "enumerate") -> bool:
+    """Whether any legal strategy fits (a top-1 search)."""
+    check = _searcher(searcher)
+    try:
+        check_pins(cluster, pins)
+    except AdvisorError:
+        return False
+    return len(check(model, hardware, cluster, job, pins, 1, None).finalists) > 0
+
+
+def relaxed_pins(pins: Pins) -> list[tuple[str, Pins]]:
+    """Single pinned choices changed toward less memory, cheapest first: (flag text, new pins)."""
+    out: list[tuple[str, Pins]] = []
+    if pins.zero_stage is not None:
+        out += [(f"--zero {z}", replace(pins, zero_stage=z)) for z in range(pins.zero_stage + 1, 4)]
+    if pins.sequence_parallel is False:
+        out.append(("--sequence-parallel", replace(pins, sequence_parallel=True)))
+    if pins.recompute is not None:
+        later = RECOMPUTE[RECOMPUTE.index(pins.recompute) + 1:]
+        out += [(f"--recompute {r}", replace(pins, recompute=r)) for r in later]
+    if pins.micro_batch_size is not None and pins.micro_batch_size > 1:
+        out.append(("--mbs 1", replace(pins, micro_batch_size=1)))
+    if pins.offload_optimizer is False:
+        out.append(("--offload", replace(pins, offload_optimizer=True)))
+    for name in ("tp", "pp", "cp", "ep", "dp", "virtual_pipeline_stages", "pipeline_schedule"):
+        value = getattr(pins, name)
+        if value is not None:
+            out.append((f"without {PIN_FLAGS[name]} {value}", replace(pins, **{name: None})))
+    return out
+
+
+def smallest_cluster(model, hardware, cluster, job, pins: Pins, searcher: str = "enumerate") -> Cluster | None:
+    """The smallest larger cluster (whole nodes once past one node) on which something fits:
+    doubling until it fits, then bisecting between the last two sizes."""
+    per_node = hardware.node.devices_per_node
+
+    def sized(devices: int) -> Cluster:
+        return Cluster.of(hardware, devices=devices) if devices < per_node else Cluster.of(hardware, nodes=-(-devices // per_node))
+
+    def fits(c: Cluster) -> bool:
+        return fits_somewhere(model, hardware, c, job, pins, searcher)
+
+    low, high = cluster.devices, None
+    size = cluster.devices
+    while size < cluster.devices * MAX_CLUSTER_GROWTH:
+        size *= 2
+        if fits(sized(size)):
+            high = sized(size).devices
+            break
+        low = sized(size).devices
+    if high is None:
+        return None
+    unit = per_node if low >= per_node else 1
+    while high - low > unit:
+        mid = sized((low + high) // 2 // unit * unit)
+        if mid.devices in (low, high):
+            break
+        if fits(mid):
+            high = mid.devices
+        else:
+            low = mid.devices
+    return sized(high)
+
+
+def closest_changes(model, hardware, cluster, job, pins: Pins, searcher: str = "enumerate") -> list[str]:
+    """The smallest changes under which something fits, as flag text: relaxed pins first, then the
+    smallest cluster that is enough with the same pins."""
+    changes = [text for text, relaxed in relaxed_pins(pins)
+               if fits_somewhere(model, hardware, cluster, job, relaxed, searcher)]
+    changes = _first_per_knob(changes)
+    bigger = smallest_cluster(model, hardware, cluster, job, pins, searcher)
+    if bigger is not None:
+        per_node = hardware.node.devices_per_node
+        changes.append(f"--nodes {bigger.nodes} ({bigger.devices} devices)" if bigger.devices >= per_node
+                       else f"--devices {bigger.devices}")
+    return changes
+
+
+def _first_per_knob(changes: list[str]) -> list[str]:
+    """Keep the least change per flag (e.g. --zero 2 rather than also --zero 3)."""
+    seen, out = set(), []
+    for text in changes:
+        knob = text.split()[0] if not text.startswith("without") else text
+        if knob not in seen:
+            seen.add(knob)
+            out.append(text)
+    return out
+
+
+def nothing_fits_message(model, hardware, cluster, job, pins: Pins, searcher: str = "enumerate",
+                         suggest: bool = True) -> str:
+    where = (f"no strategy for {model.name} fits {cluster.devices} x {hardware.device.name} "
+             f"({hardware.device.memory_gib:g} GiB each, profile {hardware.name}) at global batch "
+             f"{job.global_batch_size} and sequence length {job.seq_length}")
+    if pins.pinned():
+        where += f" with {pins.describe()}"
+    if not suggest:
+        return where
+    changes = closest_changes(model, hardware, cluster, job, pins, searcher)
+    if not changes:
+        return where + f"; no change tried fits (up to {MAX_CLUSTER_GROWTH}x the devices)"
+    return where + "; smallest change that fits: " + "; or ".join(changes)

@@ -1,0 +1,128 @@
+"""Rich rendering for `advisor recommend`: the ranked plans, what limits each, and what the search did."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from advisor.cost.estimate import Estimate
+from advisor.recommend import RecommendResult
+from advisor.search import Progress as ProgressHook
+from advisor.search import SearchStats
+from advisor.space.strategy import Strategy
+
+PROGRESS_AFTER_S = 1.0   # searches shorter than this never show a bar
+
+
+def _knobs(s: Strategy) -> str:
+    """Everything but the degrees and batch split: 'sp z1+off rc=sel int.x4 mesh=tdp'."""
+    parts = ["sp"] if s.sequence_parallel else []
+    parts.append(f"z{s.zero_stage}" + ("+off" if s.offload_optimizer else ""))
+    if s.recompute != "none":
+        parts.append("rc=" + ("sel" if s.recompute == "selective" else s.recompute))
+    if s.pp > 1:
+        parts.append(f"int.x{s.virtual_pipeline_stages}" if s.pipeline_schedule == "interleaved-1f1b" else s.pipeline_schedule)
+    parts.append("mesh=" + _mesh(s))
+    return " ".join(parts)
+
+
+def _mesh(s: Strategy) -> str:
+    """Mesh order innermost first, one letter per dimension of degree > 1 (e.g. 'tdp': tp, dp, pp)."""
+    degree = {"dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp}
+    return "".join(d[0] for d in reversed(s.mesh_order) if degree[d] > 1) or "-"
+
+
+_BOTTLENECK = {"memory headroom": "memory", "tp_comm": "TP comm", "dp_comm": "DP comm", "pp_comm": "PP comm",
+               "cp_comm": "CP comm", "ep_comm": "EP comm"}
+
+
+def plans_table(result: RecommendResult) -> Table:
+    first = result.best
+    moe = first.model.moe is not None
+    title = (f"{first.model.name} on {first.cluster.devices} x {first.hardware.device.name} ({first.hardware.name}), "
+             f"batch {first.training.global_batch_size} x {first.training.seq_length}, {first.training.dtype}")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
+                  collapse_padding=True)
+    degrees = "dp.tp.pp.cp" + (".ep" if moe else "")
+    for name in ("#", degrees, "mbs x m", "knobs", "GiB", "step s", "tokens/s", "MFU", "limit"):
+        table.add_column(name, justify="left" if name in (degrees, "knobs", "limit") else "right",
+                         no_wrap=name != "knobs", min_width=10 if name == "knobs" else None)
+    for rank, (plan, e) in enumerate(zip(result.plans, result.estimates), start=1):
+        s = plan.strategy
+        table.add_row(
+            str(rank), f"{s.dp}.{s.tp}.{s.pp}.{s.cp}" + (f".{s.ep}" if moe else ""),
+            f"{s.micro_batch_size}x{s.num_micro_batches}", _knobs(s), f"{e.memory_gib.total:.1f}",
+            f"{e.step_time_s:.3g}", f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", _BOTTLENECK.get(e.bottleneck, e.bottleneck))
+    return table
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{reason} {n:,}" for reason, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def search_lines(stats: SearchStats) -> list[str]:
+    lines = [f"searcher {stats.searcher}: {stats.candidates:,} legal candidates; {stats.scored:,} scored exactly, "
+             f"the rest bounded ({stats.bound_evaluations:,} bound evaluations); {stats.seconds:.2f} s"]
+    if stats.pruned:
+        lines.append(f"pruned: {_counts(stats.pruned)}")
+    if stats.deduplicated:
+        lines.append(f"not generated (provably equivalent to a kept candidate): {_counts(stats.deduplicated)}")
+    return lines
+
+
+def _training_time(e: Estimate) -> str | None:
+    if e.time_to_train_s is None:
+        return None
+    days = e.time_to_train_s / 86400.0
+    text = f"time to train the token budget with plan 1: {days:,.1f} days"
+    if e.cost_to_train_usd is not None:
+        text += f", ${e.cost_to_train_usd:,.0f}"
+    return text
+
+
+def render_recommendation(console: Console, result: RecommendResult, saved_to: str | None = None) -> None:
+    console.print(plans_table(result))
+    console.print(f"GiB: memory per device (of {result.estimates[0].capacity_gib:g}); knobs: sp = sequence parallel, "
+                  "z = ZeRO stage (+off: optimizer offload), rc = recomputation, pipeline schedule, mesh order "
+                  "innermost (fastest links) first (t = tp, c = cp, d = dp, p = pp); limit: the largest part of "
+                  "the step time, or memory when over 95% is used", highlight=False)
+    for line in search_lines(result.search):
+        console.print(line, highlight=False)
+    train = _training_time(result.estimates[0])
+    if train:
+        console.print(train)
+    if saved_to:
+        console.print(f"best plan saved to {saved_to}")
+
+
+@contextmanager
+def search_progress(console: Console, enabled: bool) -> Iterator[ProgressHook]:
+    """A progress hook that shows a rich bar once a search has run for PROGRESS_AFTER_S (only when
+    enabled: on a terminal and not --json)."""
+    if not enabled:
+        yield None
+        return
+    start = time.perf_counter()
+    state: dict = {}
+
+    def hook(done: float, total: float) -> None:
+        if "bar" not in state:
+            if time.perf_counter() - start < PROGRESS_AFTER_S:
+                return
+            bar = Progress(TextColumn("searching"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+                           console=console, transient=True)
+            bar.start()
+            state["bar"], state["task"] = bar, bar.add_task("search", total=max(total, 1))
+        state["bar"].update(state["task"], completed=done, total=max(total, 1))
+
+    try:
+        yield hook
+    finally:
+        if "bar" in state:
+            state["bar"].stop()

@@ -1,0 +1,387 @@
+"""What-if sweeps: the best plan at every point of a grid of hardware and cluster variations.
+
+Axes (every combination is a point): hardware profiles, cluster sizes (nodes or devices), inter-node
+bandwidth, intra-node bandwidth, device memory (overrides on top of a profile, via
+HardwareProfile.with_overrides), global batch and sequence length. At each point advisor.recommend
+runs the search (top 1) and the point reports the best plan's tokens/s, MFU, step time, time, cost
+and energy to train the token budget, or why nothing fits.
+
+Scaling efficiency compares throughput per device with the smallest fitting point of the same series
+(same hardware variant, global batch and sequence length): (T / N) / (T0 / N0); 1.0 is linear scaling.
+Points are solved in parallel worker processes (fork) on machines with more than one core.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from advisor.errors import AdvisorError, InfeasibleError
+from advisor.inputs import DEFAULT_BATCH_TOKENS, default_dtype
+from advisor.plan import Plan, strategy_to_dict
+from advisor.specs.hardware import HardwareProfile, load_hardware
+from advisor.specs.job import Cluster, TrainingJob, parse_token_count
+from advisor.specs.model import ModelSpec, load_model
+
+MAX_POINTS = 2000
+
+
+@dataclass(frozen=True)
+class WhatIfPoint:
+    """One grid point and the best plan there (None when nothing fits)."""
+
+    hardware: str                 # profile name as given (bundled name or file stem)
+    variant: str                  # profile name with its overrides, e.g. "dgx-h100[inter50]"
+    nodes: int
+    devices: int
+    inter_node_gbps: float        # per device, per direction (as in the profile, before oversubscription)
+    intra_node_gbps: float
+    memory_gib: float
+    global_batch_size: int
+    seq_length: int
+    fits: bool
+    reason: str | None = None
+    plan: Plan | None = field(default=None, compare=False, repr=False)
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    step_time_s: float | None = None
+    memory_used_gib: float | None = None
+    bottleneck: str | None = None
+    time_to_train_s: float | None = None
+    cost_usd: float | None = None
+    energy_kwh: float | None = None
+    scaling_efficiency: float | None = None
+
+    @property
+    def series(self) -> tuple[str, int, int]:
+        return (self.variant, self.global_batch_size, self.seq_length)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "hardware": self.hardware, "variant": self.variant, "nodes": self.nodes, "devices": self.devices,
+            "inter_node_gbps": self.inter_node_gbps, "intra_node_gbps": self.intra_node_gbps,
+            "memory_gib": self.memory_gib, "global_batch_size": self.global_batch_size, "seq_length": self.seq_length,
+            "fits": self.fits, "reason": self.reason,
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_per_device": None if self.tokens_per_s is None else self.tokens_per_s / self.devices,
+            "mfu": self.mfu, "step_time_s": self.step_time_s, "memory_used_gib": self.memory_used_gib,
+            "bottleneck": self.bottleneck, "time_to_train_s": self.time_to_train_s,
+            "time_to_train_days": None if self.time_to_train_s is None else self.time_to_train_s / 86400.0,
+            "cost_usd": self.cost_usd, "energy_kwh": self.energy_kwh,
+            "scaling_efficiency": self.scaling_efficiency,
+            "parallel": None if self.plan is None else strategy_to_dict(self.plan.strategy, self.plan.model.num_layers),
+        }
+        return out
+
+
+@dataclass(frozen=True)
+class WhatIfResult:
+    model: str
+    train_tokens: float | None
+    dtype: str
+    searcher: str
+    points: tuple[WhatIfPoint, ...]
+    seconds: float
+    axes: dict[str, list[Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "train_tokens": self.train_tokens, "dtype": self.dtype,
+                "searcher": self.searcher, "seconds": round(self.seconds, 3), "axes": self.axes,
+                "points": [p.to_dict() for p in self.points]}
+
+
+# ---- parsing the command-line lists --------------------------------------------------------------
+def parse_list(flag: str, text: str | None, kind: type = int) -> list:
+    """'8,16,32' -> [8, 16, 32]; every item a positive number, named with the flag when it is not."""
+    if text is None:
+        return []
+    items = [t.strip() for t in str(text).split(",")]
+    if not items or any(not t for t in items):
+        raise AdvisorError(f"{flag}: expected a comma-separated list, got {text!r}")
+    out = []
+    for t in items:
+        try:
+            value = kind(t) if kind is int else float(t)
+        except ValueError:
+            what = "a positive integer" if kind is int else "a positive number"
+            raise AdvisorError(f"{flag}: {t!r} is not {what} (in {text!r})") from None
+        if not value > 0 or (kind is float and not math.isfinite(value)):
+            raise AdvisorError(f"{flag}: {t!r} must be positive (in {text!r})")
+        out.append(value)
+    if len(set(out)) != len(out):
+        raise AdvisorError(f"{flag}: {text!r} lists a value twice")
+    return out
+
+
+def parse_names(flag: str, text: str) -> list[str]:
+    names = [t.strip() for t in str(text).split(",")]
+    if not names or any(not n for n in names):
+        raise AdvisorError(f"{flag}: expected a comma-separated list of names, got {text!r}")
+    if len(set(names)) != len(names):
+        raise AdvisorError(f"{flag}: {text!r} lists a name twice")
+    return names
+
+
+# ---- the sweep ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Task:
+    hardware: str
+    profile: HardwareProfile
+    cluster: Cluster
+    job: TrainingJob
+
+
+_TASKS: list[_Task] = []          # read by worker processes (inherited through fork)
+_MODEL: ModelSpec | None = None
+_SEARCHER = "enumerate"
+
+
+def _raw_link(profile: HardwareProfile) -> tuple[float, float]:
+    raw = profile.raw or {}
+    try:
+        inter = float(raw["inter_node"]["bandwidth_gbps"])
+        intra = float(raw["node"]["intra_node"]["bandwidth_gbps"])
+    except (KeyError, TypeError):
+        inter = profile.inter.bandwidth_gbps * profile.oversubscription
+        intra = profile.node.intra.bandwidth_gbps
+    return inter, intra
+
+
+def _solve(index: int) -> dict[str, Any]:
+    """Best plan at one point (run in a worker process or in-line)."""
+    from advisor.recommend import recommend
+
+    task = _TASKS[index]
+    try:
+        result = recommend(_MODEL, task.profile, task.cluster, task.job, top_k=1, searcher=_SEARCHER)
+    except InfeasibleError as exc:
+        return {"fits": False, "reason": str(exc)}
+    e = result.estimates[0]
+    return {"fits": True, "plan": result.best, "tokens_per_s": e.tokens_per_s, "mfu": e.mfu,
+            "step_time_s": e.step_time_s, "memory_used_gib": e.memory_gib.total, "bottleneck": e.bottleneck,
+            "time_to_train_s": e.time_to_train_s, "cost_usd": e.cost_to_train_usd, "energy_kwh": e.energy_to_train_kwh}
+
+
+def _workers(requested: int | None, n: int) -> int:
+    if requested is not None:
+        if requested < 1:
+            raise AdvisorError(f"--workers must be at least 1, got {requested}")
+        return min(requested, n)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, n if n >= 4 else 1))
+
+
+def _run(n: int, workers: int) -> list[dict[str, Any]]:
+    import multiprocessing as mp
+
+    if workers <= 1 or "fork" not in mp.get_all_start_methods():
+        return [_solve(i) for i in range(n)]
+    # Largest clusters first: they take longest, and dynamic hand-out keeps both workers busy.
+    order = sorted(range(n), key=lambda i: -_TASKS[i].cluster.devices)
+    out: list[dict[str, Any] | None] = [None] * n
+    with mp.get_context("fork").Pool(workers) as pool:
+        for i, res in zip(order, pool.imap(_solve, order, chunksize=1)):
+            out[i] = res
+    return out  # type: ignore[return-value]
+
+
+def whatif(
+    model: str | ModelSpec,
+    hardware: Sequence[str],
+    nodes: Sequence[int] = (),
+    devices: Sequence[int] = (),
+    inter_node_gbps: Sequence[float] = (),
+    intra_node_gbps: Sequence[float] = (),
+    memory_gib: Sequence[float] = (),
+    global_batch: Sequence[int] = (),
+    seq_len: Sequence[int] = (),
+    tokens: str | float | None = None,
+    dtype: str | None = None,
+    searcher: str = "enumerate",
+    workers: int | None = None,
+) -> WhatIfResult:
+    """Sweep the grid and return the best plan at every point (in grid order: hardware, overrides,
+    batch, sequence length, then cluster size)."""
+    import time
+
+    global _MODEL, _SEARCHER
+    start = time.perf_counter()
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    if not hardware:
+        raise AdvisorError("--hardware: give at least one hardware profile")
+    if bool(nodes) == bool(devices):
+        raise AdvisorError("give the cluster sizes with exactly one of --nodes or --devices (a comma-separated list)")
+    from advisor.recommend import SEARCHERS
+
+    if searcher not in SEARCHERS:
+        raise AdvisorError(f"--searcher {searcher}: unknown searcher (available: {', '.join(sorted(SEARCHERS))})")
+    train_tokens = parse_token_count(tokens) if isinstance(tokens, str) else tokens
+    profiles = {name: load_hardware(name) for name in hardware}
+    if dtype is not None:
+        for name, prof in profiles.items():
+            if dtype not in prof.device.peak_tflops:
+                raise AdvisorError(f"--dtype {dtype}: the {prof.device.name} of profile '{name}' has no {dtype} peak "
+                                   f"(it has {', '.join(prof.device.peak_tflops)})")
+    seqs = list(seq_len) or [spec.seq_length]
+    sizes = list(nodes) or list(devices)
+    overrides = list(itertools.product(list(inter_node_gbps) or [None], list(intra_node_gbps) or [None],
+                                       list(memory_gib) or [None]))
+    n_points = len(profiles) * len(overrides) * len(seqs) * max(len(global_batch), 1) * len(sizes)
+    if n_points > MAX_POINTS:
+        raise AdvisorError(f"the grid has {n_points} points; at most {MAX_POINTS} (narrow one of the lists)")
+
+    tasks: list[_Task] = []
+    for name, base in profiles.items():
+        for inter, intra, mem in overrides:
+            prof = base.with_overrides(inter_node_gbps=inter, intra_node_gbps=intra, memory_gib=mem)
+            dt = dtype or default_dtype(prof)
+            for seq in seqs:
+                batches = list(global_batch) or [max(DEFAULT_BATCH_TOKENS // seq, 1)]
+                for gbs in batches:
+                    job = TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens)
+                    for size in sizes:
+                        cluster = Cluster.of(prof, nodes=size) if nodes else Cluster.of(prof, devices=size)
+                        tasks.append(_Task(name, prof, cluster, job))
+
+    _TASKS[:] = tasks
+    _MODEL = spec
+    _SEARCHER = searcher
+    try:
+        solved = _run(len(tasks), _workers(workers, len(tasks)))
+    finally:
+        _TASKS[:] = []
+
+    points = []
+    for task, res in zip(tasks, solved):
+        inter, intra = _raw_link(task.profile)
+        points.append(WhatIfPoint(
+            hardware=task.hardware, variant=task.profile.name, nodes=task.cluster.nodes, devices=task.cluster.devices,
+            inter_node_gbps=inter, intra_node_gbps=intra, memory_gib=task.profile.device.memory_gib,
+            global_batch_size=task.job.global_batch_size, seq_length=task.job.seq_length, **res))
+    points = _with_scaling(points)
+    axes = {"hardware": list(hardware), "nodes" if nodes else "devices": sizes,
+            "inter_node_gbps": list(inter_node_gbps), "intra_node_gbps": list(intra_node_gbps),
+            "memory_gib": list(memory_gib), "global_batch": list(global_batch), "seq_len": list(seq_len)}
+    dtypes = sorted({t.job.dtype for t in tasks})
+    return WhatIfResult(model=spec.name, train_tokens=train_tokens, dtype=",".join(dtypes), searcher=searcher,
+                        points=tuple(points), seconds=time.perf_counter() - start, axes=axes)
+
+
+def _with_scaling(points: list[WhatIfPoint]) -> list[WhatIfPoint]:
+    """Scaling efficiency against the smallest fitting point of each series."""
+    from dataclasses import replace
+
+    base: dict[tuple, WhatIfPoint] = {}
+    for p in sorted((p for p in points if p.fits), key=lambda p: p.devices):
+        base.setdefault(p.series, p)
+    out = []
+    for p in points:
+        b = base.get(p.series)
+        if p.fits and b is not None and p.devices >= b.devices:
+            eff = (p.tokens_per_s / p.devices) / (b.tokens_per_s / b.devices)
+            out.append(replace(p, scaling_efficiency=eff))
+        else:
+            out.append(p)
+    return out
+
+
+# ---- rendering ----------------------------------------------------------------------------------
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    days = seconds / 86400.0
+    if days >= 1:
+        return f"{days:,.1f} d"
+    return f"{seconds / 3600.0:,.1f} h"
+
+
+def _money(usd: float | None) -> str:
+    if usd is None:
+        return "-"
+    if usd >= 1e6:
+        return f"${usd / 1e6:,.2f}M"
+    return f"${usd:,.0f}"
+
+
+def _energy(kwh: float | None) -> str:
+    if kwh is None:
+        return "-"
+    return f"{kwh / 1000.0:,.1f} MWh" if kwh >= 1000 else f"{kwh:,.0f} kWh"
+
+
+def _degrees(plan: Plan) -> str:
+    s = plan.strategy
+    text = f"{s.dp}.{s.tp}.{s.pp}.{s.cp}" + (f".{s.ep}" if plan.model.moe is not None else "")
+    knobs = [f"z{s.zero_stage}" + ("+off" if s.offload_optimizer else "")]
+    if s.recompute != "none":
+        knobs.append("rc=" + ("sel" if s.recompute == "selective" else "full"))
+    if s.virtual_pipeline_stages > 1:
+        knobs.append(f"v{s.virtual_pipeline_stages}")
+    return text + " " + " ".join(knobs)
+
+
+def whatif_tables(result: WhatIfResult) -> list:
+    """One rich table per hardware profile (its override variants are rows, told apart by the swept columns)."""
+    from rich import box
+    from rich.table import Table
+
+    swept = {k for k, v in result.axes.items() if k not in ("hardware", "nodes", "devices") and len(v) > 1}
+    budget = f", {result.train_tokens:.3g} tokens" if result.train_tokens else ""
+    extra = [("inter_node_gbps", "inter GB/s"), ("intra_node_gbps", "intra GB/s"), ("memory_gib", "mem GiB"),
+             ("global_batch", "gbs"), ("seq_len", "seq")]
+    columns = ["nodes", "devices"] + [label for key, label in extra if key in swept]
+    columns += ["plan dp.tp.pp.cp", "tokens/s", "MFU", "step s", "scaling"]
+    if result.train_tokens:
+        columns += ["time", "cost", "energy"]
+    tables = []
+    for hw in dict.fromkeys(p.hardware for p in result.points):
+        pts = [p for p in result.points if p.hardware == hw]
+        first = pts[0].plan.hardware if pts[0].plan is not None else None
+        device = f" - {first.device.name}, {first.node.devices_per_node} per node" if first is not None else ""
+        table = Table(title=f"{hw}{device}: {result.model} ({result.dtype}{budget})", title_justify="left",
+                      box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        for name in columns:
+            if name == "plan dp.tp.pp.cp":
+                table.add_column(name, justify="left", overflow="fold", min_width=12)
+            else:
+                table.add_column(name, justify="right", no_wrap=True)
+        for p in pts:
+            values = {"inter_node_gbps": f"{p.inter_node_gbps:g}", "intra_node_gbps": f"{p.intra_node_gbps:g}",
+                      "memory_gib": f"{p.memory_gib:g}", "global_batch": str(p.global_batch_size),
+                      "seq_len": str(p.seq_length)}
+            row = [str(p.nodes), str(p.devices)] + [values[key] for key, _ in extra if key in swept]
+            if not p.fits:
+                row += ["does not fit"] + ["-"] * (len(columns) - len(row) - 1)
+            else:
+                row += [_degrees(p.plan), f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}", f"{p.step_time_s:.2f}",
+                        "-" if p.scaling_efficiency is None else f"{p.scaling_efficiency:.0%}"]
+                if result.train_tokens:
+                    row += [_duration(p.time_to_train_s), _money(p.cost_usd), _energy(p.energy_kwh)]
+            table.add_row(*row)
+        tables.append(table)
+    return tables
+
+
+def render_whatif(console, result: WhatIfResult, plot_path: str | None = None) -> None:
+    if not console.is_terminal and console.width < 140:
+        # piped output (a file, a pager): don't squeeze the columns to 80 characters
+        from rich.console import Console
+
+        console = Console(file=console.file, width=140, no_color=console.no_color, highlight=False)
+    for table in whatif_tables(result):
+        console.print(table)
+    for p in result.points:
+        if not p.fits:
+            console.print(f"{p.variant} x {p.nodes} nodes ({p.devices} devices): {p.reason}", style="dim",
+                          markup=False, highlight=False)
+    console.print(f"{len(result.points)} points in {result.seconds:.2f} s (searcher {result.searcher}); "
+                  "scaling = tokens/s per device against the smallest fitting cluster of the same series",
+                  style="dim", markup=False, highlight=False)
+    if plot_path:
+        console.print(f"plot written to {plot_path}", markup=False, highlight=False)

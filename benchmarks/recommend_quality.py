@@ -1,0 +1,79 @@
+"""Recommendation quality on published configurations (prints figures; not a pass/fail test).
+
+For each run in benchmarks/data/published_runs.yaml, `recommend` gets the same model, hardware,
+device count, global batch, sequence length and dtype; the cost model prices both the published
+configuration (advisor.published.predict) and the recommended plan. The recommended plan should be
+predicted at least as fast: ratio = recommended tokens/s / published tokens/s >= 1.
+
+    python benchmarks/recommend_quality.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from advisor.published import PublishedRun, load_published_runs, predict  # noqa: E402
+from advisor.recommend import recommend  # noqa: E402
+from advisor.specs.hardware import load_hardware  # noqa: E402
+from advisor.specs.job import Cluster  # noqa: E402
+
+
+@dataclass(frozen=True)
+class QualityRow:
+    run_id: str
+    devices: int
+    published: str
+    published_tokens_per_s: float
+    published_fits: bool
+    recommended: str
+    recommended_tokens_per_s: float
+    seconds: float
+
+    @property
+    def ratio(self) -> float:
+        return self.recommended_tokens_per_s / self.published_tokens_per_s
+
+
+def _describe(s) -> str:
+    text = f"dp{s.dp} tp{s.tp} pp{s.pp}"
+    if s.cp > 1:
+        text += f" cp{s.cp}"
+    if s.virtual_pipeline_stages > 1:
+        text += f" v{s.virtual_pipeline_stages}"
+    text += f" mbs{s.micro_batch_size} z{s.zero_stage} {s.recompute}" + (" sp" if s.sequence_parallel else "")
+    return text
+
+
+def compare(run: PublishedRun) -> QualityRow:
+    hw = load_hardware(run.hardware)
+    cluster = Cluster.of(hw, devices=run.devices)
+    published = predict(run, hw)
+    start = time.perf_counter()
+    result = recommend(run.model, hw, cluster, run.job, top_k=1)
+    seconds = time.perf_counter() - start
+    best = result.estimates[0]
+    return QualityRow(
+        run_id=run.id, devices=run.devices, published=_describe(published.strategy),
+        published_tokens_per_s=run.job.tokens_per_step / published.step_time_s, published_fits=published.feasible,
+        recommended=_describe(result.best.strategy), recommended_tokens_per_s=best.tokens_per_s, seconds=seconds,
+    )
+
+
+def main() -> None:
+    rows = [compare(run) for run in load_published_runs()]
+    print(f"{'run':<24} {'devices':>7}  {'published (predicted)':<38} {'recommended':<40} {'ratio':>6} {'search s':>8}")
+    for r in rows:
+        flag = "" if r.published_fits else " (published does not fit in the model)"
+        print(f"{r.run_id:<24} {r.devices:>7}  {r.published:<38} {r.recommended:<40} {r.ratio:>6.3f} {r.seconds:>8.2f}{flag}")
+    ratios = [r.ratio for r in rows]
+    print(f"\n{len(rows)} runs: ratio min {min(ratios):.3f}, median {sorted(ratios)[len(ratios) // 2]:.3f}, "
+          f"max {max(ratios):.3f}; recommended >= published in {sum(x >= 1.0 for x in ratios)} of {len(rows)}")
+
+
+if __name__ == "__main__":
+    main()

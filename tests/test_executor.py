@@ -1,0 +1,266 @@
+"""Executor: plan reading, up-front refusals, --tiny, stage layout, the model's own pieces and the
+activation accounting. Single process, fast (the multi-process matrix is test_executor_matrix.py)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from advisor.errors import AdvisorError, InfeasibleError  # noqa: E402
+from advisor.execute import ExecuteOptions, prepare_plan  # noqa: E402
+from advisor.executor.config import (refusals, run_config_from_dict, run_config_from_plan,  # noqa: E402
+                                     run_config_to_dict, shrink_plan, with_parallel)
+from advisor.executor.matrix import MATRIX, llama3_8b_plan, matrix_plans, tiny_plan  # noqa: E402
+from advisor.executor.measure import ActivationTracker  # noqa: E402
+from advisor.executor.model import GPT, ModelConfig, _RMSNormFn, _SwiGLUFn, cross_entropy  # noqa: E402
+from advisor.executor.parallel import chunk_layout  # noqa: E402
+
+
+# ---- reading plans and refusing ----------------------------------------------------------------
+def test_every_matrix_plan_reads_without_refusal():
+    for name, plan in matrix_plans().items():
+        cfg = run_config_from_plan(plan)
+        assert cfg.parallel.world_size == plan["cluster"]["devices"], name
+        assert refusals(cfg) == []
+
+
+def test_run_config_round_trips_through_json():
+    cfg = run_config_from_plan(tiny_plan(dict(pp=2, dp=2, num_micro_batches=4, zero_stage=1)))
+    assert run_config_from_dict(json.loads(json.dumps(run_config_to_dict(cfg)))) == cfg
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(cp=2, dp=1), "parallel.cp"),
+    (dict(ep=2), "parallel.ep"),
+    (dict(dp=2, zero_stage=1, offload_optimizer=True), "parallel.offload_optimizer"),
+    (dict(pp=2, num_micro_batches=1), "parallel.num_micro_batches"),
+    (dict(pp=2, stage_layers=[3, 3]), "parallel.stage_layers"),
+    (dict(pp=2, virtual_pipeline_stages=2, num_micro_batches=4), "parallel.virtual_pipeline_stages"),
+    (dict(tp=3), "parallel.tp"),
+    (dict(recompute="selective", recompute_layers=1), "parallel.recompute_layers"),
+])
+def test_unsupported_or_inconsistent_knobs_are_refused_naming_the_field(change, field):
+    plan = tiny_plan(change)
+    with pytest.raises(AdvisorError) as err:
+        run_config_from_plan(plan)
+    assert field in str(err.value)
+
+
+def test_zero_bubble_with_fsdp_resharding_is_refused():
+    for schedule in ("zbv-zero-bubble", "interleaved-zero-bubble", "dualpipev"):
+        plan = tiny_plan(dict(pp=2, dp=2, zero_stage=3, num_micro_batches=4, virtual_pipeline_stages=2,
+                              pipeline_schedule=schedule))
+        with pytest.raises(AdvisorError, match="zero_stage = 3"):
+            run_config_from_plan(plan)
+        plan["parallel"]["zero_stage"] = 2           # without resharding it runs
+        assert run_config_from_plan(plan).parallel.pipeline_schedule == schedule
+
+
+def test_mixed_precision_is_refused_unless_fp32_is_asked_for():
+    plan = tiny_plan(dict(dp=2), training=dict(dtype="bf16"))
+    with pytest.raises(AdvisorError, match="training.dtype = bf16"):
+        run_config_from_plan(plan)
+    cfg = run_config_from_plan(plan, dtype="fp32")
+    assert cfg.dtype == "fp32" and "instead of the plan's bf16" in cfg.notes[0]
+
+
+def test_moe_models_are_refused():
+    plan = tiny_plan(dict(dp=2), model=dict(moe=dict(num_experts=4, top_k=2, expert_ffn_hidden_size=64)))
+    with pytest.raises(AdvisorError, match="model.moe"):
+        run_config_from_plan(plan)
+
+
+def test_missing_or_bad_fields_are_named():
+    plan = tiny_plan(dict(dp=2))
+    del plan["parallel"]["dp"]
+    with pytest.raises(AdvisorError, match="parallel.dp"):
+        run_config_from_plan(plan)
+    plan = tiny_plan(dict(dp=2))
+    plan["training"]["global_batch_size"] = 7
+    with pytest.raises(AdvisorError, match="training.global_batch_size"):
+        run_config_from_plan(plan)
+    plan = tiny_plan(dict(dp=2))
+    plan["cluster"]["devices"] = 4
+    with pytest.raises(AdvisorError, match="cluster.devices"):
+        run_config_from_plan(plan)
+
+
+def test_nproc_must_match_the_plan_before_anything_starts():
+    plan = tiny_plan(dict(dp=2))
+    with pytest.raises(AdvisorError, match="--nproc 4"):
+        prepare_plan(plan, "plan", ExecuteOptions(nproc=4))
+
+
+def test_a_plan_that_does_not_fit_is_refused_before_starting():
+    plan = tiny_plan(dict(dp=2))
+    plan["hardware"]["device"]["memory_gib"] = 0.01          # 10 MiB devices: the plan cannot fit
+    with pytest.raises(InfeasibleError, match="does not fit its hardware"):
+        prepare_plan(plan, "plan", ExecuteOptions())
+
+
+def test_a_full_size_model_that_would_not_fit_this_machine_is_refused():
+    plan = _llama8b_plan()
+    with pytest.raises(InfeasibleError, match="use --tiny"):
+        prepare_plan(plan, "plan", ExecuteOptions(dtype="fp32", backend="gloo"))
+
+
+# ---- --tiny --------------------------------------------------------------------------------------
+def _llama8b_plan() -> dict:
+    return llama3_8b_plan()
+
+
+def test_tiny_keeps_every_parallel_knob_and_the_model_family():
+    plan = _llama8b_plan()
+    cfg = run_config_from_plan(plan, tiny=True, dtype="fp32")
+    p, m = cfg.parallel, cfg.model
+    assert (p.dp, p.tp, p.pp, p.virtual_pipeline_stages, p.num_micro_batches) == (2, 2, 2, 2, 8)
+    assert (p.sequence_parallel, p.zero_stage, p.recompute, p.pipeline_schedule) == (True, 1, "selective", "interleaved-1f1b")
+    assert p.mesh_order == ("pp", "dp", "cp", "tp")
+    src = plan["model"]
+    assert (m.ffn_activation, m.norm, m.tie_embeddings) == (src["ffn_activation"], src["norm"], src["tie_embeddings"])
+    assert m.num_attention_heads // m.num_kv_heads > 1                      # still GQA
+    assert m.num_layers == sum(p.stage_layers) and all(x % 2 == 0 for x in p.stage_layers)
+    assert m.num_params() < 5e6
+    assert refusals(cfg) == []
+
+
+def test_tiny_plan_is_predicted_and_fits():
+    prep = prepare_plan(_llama8b_plan(), "plan", ExecuteOptions(tiny=True, dtype="fp32"))
+    assert prep.memory_prediction["parameters"] > 0
+
+
+def test_shrink_leaves_the_original_plan_alone():
+    plan = _llama8b_plan()
+    before = copy.deepcopy(plan)
+    shrink_plan(plan)
+    assert plan == before
+
+
+# ---- pipeline layout ------------------------------------------------------------------------------
+def test_chunk_layout_looped_and_v_shaped():
+    cfg = run_config_from_plan(tiny_plan(dict(pp=2, num_micro_batches=4, virtual_pipeline_stages=2,
+                                              pipeline_schedule="interleaved-1f1b")))
+    assert [(s, r, ls) for s, r, ls in chunk_layout(cfg)] == [(0, 0, (0,)), (1, 1, (1,)), (2, 0, (2,)), (3, 1, (3,))]
+    v = with_parallel(cfg, pipeline_schedule="zbv-zero-bubble")
+    assert [r for _, r, _ in chunk_layout(v)] == [0, 1, 1, 0]
+    uneven = run_config_from_plan(tiny_plan(dict(pp=2, num_micro_batches=4, stage_layers=[1, 3])))
+    assert [ls for _, _, ls in chunk_layout(uneven)] == [(0,), (1, 2, 3)]
+
+
+# ---- the model ------------------------------------------------------------------------------------
+def _cfg(**kw) -> ModelConfig:
+    base = dict(num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=2, ffn_hidden_size=48,
+                ffn_activation="swiglu", vocab_size=64, seq_length=16, tie_embeddings=True, norm="rmsnorm")
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def test_initialization_does_not_depend_on_the_split():
+    cfg = _cfg()
+    full = dict(GPT(cfg, range(2), True, True, init_seed=7).named_parameters())
+    first = dict(GPT(cfg, [0], True, False, init_seed=7).named_parameters())
+    last = dict(GPT(cfg, [1], False, True, init_seed=7).named_parameters())
+    for name, p in {**first, **last}.items():
+        ref = full["embed.tok.weight"] if name == "head.weight" else full[name]   # tied copy
+        assert torch.equal(p, ref), name
+
+
+def test_fused_style_rmsnorm_and_swiglu_gradients():
+    x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: _RMSNormFn.apply(a, b, 1e-5), (x, w))
+    g = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    u = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_SwiGLUFn.apply, (g, u))
+
+
+@pytest.mark.parametrize("attention", ["math", "flash"])
+def test_attention_paths_agree(attention):
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 64, (2, 17))
+    losses = {}
+    for att in ("math", "flash"):
+        model = GPT(_cfg(attention=att), range(2), True, True, init_seed=3)
+        with torch.no_grad():
+            losses[att] = float(cross_entropy(model(tokens[:, :-1]), tokens[:, 1:]))
+    assert math.isclose(losses["math"], losses["flash"], rel_tol=1e-5)
+
+
+# ---- activation accounting -------------------------------------------------------------------------
+def expected_activation_bytes(m: ModelConfig, b: int, s: int) -> int:
+    """What this engine keeps for backward per micro-batch (fp32, no parallelism, no dropout),
+    tensor by tensor: Korthikanti et al.'s section 4.1 list without the dropout masks and outputs."""
+    h, f, a = m.hidden_size, m.ffn_hidden_size, m.num_attention_heads
+    kv = m.num_kv_heads * m.head_dim
+    sb = s * b
+    stats = 2 * sb if m.norm == "layernorm" else sb                       # mean+rstd, or rstd
+    mlp = (3 if m.ffn_activation == "swiglu" else 2) * sb * f             # gate, up, down-in / gelu in, out
+    core = a * s * s * b if m.attention == "math" else a * sb             # softmax output / log-sum-exp
+    # norm1 in, qkv in, q, proj in, norm2 in, fc1 in (6 sbh) + k, v + mlp + core + norm statistics
+    per_layer = 6 * sb * h + 2 * sb * kv + mlp + core + 2 * stats
+    ends = 2 * sb * h + stats + sb * m.vocab_size                          # final norm in, head in, log-softmax
+    extra_bytes = 2 * sb * 8                                              # token ids and targets (int64)
+    if m.attention == "math":
+        extra_bytes += s * s * (a // m.num_kv_heads)                       # the causal mask (bool, cached)
+    if m.position_embedding == "rotary":
+        extra_bytes += 2 * s * m.head_dim * 4                             # cos, sin tables (cached)
+    return 4 * (m.num_layers * per_layer + ends) + extra_bytes
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),
+    dict(attention="flash"),
+    dict(norm="layernorm", ffn_activation="gelu", ffn_hidden_size=128, position_embedding="learned"),
+    dict(num_kv_heads=4, position_embedding="none", attention="flash"),
+])
+def test_saved_activation_bytes_match_the_tensor_by_tensor_count(kw):
+    m = _cfg(**kw)
+    model = GPT(m, range(m.num_layers), True, True)
+    tracker = ActivationTracker()
+    tracker.enabled = True
+    tracker.watch_chunk("all", model)
+    tokens = torch.randint(0, m.vocab_size, (2, m.seq_length + 1))
+    with tracker.hooks():
+        loss = cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
+    tracker.close()
+    loss.backward()
+    measured = tracker.first_microbatch_bytes()
+    expected = expected_activation_bytes(m, 2, m.seq_length)
+    assert abs(measured - expected) / expected < 0.01, (measured, expected)
+    assert tracker.live_bytes == 0            # everything saved was released by backward
+
+
+def test_tracker_ignores_parameters_and_counts_checkpoint_inputs():
+    from advisor.executor.parallel import apply_recompute
+
+    m = _cfg(attention="math")
+    model = GPT(m, range(2), True, True)
+    tracker = ActivationTracker()
+    tracker.enabled = True
+    tracker.watch_chunk("all", model)
+    for w in apply_recompute(model, "full", None):
+        tracker.watch_checkpoint(w)
+    tokens = torch.randint(0, m.vocab_size, (2, m.seq_length + 1))
+    with tracker.hooks():
+        loss = cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
+    tracker.close()
+    loss.backward()
+    sb = 2 * m.seq_length
+    # the two block inputs the checkpoints keep, then the final norm input and statistics, the head
+    # input, the log-softmax and the token ids and targets
+    expected = 4 * (2 * sb * m.hidden_size) + 4 * (2 * sb * m.hidden_size + sb + sb * m.vocab_size) + 2 * sb * 8
+    assert abs(tracker.first_microbatch_bytes() - expected) / expected < 0.01
+
+
+def test_matrix_covers_every_shape_with_and_without_recompute():
+    shapes = {"dp", "zero1", "zero2", "zero3", "tp", "tp+sp", "pp-gpipe", "pp-1f1b", "pp-interleaved", "dp×tp",
+              "pp×dp", "pp×tp", "pp×dp×tp"}
+    for shape in shapes:
+        assert shape in MATRIX
+        assert any(n.startswith(shape + "+") for n in MATRIX), shape
+    assert all(run_config_from_plan(p).dtype == "fp32" for p in matrix_plans().values())

@@ -1,0 +1,169 @@
+"""The executor on real processes (gloo, up to 8 ranks): every plan shape of the matrix against a
+single-process run (losses) and against advisor's prediction (memory by part); zero-bubble
+schedules; --tiny; failure handling; the CLI; the torchrun path.
+
+Plans of one world size share one launch (advisor.execute.run_prepared), so the whole matrix costs
+three process start-ups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from advisor.execute import COMPARED_PARTS, ExecuteOptions, execute, prepare_plan, run_prepared  # noqa: E402
+from advisor.executor.config import run_config_from_plan, run_config_to_dict  # noqa: E402
+from advisor.executor.launch import ExecutionFailed, LaunchOptions, launch  # noqa: E402
+from advisor.executor.matrix import MATRIX, llama3_8b_plan, matrix_plans, tiny_plan  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+LOSS_GOAL = 1e-4
+GRAD_NORM_GOAL = 1e-3      # the gradient norm amplifies fp32 reduction-order noise more than the loss
+MEMORY_GOAL = 0.10
+MODEL_STATES = ("parameters", "gradients", "optimizer")
+
+ZERO_BUBBLE = {
+    "zbv+zero2": tiny_plan(dict(pp=2, dp=2, zero_stage=2, num_micro_batches=4, virtual_pipeline_stages=2,
+                                pipeline_schedule="zbv-zero-bubble"), "llama"),
+    "interleaved-zero-bubble": tiny_plan(dict(pp=2, num_micro_batches=4, virtual_pipeline_stages=2,
+                                              pipeline_schedule="interleaved-zero-bubble"), "gpt"),
+}
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[str, dict]:
+    opts = ExecuteOptions(timeout_s=900)
+    plans = {**matrix_plans(), **ZERO_BUBBLE}
+    prepared = [prepare_plan(plan, name, opts) for name, plan in plans.items()]
+    prepared.append(prepare_plan(llama3_8b_plan(), "llama3-8b --tiny", replace(opts, tiny=True, dtype="fp32")))
+    names = list(plans) + ["llama3-8b --tiny"]
+    return dict(zip(names, run_prepared(prepared, opts)))
+
+
+@pytest.mark.parametrize("name", list(MATRIX) + list(ZERO_BUBBLE) + ["llama3-8b --tiny"])
+def test_losses_match_a_single_process_run(reports, name):
+    rep = reports[name]
+    assert rep["loss_max_rel_diff"] <= LOSS_GOAL, (rep["loss"]["parallel"], rep["loss"]["reference"])
+    assert rep["grad_norm_max_rel_diff"] <= GRAD_NORM_GOAL, rep["grad_norm"]
+    assert rep["loss"]["reference"][-1] < rep["loss"]["reference"][0]        # it trains
+
+
+@pytest.mark.parametrize("name", list(MATRIX) + ["llama3-8b --tiny"])
+def test_model_state_memory_matches_the_prediction(reports, name):
+    rows = [r for r in reports[name]["memory"]["ranks"] if r["rel_error"] is not None]
+    assert rows, "no rank on the predicted stage"
+    for row in rows:
+        for part in MODEL_STATES:
+            assert row["rel_error"][part] <= MEMORY_GOAL, (row["rank"], part, row["measured_bytes"][part],
+                                                           row["predicted_bytes"][part])
+
+
+def _estimate_models_dropout_free() -> bool:
+    from advisor.specs.job import TrainingJob
+
+    return "dropout" in TrainingJob.__dataclass_fields__
+
+
+@pytest.mark.parametrize("name", list(MATRIX) + ["llama3-8b --tiny"])
+def test_activation_memory_matches_the_prediction(reports, name):
+    rows = [r for r in reports[name]["memory"]["ranks"] if r["rel_error"] is not None]
+    worst = max(r["rel_error"]["activations_per_microbatch"] for r in rows)
+    if worst > MEMORY_GOAL and not _estimate_models_dropout_free():
+        pytest.xfail(f"activations off by {worst:.1%}: advisor.cost.memory counts dropout masks and outputs "
+                     "(Korthikanti's sbh(34 + 5as/h)); the executor trains without dropout, sbh(32 + 2as/h) "
+                     "(and PyTorch's sequence parallelism keeps the gathered QKV/FC1 inputs)")
+    assert worst <= MEMORY_GOAL
+
+
+def test_every_compared_part_is_reported(reports):
+    rep = reports["pp×dp×tp"]
+    assert {"loss_max_rel_diff", "memory_max_rel_error", "time_ratio", "ranks"} <= set(rep)
+    assert len(rep["ranks"]) == 8
+    for row in rep["memory"]["ranks"]:
+        assert set(COMPARED_PARTS) <= set(row["measured_bytes"])
+
+
+def test_zero2_keeps_gathered_parameters_and_sharded_gradients(reports):
+    z2 = reports["zero2"]["ranks"][0]["memory_bytes"]
+    z3 = reports["zero3"]["ranks"][0]["memory_bytes"]
+    assert z2["fsdp_sharded_copy"] > 0 and z3["fsdp_sharded_copy"] == 0
+    assert z2["gradients"] < z2["parameters"]
+    assert z3["parameters"] == pytest.approx(z3["gradients"], rel=0.01)
+
+
+def test_pipeline_schedules_keep_their_micro_batches_in_flight(reports):
+    # stage 0 keeps every micro-batch under GPipe (4) and pp of them under 1F1B (2)
+    gpipe = reports["pp-gpipe"]["ranks"][0]["memory_bytes"]
+    one_f = reports["pp-1f1b"]["ranks"][0]["memory_bytes"]
+    assert gpipe["activations_in_flight"] / gpipe["activations_per_microbatch"] == pytest.approx(4, rel=0.05)
+    assert one_f["activations_in_flight"] / one_f["activations_per_microbatch"] == pytest.approx(2, rel=0.05)
+
+
+# ---- failures ------------------------------------------------------------------------------------
+def _alive(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+def test_a_failing_rank_stops_every_rank_quickly(tmp_path):
+    cfg = replace(run_config_from_plan(tiny_plan(dict(dp=2))), inject_failure=(1, 1))
+    start = time.time()
+    with pytest.raises(ExecutionFailed, match="injected failure on rank 1 at step 1"):
+        launch([run_config_to_dict(cfg)], LaunchOptions(nproc=2, timeout_s=120, pg_timeout_s=20, workdir=str(tmp_path)))
+    assert time.time() - start < 60
+    assert _alive(str(tmp_path)) == []
+
+
+def test_a_run_past_its_deadline_is_stopped(tmp_path):
+    cfg = replace(run_config_from_plan(tiny_plan(dict(dp=2))), steps=200)
+    start = time.time()
+    with pytest.raises(ExecutionFailed, match="did not finish within 3 s"):
+        launch([run_config_to_dict(cfg)], LaunchOptions(nproc=2, timeout_s=3, workdir=str(tmp_path)))
+    assert time.time() - start < 20
+    assert _alive(str(tmp_path)) == []
+
+
+# ---- the command line and torchrun -----------------------------------------------------------------
+def test_execute_command_prints_one_json_object(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(tiny_plan(dict(pp=2, num_micro_batches=2), "gpt")))
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "advisor", "execute", str(plan), "--nproc", "2", "--steps", "3",
+                           "--json", "--out", str(out)], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    assert rep["loss_max_rel_diff"] <= LOSS_GOAL
+    assert rep["memory_max_rel_error"] is not None and rep["time_ratio"] is None     # no --hardware given
+    assert len(rep["ranks"]) == 2 and json.loads(out.read_text())["name"] == rep["name"]
+
+
+def test_torchrun_workers_and_execute_results(tmp_path):
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(tiny_plan(dict(dp=2, zero_stage=3), "llama")))
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "advisor.executor.worker", "--plan", str(plan_path), "--steps", "3",
+                           "--out-dir", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = execute(plan_path, ExecuteOptions(steps=3, results=str(out)))
+    assert rep["loss_max_rel_diff"] <= LOSS_GOAL
+    assert rep["memory"]["ranks"][0]["rel_error"]["parameters"] <= MEMORY_GOAL

@@ -1,0 +1,177 @@
+"""DeepSpeed export: ds_config.json parsed by DeepSpeed's own DeepSpeedConfig when DeepSpeed is
+installed (it installs on CPU from the registry), and always checked against the documented keys.
+
+Documented keys: DeepSpeed configuration reference https://www.deepspeed.ai/docs/config-json/
+(batch size, optimizer, fp16, bf16, gradient_clipping, zero_optimization and offload_optimizer,
+activation_checkpointing, steps_per_print, wall_clock_breakdown), the AutoTP training tutorial
+https://www.deepspeed.ai/tutorials/autotp-training/ (tensor_parallel.autotp_size), and the keys
+deepspeed/runtime/config.py reads (``pipeline``: get_pipeline_config's defaults;
+``sequence_parallel_size`` for Ulysses).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from _export_plans import plans
+from advisor.export import export_plan
+
+DOC_TOP_KEYS = {
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer", "scheduler",
+    "fp16", "bf16", "gradient_clipping", "zero_optimization", "activation_checkpointing", "steps_per_print",
+    "wall_clock_breakdown", "pipeline", "tensor_parallel", "sequence_parallel_size",
+}
+DOC_ZERO_KEYS = {"stage", "overlap_comm", "contiguous_gradients", "reduce_scatter", "offload_optimizer",
+                 "offload_param", "allgather_partitions", "allgather_bucket_size", "reduce_bucket_size"}
+DOC_OFFLOAD_KEYS = {"device", "pin_memory", "nvme_path", "buffer_count", "fast_init", "ratio"}
+DOC_ACTIVATION_KEYS = {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+                       "number_checkpoints", "synchronize_checkpoint_boundary", "profile"}
+DOC_PIPELINE_KEYS = {"stages", "partition", "seed_layers", "activation_checkpoint_interval", "pipe_partitioned",
+                     "grad_partitioned"}
+DOC_FP16_KEYS = {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+                 "consecutive_hysteresis", "min_loss_scale"}
+
+
+@pytest.fixture(scope="module")
+def exported():
+    return {name: (plan, export_plan(plan, "deepspeed")) for name, plan in plans().items()}
+
+
+def _config(result) -> dict:
+    return json.loads(result.files["ds_config.json"])
+
+
+def test_keys_are_documented(exported):
+    for name, (plan, result) in exported.items():
+        cfg = _config(result)
+        assert set(cfg) <= DOC_TOP_KEYS, (name, set(cfg) - DOC_TOP_KEYS)
+        assert set(cfg["zero_optimization"]) <= DOC_ZERO_KEYS, name
+        if "offload_optimizer" in cfg["zero_optimization"]:
+            assert set(cfg["zero_optimization"]["offload_optimizer"]) <= DOC_OFFLOAD_KEYS
+        assert set(cfg.get("activation_checkpointing", {})) <= DOC_ACTIVATION_KEYS, name
+        assert set(cfg.get("pipeline", {})) <= DOC_PIPELINE_KEYS, name
+        assert set(cfg.get("fp16", {})) <= DOC_FP16_KEYS, name
+        assert set(cfg.get("tensor_parallel", {})) <= {"autotp_size"}, name
+
+
+def test_batch_arithmetic_matches_the_plan(exported):
+    for name, (plan, result) in exported.items():
+        cfg, s = _config(result), plan.strategy
+        # docs: train_batch_size = micro batch per GPU x gradient accumulation x data-parallel GPUs
+        assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * s.dp
+        assert cfg["train_batch_size"] == plan.training.global_batch_size
+        assert cfg["zero_optimization"]["stage"] == s.zero_stage
+        assert ("offload_optimizer" in cfg["zero_optimization"]) == s.offload_optimizer
+        assert ("bf16" in cfg) == (plan.training.dtype in ("bf16", "fp8"))
+        assert ("fp16" in cfg) == (plan.training.dtype == "fp16")
+
+
+class _MPU:
+    """The slice of a model-parallel unit DeepSpeedConfig asks for (data-parallel world size)."""
+
+    def __init__(self, dp: int):
+        self.dp = dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+
+def _patch_rank(monkeypatch):
+    """DeepSpeedConfig asks the process group for this rank before it consults the mpu; without
+    torch.distributed initialised it would fall back to a world of 1. Rank 0 is what a launch has."""
+    import deepspeed.runtime.config as ds_config_module
+
+    monkeypatch.setattr(ds_config_module.dist, "get_rank", lambda *a, **k: 0)
+
+
+def _precision(parsed, kind: str) -> bool:
+    """bf16/fp16 switch as parsed (newer DeepSpeed: *_config.enabled; older: bfloat16_enabled/fp16_enabled)."""
+    config = getattr(parsed, f"{kind}_config", None)
+    if config is not None:
+        return bool(config.enabled)
+    return bool(getattr(parsed, "bfloat16_enabled" if kind == "bfloat16" else "fp16_enabled"))
+
+
+def test_deepspeed_parses_the_config(exported, monkeypatch):
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    _patch_rank(monkeypatch)
+
+    for name, (plan, result) in exported.items():
+        cfg = _config(result)
+        parsed = DeepSpeedConfig(cfg, mpu=_MPU(plan.strategy.dp))
+        assert parsed.train_batch_size == plan.training.global_batch_size, name
+        assert parsed.train_micro_batch_size_per_gpu == plan.strategy.micro_batch_size, name
+        assert parsed.gradient_accumulation_steps == plan.strategy.num_micro_batches, name
+        assert parsed.zero_optimization_stage == plan.strategy.zero_stage, name
+        assert _precision(parsed, "bfloat16") == (plan.training.dtype in ("bf16", "fp8")), name
+        assert _precision(parsed, "float16") == (plan.training.dtype == "fp16"), name
+        if plan.strategy.offload_optimizer:
+            assert parsed.zero_config.offload_optimizer is not None and \
+                parsed.zero_config.offload_optimizer.device == "cpu", name
+        if plan.strategy.pp > 1:
+            expected = 1 if plan.strategy.recompute == "full" else 0
+            assert parsed.pipeline["activation_checkpoint_interval"] == expected, name
+
+
+def test_deepspeed_refuses_a_misspelled_key(monkeypatch):
+    """The strict parts of DeepSpeedConfig (pydantic models) do refuse unknown keys: the check above bites."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    _patch_rank(monkeypatch)
+
+    cfg = _config(export_plan(plans()["llama8b_dp_drec"], "deepspeed"))
+    cfg["zero_optimization"]["stagee"] = 1
+    with pytest.raises(Exception):
+        DeepSpeedConfig(cfg, mpu=_MPU(8))
+
+
+def test_pipeline_settings_build_deepspeeds_topology(exported):
+    pytest.importorskip("deepspeed")
+    import inspect
+
+    from deepspeed.pipe import PipelineModule
+
+    params = inspect.signature(PipelineModule.__init__).parameters
+    for kw in ("layers", "topology", "loss_fn", "partition_method", "activation_checkpoint_interval"):
+        assert kw in params
+    for name, (plan, result) in exported.items():
+        namespace: dict = {}
+        exec(compile(result.files["pipeline_settings.py"], "pipeline_settings.py", "exec"), namespace)  # noqa: S102
+        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+        topo = PipeModelDataParallelTopology(num_pp=namespace["NUM_STAGES"], num_mp=namespace["TENSOR_PARALLEL"],
+                                             num_dp=namespace["DATA_PARALLEL"])
+        assert topo.world_size() == plan.strategy.devices, name
+        assert topo.get_dim("pipe") == plan.strategy.pp and topo.get_dim("model") == plan.strategy.tp
+        assert namespace["PARTITION_METHOD"] in ("uniform", "parameters")
+
+
+def test_launcher_line_parses(exported):
+    pytest.importorskip("deepspeed")
+    from deepspeed.launcher.runner import parse_args
+
+    for name, (plan, result) in exported.items():
+        line = [ln for ln in result.files["launch_deepspeed.sh"].splitlines() if ln.startswith("deepspeed ")][0]
+        args = parse_args(shlex.split(line)[1:])
+        assert args.num_nodes == plan.cluster.nodes, name
+        assert args.user_script == "train.py"
+
+
+def test_unexpressible_features_are_reported(exported):
+    def unsupported(name):
+        return " ".join(exported[name][1].unsupported)
+
+    assert "recompute = selective" in unsupported("llama70b_uneven_pp")
+    assert "stage_layers" in unsupported("llama70b_uneven_pp")
+    assert "virtual_pipeline_stages" in unsupported("mixtral_ep_vpp")
+    assert "recompute_layers" in unsupported("mixtral_ep_vpp")
+    assert "gpipe" in unsupported("gpt3_gpipe_fp16")
+    assert "cp = 4" in unsupported("llama8b_cp_zero3_offload")
+    assert "zero_stage = 2 with pp = 2" in unsupported("llama7b_zero2_pp")
+    assert exported["llama8b_dp_drec"][1].unsupported == ()

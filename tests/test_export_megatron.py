@@ -1,0 +1,276 @@
+"""Megatron-LM export, checked against Megatron-LM's own vocabulary.
+
+Megatron-LM is not installable on this CPU machine (it needs CUDA, Transformer Engine and Apex), so
+every flag of the export is checked against a table transcribed from NVIDIA/Megatron-LM
+megatron/training/arguments.py (commit 000c4ac24f61159c138b0975def722c65245983c): the flag name, whether
+it takes a value, its type and its choices. The table builds an argparse parser with
+allow_abbrev=False, as Megatron's parse_args does, so an unknown or misspelled flag fails. The
+checks Megatron's validate_args applies to these flags are re-stated below with the source line they
+come from. The custom pipeline layout is parsed with the grammar of
+megatron/core/transformer/pipeline_parallel_layer_layout.py (parse_str_to_list).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from _export_plans import plans
+from advisor.export import export_plan
+from advisor.export.megatron import GROUPS, megatron_launch
+
+ARGUMENTS_PY = "NVIDIA/Megatron-LM megatron/training/arguments.py @ 000c4ac24f61159c138b0975def722c65245983c"
+
+# flag -> (type, choices); type None = store_true/store_false. Transcribed from ARGUMENTS_PY.
+MEGATRON_FLAGS: dict[str, tuple[type | None, tuple | None]] = {
+    # _add_distributed_args
+    "--tensor-model-parallel-size": (int, None),
+    "--pipeline-model-parallel-size": (int, None),
+    "--decoder-first-pipeline-num-layers": (int, None),
+    "--decoder-last-pipeline-num-layers": (int, None),
+    "--pipeline-model-parallel-layout": (str, None),
+    "--num-layers-per-virtual-pipeline-stage": (int, None),
+    "--num-virtual-stages-per-pipeline-rank": (int, None),
+    "--overlap-grad-reduce": (None, None),
+    "--overlap-param-gather": (None, None),
+    "--use-distributed-optimizer": (None, None),
+    "--use-megatron-fsdp": (None, None),
+    "--data-parallel-sharding-strategy": (str, ("no_shard", "optim", "optim_grads", "optim_grads_params")),
+    "--context-parallel-size": (int, None),
+    "--use-tp-pp-dp-mapping": (None, None),
+    # _add_training_args
+    "--micro-batch-size": (int, None),
+    "--global-batch-size": (int, None),
+    "--recompute-granularity": (str, ("full", "selective")),
+    "--recompute-method": (str, ("uniform", "block")),
+    "--recompute-num-layers": (int, None),
+    "--train-iters": (int, None),
+    "--optimizer": (str, ("adam", "sgd", "muon", "dist_muon")),
+    "--optimizer-cpu-offload": (None, None),
+    "--optimizer-offload-fraction": (float, None),
+    "--sequence-parallel": (None, None),
+    "--no-gradient-accumulation-fusion": (None, None),
+    "--disable-bias-linear": (None, None),
+    # _add_checkpointing_args
+    "--ckpt-format": (str, ("torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor")),
+    # _add_mixed_precision_args
+    "--fp16": (None, None),
+    "--bf16": (None, None),
+    # _add_transformer_engine_args
+    "--fp8-format": (str, ("e4m3", "hybrid")),
+    # _add_network_size_args
+    "--num-layers": (int, None),
+    "--hidden-size": (int, None),
+    "--ffn-hidden-size": (int, None),
+    "--num-attention-heads": (int, None),
+    "--attention-backend": (str, ("flash", "fused", "unfused", "local", "auto")),   # AttnBackend members
+    "--group-query-attention": (None, None),
+    "--num-query-groups": (int, None),
+    "--max-position-embeddings": (int, None),
+    "--position-embedding-type": (str, ("learned_absolute", "rope", "mrope", "relative", "none")),
+    "--normalization": (str, ("LayerNorm", "RMSNorm")),
+    "--swiglu": (None, None),
+    "--untie-embeddings-and-output-weights": (None, None),
+    # _add_data_args / _add_tokenizer_args
+    "--seq-length": (int, None),
+    "--mock-data": (None, None),
+    "--vocab-size": (int, None),
+    "--tokenizer-type": (str, ("BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer",
+                               "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "HuggingFaceTokenizer",
+                               "Llama2Tokenizer", "TikTokenizer", "MultimodalTokenizer", "NullTokenizer",
+                               "NullMultimodalTokenizer", "SFTTokenizer")),
+    # _add_learning_rate_args / _add_regularization_args
+    "--lr": (float, None),
+    "--min-lr": (float, None),
+    "--lr-decay-style": (str, ("constant", "linear", "cosine", "inverse-square-root", "WSD")),
+    "--weight-decay": (float, None),
+    "--clip-grad": (float, None),
+    # _add_experimental_args
+    "--use-precision-aware-optimizer": (None, None),
+    # _add_moe_args
+    "--expert-model-parallel-size": (int, None),
+    "--num-experts": (int, None),
+    "--moe-layer-freq": (str, None),
+    "--moe-ffn-hidden-size": (int, None),
+    "--moe-router-topk": (int, None),
+    "--moe-token-dispatcher-type": (str, ("allgather", "alltoall", "flex")),
+    # _add_logging_args / _add_validation_args
+    "--log-interval": (int, None),
+    "--log-throughput": (None, None),
+    "--eval-iters": (int, None),
+}
+
+
+def megatron_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    for flag, (kind, choices) in MEGATRON_FLAGS.items():
+        if kind is None:
+            parser.add_argument(flag, action="store_true")
+        else:
+            parser.add_argument(flag, type=kind, choices=choices)
+    return parser
+
+
+def parse_script(text: str) -> dict[str, list[str]]:
+    """The bash arrays of the launch script, with ${VAR:-default} replaced by its default."""
+    arrays = {}
+    for name, body in re.findall(r"^(\w+)=\(\n(.*?)^\)$", text, flags=re.S | re.M):
+        body = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", body)
+        arrays[name] = shlex.split(body)
+    return arrays
+
+
+def parse_layout(layout: str) -> list[list[str]]:
+    """pipeline_parallel_layer_layout.py parse_str_to_list: cosmetic commas, (..)*n and x*n unrolled."""
+    s = layout.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        s = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), s)
+    stages = [list(stage) for stage in s.split("|")]
+    assert all(ch in "ELtm" for stage in stages for ch in stage), layout
+    return stages
+
+
+def eval_moe_pattern(text: str) -> list[int] | int:
+    """arguments.py moe_freq_type / _eval_pattern: an int, or a list expression of , digits [ ] ( ) + *."""
+    if "[" not in text:
+        return int(text)
+    assert not re.search(r"[^,\d\[\]\(\)\+\*]", text), text
+    return eval(text)  # noqa: S307 - the same restricted evaluation Megatron performs
+
+
+@pytest.fixture(scope="module")
+def exported():
+    return {name: (plan, export_plan(plan, "megatron")) for name, plan in plans().items()}
+
+
+def test_every_flag_is_a_megatron_flag(exported):
+    parser = megatron_parser()
+    for name, (plan, result) in exported.items():
+        arrays = parse_script(result.files["megatron_pretrain_gpt.sh"])
+        args = [a for g in GROUPS for a in arrays[g]]
+        try:
+            parser.parse_args(args)
+        except (argparse.ArgumentError, SystemExit) as exc:   # pragma: no cover - shows the bad flag
+            pytest.fail(f"{name}: {exc} (flags per {ARGUMENTS_PY})")
+        assert args == megatron_launch(plan).args(), name
+
+
+def test_validate_args_rules(exported):
+    parser = megatron_parser()
+    for name, (plan, result) in exported.items():
+        s, m, j = plan.strategy, plan.model, plan.training
+        text = result.files["megatron_pretrain_gpt.sh"]
+        arrays = parse_script(text)
+        a = parser.parse_args([x for g in GROUPS for x in arrays[g]])
+        dist = arrays["DISTRIBUTED_ARGS"]
+        world = int(dist[dist.index("--nnodes") + 1]) * int(dist[dist.index("--nproc-per-node") + 1])
+        model_size = a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size
+        # validate_args: world size divisible by tp x pp x cp; dp = world / (tp x pp x cp)
+        assert world % model_size == 0, name
+        if plan.cluster.devices % plan.cluster.nodes == 0:
+            assert world // model_size == s.dp, name
+            assert a.global_batch_size % (a.micro_batch_size * s.dp) == 0, name
+            assert a.global_batch_size // (a.micro_batch_size * s.dp) == s.num_micro_batches, name
+        # no more than one of the three virtual-pipeline options
+        assert sum(x is not None for x in (a.num_layers_per_virtual_pipeline_stage, a.num_virtual_stages_per_pipeline_rank,
+                                           a.pipeline_model_parallel_layout)) <= 1, name
+        if a.pipeline_model_parallel_layout is not None:
+            stages = parse_layout(a.pipeline_model_parallel_layout)
+            flat = [x for st in stages for x in st]
+            assert len(stages) % a.pipeline_model_parallel_size == 0
+            assert flat[0] == "E" and flat[-1] == "L" and flat.count("E") == 1 and flat.count("L") == 1, name
+            assert flat.count("t") == a.num_layers == m.num_layers, name
+            vpp = len(stages) // a.pipeline_model_parallel_size
+            assert vpp == s.virtual_pipeline_stages, name
+            per_rank = [sum(stages[v * s.pp + p].count("t") for v in range(vpp)) for p in range(s.pp)]
+            assert per_rank == list(s.resolved_stage_layers(m.num_layers)), name
+        elif a.num_layers_per_virtual_pipeline_stage is not None:
+            assert a.num_layers % a.pipeline_model_parallel_size == 0
+            per_stage = a.num_layers // a.pipeline_model_parallel_size
+            assert per_stage % a.num_layers_per_virtual_pipeline_stage == 0
+            assert per_stage // a.num_layers_per_virtual_pipeline_stage == s.virtual_pipeline_stages, name
+        else:
+            assert a.num_layers % a.pipeline_model_parallel_size == 0, name
+            assert s.virtual_pipeline_stages == 1
+        if a.context_parallel_size > 1:
+            assert a.seq_length % (2 * a.context_parallel_size) == 0
+        assert a.max_position_embeddings >= a.seq_length
+        if a.recompute_granularity == "selective":
+            assert a.recompute_method is None
+        if a.optimizer_cpu_offload:
+            assert a.use_precision_aware_optimizer
+        if a.use_megatron_fsdp:
+            assert a.ckpt_format == "fsdp_dtensor"
+        if a.overlap_param_gather:
+            assert (a.use_distributed_optimizer or a.use_megatron_fsdp) and a.overlap_grad_reduce
+        assert not (a.fp16 and a.bf16)
+        if a.expert_model_parallel_size and a.expert_model_parallel_size > 1:
+            assert a.num_experts % a.expert_model_parallel_size == 0 and not a.fp16
+        if (a.tensor_model_parallel_size > 1 or a.context_parallel_size > 1) and not a.use_megatron_fsdp:
+            assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text, name
+        if a.num_experts is not None:
+            pattern = eval_moe_pattern(a.moe_layer_freq)
+            if isinstance(pattern, list):
+                assert len(pattern) == m.num_layers and sum(pattern) == m.num_moe_layers
+        # the plan's degrees and knobs are all there
+        assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size) == (s.tp, s.pp, s.cp)
+        assert a.sequence_parallel == s.sequence_parallel
+        assert (a.micro_batch_size, a.global_batch_size, a.seq_length) == (s.micro_batch_size, j.global_batch_size,
+                                                                           j.seq_length)
+        assert a.recompute_granularity == (None if s.recompute == "none" else s.recompute)
+        assert a.use_distributed_optimizer == (s.zero_stage >= 1)
+        assert a.optimizer_cpu_offload == s.offload_optimizer
+        assert (a.num_layers, a.hidden_size, a.num_attention_heads) == (m.num_layers, m.hidden_size, m.num_attention_heads)
+        if m.num_kv_heads != m.num_attention_heads:
+            assert a.group_query_attention and a.num_query_groups == m.num_kv_heads
+
+
+def test_zero_stages_map_to_megatron_sharding():
+    p = plans()
+    a = megatron_parser().parse_args(megatron_launch(p["llama8b_cp_zero3_offload"]).args())
+    assert a.use_megatron_fsdp and a.data_parallel_sharding_strategy == "optim_grads_params"
+    a = megatron_parser().parse_args(megatron_launch(p["llama7b_zero2_pp"]).args())
+    assert a.use_megatron_fsdp and a.data_parallel_sharding_strategy == "optim_grads"
+    a = megatron_parser().parse_args(megatron_launch(p["gpt3_gpipe_fp16"]).args())
+    assert not a.use_distributed_optimizer and not a.use_megatron_fsdp and a.fp16
+
+
+def test_unexpressible_features_are_reported(exported):
+    def unsupported(name):
+        return " ".join(exported[name][1].unsupported)
+
+    assert "gpipe" in unsupported("gpt3_gpipe_fp16")                          # Megatron runs 1F1B only
+    assert "mesh_order" in unsupported("llama8b_cp_zero3_offload")            # not a Megatron rank order
+    assert "zero_stage = 2" in unsupported("llama7b_zero2_pp")                # FSDP with pipeline parallelism
+    assert "--use-tp-pp-dp-mapping" in exported["llama7b_zero2_pp"][1].files["megatron_pretrain_gpt.sh"]
+    assert "mesh_order" not in unsupported("llama7b_zero2_pp")                # expressible by that flag
+    assert exported["llama70b_uneven_pp"][1].unsupported == ()
+    assert "9 on 2 nodes" in unsupported("llama8b_partial_node")
+
+
+def test_gpt3_style_model_flags(exported):
+    a = megatron_parser().parse_args(megatron_launch(plans()["gpt3_gpipe_fp16"]).args())
+    assert a.position_embedding_type == "learned_absolute" and a.normalization == "LayerNorm"
+    assert not a.swiglu and not a.disable_bias_linear
+
+
+def test_torchrun_accepts_the_launch_arguments(exported):
+    run = pytest.importorskip("torch.distributed.run")
+    for name, (plan, result) in exported.items():
+        arrays = parse_script(result.files["megatron_pretrain_gpt.sh"])
+        ns = run.get_args_parser().parse_args(arrays["DISTRIBUTED_ARGS"] + ["pretrain_gpt.py"])
+        assert int(ns.nnodes) == plan.cluster.nodes, name
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
+def test_script_is_valid_bash(exported, tmp_path):
+    for name, (_, result) in exported.items():
+        path = tmp_path / f"{name}.sh"
+        path.write_text(result.files["megatron_pretrain_gpt.sh"])
+        proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{name}: {proc.stderr}"

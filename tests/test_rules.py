@@ -1,0 +1,139 @@
+"""Legality rules (advisor/space/rules.py): one test per rule, and the vectorized masks agree with
+the scalar check on random strategies."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from advisor.space.rules import RULES, illegal_masks, legal_mask, violations
+from advisor.space.strategy import RECOMPUTE, SCHEDULES, Strategy, StrategyBatch
+from advisor.specs.job import Cluster, TrainingJob
+from advisor.specs.model import model_from_dict
+
+DENSE = model_from_dict({
+    "name": "rules-dense", "source": "test", "num_layers": 8, "hidden_size": 768, "num_attention_heads": 12,
+    "num_kv_heads": 4, "ffn_hidden_size": 3072, "vocab_size": 1000, "seq_length": 1024,
+}, "test")
+MOE = model_from_dict({
+    "name": "rules-moe", "source": "test", "num_layers": 8, "hidden_size": 768, "num_attention_heads": 12,
+    "num_kv_heads": 4, "ffn_hidden_size": 3072, "vocab_size": 1000, "seq_length": 1024,
+    "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 1536},
+}, "test")
+ODD_FFN = model_from_dict({
+    "name": "rules-odd-ffn", "source": "test", "num_layers": 8, "hidden_size": 768, "num_attention_heads": 12,
+    "num_kv_heads": 4, "ffn_hidden_size": 3071, "vocab_size": 1000, "seq_length": 1024,
+}, "test")
+CLUSTER = Cluster(nodes=1, devices=8)
+JOB = TrainingJob(global_batch_size=16, seq_length=1024)
+# dp 2 x tp 2 x pp 2 on 8 devices, 16 = 2 x 2 x 4 sequences per step.
+BASE = Strategy(dp=2, tp=2, pp=2, micro_batch_size=2, num_micro_batches=4)
+
+# rule -> (model, a strategy that breaks only that rule)
+BROKEN = {
+    "positive degrees": (DENSE, replace(BASE, micro_batch_size=0)),
+    "device count": (DENSE, replace(BASE, dp=1, num_micro_batches=8)),
+    "tp divides heads": (DENSE, replace(BASE, dp=1, tp=8, pp=1, num_micro_batches=8)),    # 12 heads, 4 kv heads
+    "tp divides ffn": (ODD_FFN, BASE),                                                   # ffn 3071
+    "global batch": (DENSE, replace(BASE, num_micro_batches=3)),
+    "sequence parallel needs tp": (DENSE, replace(BASE, dp=4, tp=1, num_micro_batches=2, sequence_parallel=True)),
+    "sequence parallel divides seq": (DENSE, replace(BASE, sequence_parallel=True)),     # seq 1021 below
+    "cp divides seq": (DENSE, replace(BASE, dp=1, cp=2, num_micro_batches=8)),           # seq 1021 below
+    "expert parallel": (MOE, replace(BASE, ep=4)),                                        # dp x cp = 2
+    "stage layers": (DENSE, replace(BASE, stage_layers=(3, 4))),
+    "interleaving": (DENSE, replace(BASE, virtual_pipeline_stages=2)),                   # schedule still 1f1b
+    "zero stage": (DENSE, replace(BASE, zero_stage=4)),
+    "offload needs zero": (DENSE, replace(BASE, offload_optimizer=True)),
+    "recompute layers": (DENSE, replace(BASE, recompute="selective", recompute_layers=2)),
+}
+ODD_SEQ_RULES = {"sequence parallel divides seq", "cp divides seq"}
+
+
+def _job(rule: str) -> TrainingJob:
+    return TrainingJob(global_batch_size=16, seq_length=1021) if rule in ODD_SEQ_RULES else JOB
+
+
+def _masks(model, job, s: Strategy) -> dict[str, bool]:
+    batch = StrategyBatch.from_strategies([s], model.num_layers)
+    return {name: bool(mask[0]) for name, mask in illegal_masks(model, CLUSTER, job, batch).items()}
+
+
+def test_every_rule_has_a_test():
+    assert set(BROKEN) == set(RULES)
+
+
+def test_base_strategies_are_legal():
+    assert violations(DENSE, CLUSTER, JOB, BASE) == []
+    assert violations(MOE, CLUSTER, JOB, replace(BASE, ep=2)) == []
+
+
+@pytest.mark.parametrize("rule", sorted(BROKEN))
+def test_each_rule_rejects_its_case_and_only_that_rule_fires(rule):
+    model, strategy = BROKEN[rule]
+    job = _job(rule)
+    fired = [name for name, hit in _masks(model, job, strategy).items() if hit]
+    # A zero micro-batch size cannot also keep the global batch: that one rule fires with it.
+    assert fired == [rule] or (rule == "positive degrees" and fired == [rule, "global batch"])
+    sentences = violations(model, CLUSTER, job, strategy)
+    assert any(RULES[rule][1] in s for s in sentences)
+
+
+@pytest.mark.parametrize("rule, ok", [
+    ("tp divides heads", replace(BASE, dp=1, tp=4, pp=2, num_micro_batches=8)),       # 4 divides 12 and 4
+    ("interleaving", replace(BASE, virtual_pipeline_stages=2, pipeline_schedule="interleaved-1f1b")),
+    ("stage layers", replace(BASE, stage_layers=(3, 5))),                              # uneven but complete
+    ("expert parallel", replace(BASE, ep=2)),
+    ("offload needs zero", replace(BASE, zero_stage=1, offload_optimizer=True)),
+    ("recompute layers", replace(BASE, recompute="full", recompute_layers=2)),
+    ("cp divides seq", replace(BASE, dp=1, cp=2, num_micro_batches=8)),               # 1024 = 2 x 2 x 256
+])
+def test_the_legal_side_of_each_rule(rule, ok):
+    model = MOE if rule == "expert parallel" else DENSE
+    assert violations(model, CLUSTER, JOB, ok) == []
+
+
+def test_interleaving_needs_micro_batches_divisible_by_pp():
+    s = Strategy(dp=1, tp=2, pp=4, micro_batch_size=1, num_micro_batches=16, virtual_pipeline_stages=2,
+                 pipeline_schedule="interleaved-1f1b")
+    job = TrainingJob(global_batch_size=16, seq_length=1024)
+    assert violations(DENSE, CLUSTER, job, s) == []
+    bad = replace(s, micro_batch_size=16, num_micro_batches=1)
+    assert _masks(DENSE, job, bad)["interleaving"]
+
+
+def test_non_power_of_two_degrees_are_legal_where_they_divide():
+    model = model_from_dict({"name": "n", "source": "t", "num_layers": 105, "hidden_size": 1536,
+                             "num_attention_heads": 24, "vocab_size": 1000, "seq_length": 2048}, "t")
+    cluster = Cluster(nodes=119, devices=9 * 3 * 35)
+    job = TrainingJob(global_batch_size=9 * 4, seq_length=2048)
+    s = Strategy(dp=9, tp=3, pp=35, micro_batch_size=1, num_micro_batches=4)
+    assert violations(model, cluster, job, s) == []
+
+
+# ---- vectorized vs scalar -----------------------------------------------------------------------
+@st.composite
+def strategies(draw):
+    pp = draw(st.sampled_from([1, 2, 4, 3, 8]))
+    return Strategy(
+        dp=draw(st.sampled_from([1, 2, 4, 3])), tp=draw(st.sampled_from([1, 2, 4, 3, 8])), pp=pp,
+        cp=draw(st.sampled_from([1, 2, 3])), ep=draw(st.sampled_from([1, 2, 4])),
+        sequence_parallel=draw(st.booleans()), virtual_pipeline_stages=draw(st.sampled_from([1, 2, 3])),
+        micro_batch_size=draw(st.sampled_from([1, 2, 4])), num_micro_batches=draw(st.sampled_from([1, 2, 4, 8])),
+        zero_stage=draw(st.integers(0, 3)), recompute=draw(st.sampled_from(RECOMPUTE)),
+        recompute_layers=draw(st.sampled_from([None, 1, 2])), pipeline_schedule=draw(st.sampled_from(SCHEDULES)),
+        offload_optimizer=draw(st.booleans()),
+    )
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(strategies(), min_size=1, max_size=20), st.booleans())
+def test_legal_mask_agrees_with_violations(batch_of, moe):
+    model = MOE if moe else DENSE
+    batch = StrategyBatch.from_strategies(batch_of, model.num_layers)
+    mask = legal_mask(model, CLUSTER, JOB, batch)
+    expected = np.array([violations(model, CLUSTER, JOB, s) == [] for s in batch_of])
+    assert (mask == expected).all()
