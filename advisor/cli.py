@@ -73,6 +73,7 @@ def estimate_cmd(
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 | fp8 (default: bf16 if the device has it)"),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="token budget for time/cost to train, e.g. 2T"),
     attention: str = typer.Option("flash", "--attention", help="flash | math (unfused, stores the s x s scores)"),
+    dropout: bool = typer.Option(False, "--dropout", help="train with dropout (its masks are kept for backward)"),
     plan: Optional[str] = typer.Option(None, "--plan", help="score the strategy of a plan JSON instead"),
     as_json: bool = typer.Option(False, "--json", help="print only JSON"),
 ) -> None:
@@ -84,7 +85,8 @@ def estimate_cmd(
         model=model, hardware=hardware, nodes=nodes, devices=devices, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
         mbs=mbs, gbs=gbs, seq_len=seq_len, vpp=vpp, zero=zero, recompute=recompute,
         recompute_layers=recompute_layers, sequence_parallel=sequence_parallel, schedule=schedule,
-        offload_optimizer=offload_optimizer, dtype=dtype, tokens=tokens, attention=attention, plan=plan,
+        offload_optimizer=offload_optimizer, dtype=dtype, tokens=tokens, attention=attention, dropout=dropout,
+        plan=plan,
     )
     if as_json:
         print_json(result.to_dict())

@@ -77,7 +77,8 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
                      tp: int, pp: int, dp: int | None, cp: int, ep: int, mbs: int, gbs: int | None,
                      seq_len: int | None, vpp: int, zero: int, recompute: str, recompute_layers: int | None,
                      sequence_parallel: bool, schedule: str | None, offload_optimizer: bool, dtype: str | None,
-                     tokens: str | None, plan: str | None, attention: str = "flash") -> EstimateResult:
+                     tokens: str | None, plan: str | None, attention: str = "flash",
+                     dropout: bool = False) -> EstimateResult:
     if plan is not None:
         p = load_plan(plan)
         job = p.training
@@ -92,7 +93,8 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
         if model is None or hardware is None:
             raise AdvisorError("advisor estimate needs --model and --hardware (or --plan PLAN.json)")
         inputs = resolve_inputs(model, hardware, nodes=nodes, devices=devices, global_batch=gbs,
-                                seq_len=seq_len, dtype=dtype, tokens=tokens, attention=attention)
+                                seq_len=seq_len, dtype=dtype, tokens=tokens, attention=attention,
+                                dropout=dropout)
         strategy = strategy_from_flags(
             inputs, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, vpp=vpp, zero=zero, recompute=recompute,
             recompute_layers=recompute_layers, sequence_parallel=sequence_parallel, schedule=schedule,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError, InfeasibleError
-from advisor.executor.config import RunConfig, run_config_from_plan, run_config_to_dict, shrink_plan
+from advisor.executor.config import RunConfig, run_config_from_plan, run_config_to_dict
 
 LOSS_GOAL = 1e-4
 MEMORY_GOAL = 0.10
@@ -218,6 +218,7 @@ def build_report(cfg: RunConfig, ranks: list[dict], reference: dict, memory_pred
     norm_diff = compare_losses(ranks[0]["grad_norms"], reference["grad_norms"])
     memory = compare_memory(ranks, memory_pred)
     step = measured_step_time_s(ranks)
+    cpu_step = max(r["median_cpu_step_time_s"] for r in ranks) if all("median_cpu_step_time_s" in r for r in ranks) else None
     predicted_step = time_est.step_time_s if time_est is not None else None
     ratio = step / predicted_step if predicted_step else None
     return {
@@ -235,6 +236,9 @@ def build_report(cfg: RunConfig, ranks: list[dict], reference: dict, memory_pred
         "grad_norm": {"parallel": ranks[0]["grad_norms"], "reference": reference["grad_norms"]},
         "memory": memory,
         "time": {"measured_step_s": step, "predicted_step_s": predicted_step, "ratio": ratio, "goal": TIME_GOAL,
+                 "measured_cpu_step_s": cpu_step,
+                 "cpu_ratio": cpu_step / predicted_step if (predicted_step and cpu_step is not None) else None,
+                 "load_average": max((r.get("load_average") or 0.0) for r in ranks),
                  "predicted_parts_s": dict(time_est.time_s) if time_est is not None else None,
                  "per_rank_median_s": [r["median_step_time_s"] for r in ranks]},
         "ranks": ranks,
@@ -350,6 +354,9 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         else:
             rows.append((part, _mib(max(r["measured_bytes"][part] for r in mem["ranks"])), "-", "no prediction"))
     t = report["time"]
+    if t.get("load_average"):
+        rows.append(("machine load (1-min average)", f"{t['load_average']:.1f}", "-",
+                     f"CPU time {t['measured_cpu_step_s'] * 1e3:.1f} ms per step"))
     rows.append(("step time (median)", f"{t['measured_step_s'] * 1e3:.1f} ms",
                  f"{t['predicted_step_s'] * 1e3:.1f} ms" if t["predicted_step_s"] else "-",
                  f"ratio {t['ratio']:.2f}" if t["ratio"] else "no profile (--hardware)"))

@@ -41,6 +41,7 @@ def resolve_inputs(
     dtype: str | None = None,
     tokens: str | float | None = None,
     attention: str = "flash",
+    dropout: bool = False,
 ) -> Inputs:
     spec = load_model(model)
     hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
@@ -59,4 +60,4 @@ def resolve_inputs(
         raise AdvisorError(f"--attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
     train_tokens = parse_token_count(tokens) if isinstance(tokens, str) else tokens
     return Inputs(spec, hw, cluster, TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens,
-                                                  attention=attention))
+                                                  attention=attention, dropout=dropout))

@@ -9,7 +9,8 @@ interleaved are not given per row, so each row takes the best predicted among mi
 1, 2, 4, 8 and, for pp > 1, the plain and the interleaved 1F1B schedule (virtual stages dividing
 the layers per stage). vTrain's rows do not state recomputation or vocabulary: Megatron-LM's
 defaults are used (no recomputation; the GPT-2 vocabulary of 50,257 padded to 51,200 is assumed). Both sources ran Megatron-LM's unfused
-("math") attention, so the runs are predicted with attention="math".
+("math") attention with Megatron's default dropout, so the runs are predicted with attention="math",
+dropout=True.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def load_published_runs(path: Path | None = None) -> list[PublishedRun]:
             id=r["id"], source=r["source"], model=_gpt(r["model"], tr["seq"], r["id"]),
             hardware=HARDWARE_FOR[r["hardware"]], devices=r["devices"],
             # Megatron-LM of 2021-22 used unfused ("math") attention.
-            job=TrainingJob(global_batch_size=tr["gbs"], seq_length=tr["seq"], dtype=tr.get("dtype", "fp16"), attention="math"),
+            job=TrainingJob(global_batch_size=tr["gbs"], seq_length=tr["seq"], dtype=tr.get("dtype", "fp16"),
+                            attention="math", dropout=True),
             parallel=r["parallel"], measured=r["measured"],
         ))
     return runs
@@ -176,7 +178,7 @@ def vtrain_prediction(row: VTrainRow, hw: HardwareProfile) -> float:
         "hidden_size": row.hidden, "num_attention_heads": row.heads, "vocab_size": 51200,
         "seq_length": row.seq, "use_bias": True, "position_embedding": "learned", "tie_embeddings": True,
     }, "vtrain")
-    job = TrainingJob(global_batch_size=row.gbs, seq_length=row.seq, dtype="fp16", attention="math")
+    job = TrainingJob(global_batch_size=row.gbs, seq_length=row.seq, dtype="fp16", attention="math", dropout=True)
     s = Strategy(dp=row.dp, tp=row.tp, pp=row.pp, micro_batch_size=row.mbs,
                  num_micro_batches=row.gbs // (row.dp * row.mbs))
     return estimate(model, hw, Cluster.of(hw, devices=row.gpus), job, s).step_time_s

@@ -14,7 +14,7 @@ from advisor.specs.hardware import load_hardware
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import model_from_dict
 
-JOB = TrainingJob(global_batch_size=8, seq_length=128)
+JOB = TrainingJob(global_batch_size=8, seq_length=128, dtype="fp16")     # the Ascend 910 has no bf16
 A100 = load_hardware("dgx-a100-80g")
 ASCEND = load_hardware("ascend-910")
 # two devices per node, so that eight devices span four nodes and every link tier is used
@@ -89,9 +89,13 @@ def tiny_transformer():
 
 
 def megatron_layer_problem(hw_name: str = "a100", mesh_shape=(8,)) -> ShardingProblem:
-    """One transformer layer (no embedding or head) on 8 devices, tensor-parallel-style cuts only."""
-    model = tiny_transformer()
-    graph = transformer_graph(model, JOB, batch=4, layers=(0, 1), first_stage=False, last_stage=False)
+    """One layer of a 7B-class transformer (no embedding or head) on 8 devices, tensor-parallel-style
+    cuts only (batch and sequence may not be cut)."""
+    model = model_from_dict({
+        "name": "layer-7b", "source": "test", "num_layers": 1, "hidden_size": 4096, "num_attention_heads": 32,
+        "vocab_size": 32000, "seq_length": 2048}, "layer-7b")
+    job = TrainingJob(global_batch_size=8, seq_length=2048, dtype="fp16")
+    graph = transformer_graph(model, job, batch=4, first_stage=False, last_stage=False)
     hw = HARDWARE[hw_name]
     mesh = DeviceMesh.for_devices(hw, mesh_shape_devices(mesh_shape), shape=mesh_shape)
-    return ShardingProblem(graph, mesh, hw, JOB, ShardingOptions(forbid_cut=frozenset("bs")))
+    return ShardingProblem(graph, mesh, hw, job, ShardingOptions(forbid_cut=frozenset("bs")))

@@ -28,8 +28,8 @@ def gpt(num_kv_heads: int = A, ffn: int = 4 * H, act: str = "gelu") -> ModelSpec
                      seq_length=S)
 
 
-def per_layer(model, t, sp, recompute, dtype="fp16", attention="math", cp=1):
-    job = TrainingJob(global_batch_size=B, seq_length=S, dtype=dtype, attention=attention)
+def per_layer(model, t, sp, recompute, dtype="fp16", attention="math", cp=1, dropout=True):
+    job = TrainingJob(global_batch_size=B, seq_length=S, dtype=dtype, attention=attention, dropout=dropout)
     s = Strategy(dp=1, tp=t, pp=1, cp=cp, sequence_parallel=sp, micro_batch_size=B, recompute=recompute)
     batch = StrategyBatch.from_strategies([s], model.num_layers)
     terms = layer_activation_terms(model, job, batch, moe_layer=False)
@@ -91,6 +91,11 @@ def test_flash_attention_keeps_no_scores():
     flash = per_layer(gpt(), 1, False, "none", attention="flash")
     # flash keeps the fp32 log-sum-exp (4 bytes per head and query) instead of 5as^2b
     assert math - flash == pytest.approx(5 * A * S * S * B - 4 * A * S * B)
+
+
+def test_without_dropout():
+    # No masks (2 x sbh) and no dropout output (2as^2b) or mask (as^2b): sbh(32 + 2as/h).
+    assert per_layer(gpt(), 1, False, "none", dropout=False) == pytest.approx(sbh * (32 + 2 * A * S / H))
 
 
 def test_context_parallel_splits_the_sequence():

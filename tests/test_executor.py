@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 
 import pytest
 
@@ -264,3 +265,38 @@ def test_matrix_covers_every_shape_with_and_without_recompute():
         assert shape in MATRIX
         assert any(n.startswith(shape + "+") for n in MATRIX), shape
     assert all(run_config_from_plan(p).dtype == "fp32" for p in matrix_plans().values())
+
+
+# ---- the command line (no processes start: every case is refused up front) ------------------------
+def _cli(monkeypatch, *args) -> int:
+    from advisor import cli
+
+    monkeypatch.setattr(sys, "argv", ["advisor", *args])
+    try:
+        cli.main()
+    except SystemExit as done:
+        return done.code or 0
+    return 0
+
+
+@pytest.mark.parametrize("change, code, words", [
+    (dict(cp=2, dp=1), 2, "parallel.cp = 2"),
+    ("missing", 2, "plan file not found"),
+    ("nproc", 2, "--nproc 3"),
+    ("tiny-device", 1, "does not fit its hardware"),
+])
+def test_execute_refuses_with_one_sentence_and_exit_code(tmp_path, monkeypatch, capsys, change, code, words):
+    plan = tiny_plan(dict(dp=2))
+    args = []
+    if isinstance(change, dict):
+        plan = tiny_plan(change)
+    elif change == "nproc":
+        args = ["--nproc", "3"]
+    elif change == "tiny-device":
+        plan["hardware"]["device"]["memory_gib"] = 0.01
+    path = tmp_path / "plan.json"
+    if change != "missing":
+        path.write_text(json.dumps(plan))
+    assert _cli(monkeypatch, "execute", str(path), *args) == code
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err

@@ -10,7 +10,8 @@ Sources:
   MLSys 2023 (arXiv 2205.05198), section 4 and Table 2. Per layer and micro-batch, in bytes with
   16-bit activations and 1-byte dropout masks: sbh(34 + 5as/h) without parallelism,
   sbh(10 + 24/t + 5as/(ht)) with tensor parallelism t, sbh/t (34 + 5as/h) with sequence parallelism,
-  the 5as/h term dropped by selective recomputation, 2sbh (2sbh/t with SP) kept by full
+  the 5as/h term dropped by selective recomputation (without dropout the masks and the dropout
+  output go: sbh(32 + 2as/h)), 2sbh (2sbh/t with SP) kept by full
   recomputation. We keep the paper's per-tensor breakdown (its section 4.1) so GQA (smaller K and V),
   SwiGLU (Megatron's fused bias-SwiGLU saves the concatenated gate/up output, 4sbf, and the down
   projection input, 2sbf) and MoE (top-k copies of the expert MLP activations) follow from the same
@@ -74,19 +75,21 @@ def layer_activation_terms(model: ModelSpec, job: TrainingJob, b: StrategyBatch,
     h, kv, a = model.hidden_size, model.kv_hidden_size, model.num_attention_heads
     # Attention block: LN input 2sbh, QKV input 2sbh, output dropout mask sbh (outside TP);
     # Q 2sbh, K and V 2sb*kv each, output projection input 2sbh (inside TP).
-    rep = 2 * sb * h + 2 * sb * h + sb * h
+    mask = 1.0 if job.dropout else 0.0          # 1-byte dropout masks (sbh each)
+    rep = 2 * sb * h + 2 * sb * h + mask * sb * h
     shard = 2 * sb * h + 4 * sb * kv + 2 * sb * h
     # Scores: softmax output 2, dropout mask 1, dropout output 2 bytes per score, a heads x s_q x s_k.
     # Flash attention keeps none of them, only the fp32 log-sum-exp per query and head (Dao et al.,
     # FlashAttention, 2022, section 3.1), which selective recomputation has no reason to drop.
     if job.attention == "math":
-        core = 5.0 * a * s_local * job.seq_length * b.micro_batch_size / t
+        # without dropout only the softmax output (2 bytes per score) is kept
+        core = (5.0 if job.dropout else 2.0) * a * s_local * job.seq_length * b.micro_batch_size / t
         lse = 0.0
     else:
         core = np.zeros(len(b))
         lse = 4.0 * a * s_local * b.micro_batch_size / t
     # MLP block: LN input 2sbh, FC1 input 2sbh, dropout mask sbh (outside TP).
-    rep = rep + 2 * sb * h + 2 * sb * h + sb * h
+    rep = rep + 2 * sb * h + 2 * sb * h + mask * sb * h
     if moe_layer and model.moe is not None:
         k, ff = model.moe.top_k, model.moe.expert_ffn_hidden_size
         # Router: fp32 logits/probabilities (4sbE); dispatched token copies (2sbh per chosen expert).
@@ -117,7 +120,7 @@ def end_stage_activations(model: ModelSpec, job: TrainingJob, b: StrategyBatch):
     sb = job.seq_length / b.cp * b.micro_batch_size
     h = model.hidden_size
     div = np.where(b.sequence_parallel, t, 1.0)
-    first = sb * h / div * scale
+    first = (sb * h / div * scale) if job.dropout else np.zeros(len(b))
     last = (4 * sb * h / div) * scale + 4.0 * sb * model.vocab_size / t
     return first, last
 

@@ -1,4 +1,4 @@
-"""The GPT-style model the executor trains: plain PyTorch modules, math attention, no dropout.
+"""The GPT-style model the executor trains: plain PyTorch modules, no dropout.
 
 Layout (one module tree for the whole model and for every pipeline chunk, so parameter names are
 the same whatever the split):
@@ -11,8 +11,12 @@ the same whatever the split):
     head             LM head                      (last chunk; with tied embeddings and one chunk
                                                    it reuses embed.tok.weight)
 
-Attention is the math path (scores, softmax, weighted sum) and there is no dropout, so the bytes
-kept for backward are deterministic and comparable with Korthikanti et al. 2022's per-layer count.
+Attention is the plan's: ``math`` (scores, softmax, weighted sum as separate ops) or ``flash``
+(torch's fused scaled_dot_product_attention). There is no dropout (as in Llama-family training),
+so the losses are deterministic and comparable with a single-process run, and the bytes kept for
+backward follow Korthikanti et al. 2022's per-tensor list minus the dropout masks and outputs:
+per layer and micro-batch, at 16-bit, sbh(32 + 2as/h) with math attention and 32sbh plus the
+log-sum-exp with flash (GELU, 4h MLP; fused-style RMSNorm and SwiGLU keep only their inputs).
 Query heads attend to their key/value group (GQA: consecutive query heads share one kv head), so
 a tensor-parallel shard of whole heads stays self-contained.
 

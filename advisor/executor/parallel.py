@@ -190,6 +190,18 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
+def resolve_partial_gradients(params: list[nn.Parameter]) -> None:
+    """Sum pending partial gradients over their mesh (the sequence-parallel norms' gradients are
+    Partial over tp until then), so their local tensors are the true gradients. The DTensor
+    optimizer does this implicitly; ZeRO-1's slicing of local tensors needs it done first."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    for p in params:
+        g = p.grad
+        if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+            p.grad = g.redistribute(g.device_mesh, [Replicate() if pl.is_partial() else pl for pl in g.placements])
+
+
 def average_gradients(params: list[nn.Parameter], group, world: int, bucket_bytes: int = 32 << 20) -> None:
     """ZeRO-0/1 data parallelism: average local gradients over the data-parallel group, in buckets."""
     grads = [_local(p.grad) for p in params if p.grad is not None]

@@ -18,7 +18,8 @@ from advisor.executor.measure import (ActivationTracker, ParameterProbe, gradien
 from advisor.executor.model import GPT, VocabParallelLoss, cross_entropy
 from advisor.executor.parallel import (ZeroOneOptimizer, apply_fsdp, apply_recompute, apply_tensor_parallel,
                                        average_gradients, build_chunks, build_mesh, chunk_layout,
-                                       make_torch_optimizer, optimizer_state_tensors)
+                                       make_torch_optimizer, optimizer_state_tensors,
+                                       resolve_partial_gradients)
 
 
 class InjectedFailure(RuntimeError):
@@ -226,7 +227,7 @@ def _step(s: _Setup, x: torch.Tensor, y: torch.Tensor) -> float | None:
         losses: list = []
         args = (x,) if s.holds_first else ()
         s.schedule.step(*args, target=y if s.holds_last else None, losses=losses)
-        return float(torch.stack([l.detach() for l in losses]).mean()) if s.holds_last else None
+        return float(torch.stack([x.detach() for x in losses]).mean()) if s.holds_last else None
     model = s.modules[0]
     n, mbs = p.num_micro_batches, p.micro_batch_size
     total = 0.0
@@ -242,11 +243,13 @@ def run_distributed(cfg: RunConfig, device: torch.device) -> dict:
 
     A step's time runs from a barrier to the end of the optimizer step (forward, backward, gradient
     reduction, optimizer); the measurements (gradient norm, bytes) are taken outside it, and the
-    saved-tensor hooks only run in the first step, which the median leaves out."""
+    saved-tensor hooks only run in the first step, which the median leaves out. The process CPU
+    time of the same interval is kept too: on a shared machine it shows how much of the wall time
+    was this rank's own work."""
     p = cfg.parallel
     rank = dist.get_rank()
     s = _Setup(cfg, device)
-    losses, norms, times = [], [], []
+    losses, norms, times, cpu_times = [], [], [], []
     memory: dict[str, int | None] = {}
     sharded_at_rest = parameter_bytes(s.modules)
     if device.type == "cuda":
@@ -256,14 +259,16 @@ def run_distributed(cfg: RunConfig, device: torch.device) -> dict:
         local = dp_slice(tokens, s.coords.dp, p.dp).to(device)
         _sync(device)
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         s.tracker.enabled = step == 0
         with s.tracker.hooks():
             loss = _step(s, local[:, :-1], local[:, 1:])
         s.tracker.close()
         s.tracker.enabled = False
-        if p.dp > 1 and p.zero_stage <= 1:
-            average_gradients(s.params, s.dp_group, p.dp)
+        if p.zero_stage <= 1:
+            resolve_partial_gradients(s.params)
+            if p.dp > 1:
+                average_gradients(s.params, s.dp_group, p.dp)
         if s.tied is not None:
             s.tied.sync()
         if cfg.inject_failure is not None and tuple(cfg.inject_failure) == (rank, step):
@@ -272,6 +277,7 @@ def run_distributed(cfg: RunConfig, device: torch.device) -> dict:
         _sync(device)
         dist.barrier()
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
         stats = torch.tensor([_owned_grad_sq(s), loss if (loss is not None and s.coords.tp == 0) else 0.0],
                              dtype=torch.float64)
         dist.all_reduce(stats)
@@ -292,6 +298,8 @@ def run_distributed(cfg: RunConfig, device: torch.device) -> dict:
         "layers": [list(c.layer_ids) for _, c in s.chunks],
         "losses": losses, "grad_norms": norms, "step_times_s": times,
         "median_step_time_s": statistics.median(times[1:] if len(times) > 1 else times),
+        "cpu_step_times_s": cpu_times,
+        "median_cpu_step_time_s": statistics.median(cpu_times[1:] if len(cpu_times) > 1 else cpu_times),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "memory_bytes": memory,
     }

@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from advisor.search.sharding import OperatorSolution, ShardingProblem, Strat, solution
+from advisor.search.sharding import MEMORY_TOLERANCE, OperatorSolution, ShardingProblem, Strat, solution
 
 FULL_NEIGHBOURHOOD = 512     # operators with at most this many strategies try all of them when polishing
 POLISH_ROUNDS = 20
@@ -188,7 +188,7 @@ def _memory(problem: ShardingProblem, current: list[Strat]) -> float:
 def _repair(problem: ShardingProblem, current: list[Strat]) -> int:
     """Leaner strategies until the memory fits: each move saves the most bytes per extra second."""
     moves = 0
-    limit = problem.memory_limit_bytes
+    limit = problem.memory_limit_bytes * (1.0 + MEMORY_TOLERANCE)
     used = _memory(problem, current)
     while used > limit:
         best = None
@@ -215,7 +215,7 @@ def _repair(problem: ShardingProblem, current: list[Strat]) -> int:
 def _polish(problem: ShardingProblem, current: list[Strat]) -> int:
     """Coordinate descent: each operator takes its best strategy given its neighbours, within memory."""
     moves = 0
-    limit = problem.memory_limit_bytes
+    limit = problem.memory_limit_bytes * (1.0 + MEMORY_TOLERANCE)
     used = _memory(problem, current)
     fits = used <= limit
     for _ in range(POLISH_ROUNDS):

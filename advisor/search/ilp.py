@@ -23,11 +23,11 @@ Formulation (the code follows the numbers):
    has one class adds its cost to the other side's x instead; an edge from an operator to itself
    (a one-operator template feeding its next repetition) adds to that operator's x.
 4. Memory. sum_{v,s} mem[v,s] x[v,s] <= M: parameters, gradients, optimizer states and saved
-   activations per device (bytes rounded up to KiB, the limit down, so a solution the solver
-   accepts fits).
+   activations per device (in integer units of a millionth of the limit; the rounding stays within
+   the 1e-4 tolerance with which every searcher compares memory to the limit).
 5. Objective. minimize sum c[v,s] x[v,s] + sum c[e,a,b] y[e,a,b]: compute + in-operator
    communication + gradient reduction + redistribution, seconds per step scaled to integers
-   (the incumbent's cost = 1e9 units).
+   (the incumbent's cost = 1e8 units).
 6. Solve. CP-SAT with a time limit, the D-Rec solution as a hint (warm start), and as many workers
    as cores (at most 8).
 7. Report. The solver status (OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN), the objective, its proven
@@ -49,18 +49,18 @@ from advisor.cost.memory import GIB
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.search.drec import drec_search
 from advisor.search.sharding import (
-    OperatorSolution, ShardingProblem, Strat, memory_fix_message, solution,
+    MEMORY_TOLERANCE, OperatorSolution, ShardingProblem, Strat, memory_fix_message, solution,
 )
 
-OBJECTIVE_UNITS = 1e9      # integer units for the incumbent's cost
-KIB = 1024.0
+OBJECTIVE_UNITS = 1e8      # integer units for the incumbent's cost
+MEMORY_UNITS = 1e6         # integer units for the memory limit (CP-SAT's presolve errs with 1e9-sized coefficients)
 BACKENDS = ("cp-sat", "scip")
 
 
 @dataclass(frozen=True)
 class IlpResult:
     status: str                          # OPTIMAL | FEASIBLE | INFEASIBLE | UNKNOWN | MODEL_INVALID
-    solution: OperatorSolution | None
+    solution: OperatorSolution | None    # with UNKNOWN, the warm start when there was one
     objective_s: float | None            # the solver's objective, seconds per step
     bound_s: float | None                # proven lower bound, seconds per step
     gap: float | None                    # (objective - bound) / objective
@@ -83,7 +83,7 @@ def ilp_search(problem: ShardingProblem, time_limit_s: float = 30.0, warm_start:
     start = time.perf_counter()
     if backend not in BACKENDS:
         raise AdvisorError(f"ILP backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if problem.min_memory_bytes() > problem.memory_limit_bytes:
+    if not problem.fits(problem.min_memory_bytes()):
         return IlpResult("INFEASIBLE", None, None, None, None, time.perf_counter() - start, memory_fix_message(problem))
     if warm_start is True:
         warm_start = drec_search(problem)
@@ -102,13 +102,20 @@ def ilp_search(problem: ShardingProblem, time_limit_s: float = 30.0, warm_start:
         if status == "INFEASIBLE":
             return IlpResult(status, None, None, None, None, time.perf_counter() - start, memory_fix_message(problem), stats)
         msg = f"the solver found no solution within {time_limit_s:g} s (status {status}); allow more time"
-        return IlpResult(status, None, None, bound, None, time.perf_counter() - start, msg, stats)
+        if hint is None:
+            return IlpResult(status, None, None, bound, None, time.perf_counter() - start, msg, stats)
+        # the warm start stands: it is the best solution known, with the solver's bound
+        chosen = [c.index(hint.assignment[v]) for v, c in enumerate(cands)]
+        objective, bound = hint.cost_s, max(bound or 0.0, 0.0)
+        msg = f"the solver did not improve on the warm start within {time_limit_s:g} s (status {status})"
+    else:
+        msg = ""
     assignment = [cands[v][i] for v, i in enumerate(chosen)]
     bound = min(bound, objective)
     gap = max(0.0, (objective - bound) / objective) if objective > 0 else 0.0
     seconds = time.perf_counter() - start
     sol = solution(problem, "ilp", assignment, seconds, status=status, gap=gap, backend=backend)
-    return IlpResult(status, sol, objective, bound, gap, seconds, "", stats)
+    return IlpResult(status, sol, objective, bound, gap, seconds, msg, stats)
 
 
 def _default_workers() -> int:
@@ -192,8 +199,10 @@ def build_program(problem: ShardingProblem, hint: OperatorSolution | None) -> tu
 
 
 def _solve_cpsat(prog: Program, backend: str, seconds: float, threads: int):
-    """6. CP-SAT: every variable Boolean, costs in integer units (the incumbent = 1e9), memory in KiB
-    (rounded up; the limit down, so an accepted solution fits)."""
+    """6. CP-SAT: every variable Boolean, costs in integer units (the incumbent = 1e8), memory in
+    units of limit / 1e6 bytes, rounded up, with the limit raised by the 1e-4 tolerance of
+    ShardingProblem.fits (100 units: more than the rounding of a warm start of up to 100
+    operators)."""
     scale = OBJECTIVE_UNITS / max(prog.upper_s or sum(prog.cost_s), 1e-12)
     model = cp_model.CpModel()
     var = [model.new_bool_var(f"v{i}") for i in range(prog.n_vars)]
@@ -201,10 +210,14 @@ def _solve_cpsat(prog: Program, backend: str, seconds: float, threads: int):
         model.add_exactly_one(var[i] for i in group)
     for ys, xs in prog.equalities:
         model.add(sum(var[i] for i in ys) == sum(var[i] for i in xs))
+    unit = max(prog.memory_limit_bytes, 1.0) / MEMORY_UNITS
     model.add(cp_model.LinearExpr.weighted_sum([var[i] for i in prog.memory_vars],
-                                               [int(np.ceil(b / KIB)) for b in prog.memory_bytes])
-              <= int(prog.memory_limit_bytes // KIB))
-    terms = [(var[i], int(round(c * scale))) for i, c in enumerate(prog.cost_s) if c > 0]
+                                               [int(np.ceil(b / unit)) for b in prog.memory_bytes])
+              <= int(prog.memory_limit_bytes // unit) + int(prog.memory_limit_bytes * MEMORY_TOLERANCE // unit))
+    # A term dearer than the incumbent cannot be in a better solution: capping it keeps the optimum
+    # and keeps the coefficients (and CP-SAT's LP relaxation) well scaled.
+    cap = OBJECTIVE_UNITS + 1 if prog.upper_s else None
+    terms = [(var[i], min(int(round(c * scale)), cap or int(round(c * scale)))) for i, c in enumerate(prog.cost_s) if c > 0]
     model.minimize(cp_model.LinearExpr.weighted_sum([t[0] for t in terms], [t[1] for t in terms]))
     if prog.hint is not None:
         for v, h in zip(var, prog.hint):
@@ -224,7 +237,7 @@ def _solve_cpsat(prog: Program, backend: str, seconds: float, threads: int):
 
 def _solve_mip(prog: Program, backend: str, seconds: float, threads: int):
     """6. SCIP through pywraplp: x binary, y continuous in [0, 1], costs scaled so the
-    incumbent is 1000, memory in GiB with 1 MiB of margin against the solver's tolerances."""
+    incumbent is 1000, memory in GiB (the solver's feasibility tolerance, 1e-6, is within ours)."""
     solver = pywraplp.Solver.CreateSolver(backend.upper())
     if solver is None:
         raise AdvisorError(f"OR-Tools was built without the {backend} solver; use backend cp-sat")
@@ -240,7 +253,7 @@ def _solve_mip(prog: Program, backend: str, seconds: float, threads: int):
             ct.SetCoefficient(var[i], 1.0)
         for i in xs:
             ct.SetCoefficient(var[i], -1.0)
-    ct = solver.Constraint(-solver.infinity(), (prog.memory_limit_bytes - 2.0 ** 20) / GIB)
+    ct = solver.Constraint(-solver.infinity(), prog.memory_limit_bytes / GIB)
     for i, b in zip(prog.memory_vars, prog.memory_bytes):
         ct.SetCoefficient(var[i], b / GIB)
     obj = solver.Objective()

@@ -22,7 +22,8 @@ a cut that moves to another dimension is an all-to-all; a cut the consumer adds 
 These are the primitives of MindSpore's tensor redistribution and of Alpa's resharding costs.
 
 Costs (seconds per optimizer step; ``m`` micro-batches):
-  operator: count x [m x (compute + in-operator collectives) + per-step gradient collectives];
+  operator: count x [m x (compute + in-operator collectives) + per-step gradient collectives
+            + the optimizer step of the parameters it owns (Adam, memory-bound; ZeRO shards it)];
             compute is forward + backward = 3 x the forward (backward = 2 x forward, SC'21), the
             forward being the GEMM time of the local FLOPs at the profile's size-dependent efficiency
             plus memory-bound traffic (advisor.cost.compute);
@@ -47,7 +48,7 @@ from functools import cached_property
 import numpy as np
 
 from advisor.cost import comm
-from advisor.cost.compute import gemm_time_s, memory_time_s
+from advisor.cost.compute import gemm_time_s, memory_time_s, optimizer_step_s
 from advisor.cost.memory import ALLOCATOR_OVERHEAD, GIB, state_bytes_per_param
 from advisor.errors import AdvisorError
 from advisor.graph.graph import Edge, OperatorGraph
@@ -57,6 +58,7 @@ from advisor.specs.job import TrainingJob
 REPLICATE = "*"
 PARTIAL = -1
 REPL = -2
+MEMORY_TOLERANCE = 1e-4     # relative: limits are compared up to this (integer rounding in the ILP)
 Strat = tuple  # one label (or REPLICATE; None while undecided) per mesh axis
 
 
@@ -242,6 +244,11 @@ def conversion(x: tuple[int, ...], y: tuple[int, ...], sizes: tuple[int, ...], f
     return out
 
 
+def _backward_target(x: tuple[int, ...]) -> tuple[int, ...]:
+    """The layout a producer needs its output's gradient in: its partial-sum axes replicated."""
+    return tuple(REPL if c == PARTIAL else c for c in x)
+
+
 class _OpInfo:
     def __init__(self, graph: OperatorGraph, index: int, forbid: frozenset[str]):
         op = graph.operators[index]
@@ -280,6 +287,7 @@ class ShardingProblem:
         self._op_cost: dict[tuple[int, Strat], tuple[float, float]] = {}
         self._edge_cost: dict[tuple[int, tuple, tuple], float] = {}
         self._strategies: dict[int, list[Strat]] = {}
+        self._templates: dict[tuple, tuple] = {}
 
     @property
     def num_ops(self) -> int:
@@ -353,6 +361,7 @@ class ShardingProblem:
         flops = np.zeros(n)
         traffic = np.zeros(n)
         mem = np.zeros(n)
+        updated = np.zeros(n)             # parameters this device updates (ZeRO shards the update)
         per_mb = _Collectives(n)
         per_step = _Collectives(n)
         out_slice = slice(info.n_in, info.n_in + info.n_out)
@@ -382,6 +391,7 @@ class ShardingProblem:
                 numel = sh.local_bytes[i] / t.dtype_bytes
                 if self.owner.get(t.name) == v and t.tied_to is None:
                     mem[row] += numel * (wb / (r if z >= 3 else 1) + gb / (r if z >= 2 else 1) + ob / (r if z >= 1 else 1))
+                    updated[row] += numel / (r if z >= 1 else 1)
                 if z == 0:
                     per_step.add("all_reduce", row, replicas, numel * gb)
                 elif z <= 2:
@@ -391,7 +401,8 @@ class ShardingProblem:
                     per_mb.add("all_gather", row, replicas, numel * wb, 2.0)
                     per_mb.add("reduce_scatter", row, replicas, numel * gb)
         compute = 3.0 * (np.asarray(gemm_time_s(hw, job, flops)) + np.asarray(memory_time_s(hw, traffic)))
-        cost = op.count * (m * (compute + per_mb.total(hw, self.mesh)) + per_step.total(hw, self.mesh))
+        step = per_step.total(hw, self.mesh) + np.asarray(optimizer_step_s(hw, updated))
+        cost = op.count * (m * (compute + per_mb.total(hw, self.mesh)) + step)
         return cost, mem * op.count
 
     # ---- edge costs ------------------------------------------------------------------------------
@@ -406,23 +417,31 @@ class ShardingProblem:
         return sh.in_layouts[edge.dst_slot], sh.in_grads[edge.dst_slot]
 
     def edge_key_costs(self, e: int, pkeys: list, ckeys: list) -> np.ndarray:
-        """Seconds per step of edge e for each (producer layout, consumer layout) pair: a matrix."""
+        """Seconds per step of edge e for each (producer layout, consumer layout) pair: a matrix.
+        Conversions are shape-free templates (collective, axes, fraction of the tensor), each
+        distinct collective priced once."""
         edge = self.edges[e]
-        tensor = self.graph.tensors[edge.src_tensor]
-        todo = [(a, b) for a in dict.fromkeys(pkeys) for b in dict.fromkeys(ckeys) if (e, a, b) not in self._edge_cost]
+        nbytes = float(self.graph.tensors[edge.src_tensor].nbytes)
+        cache = self._edge_cost
+        todo = [(a, b) for a in dict.fromkeys(pkeys) for b in dict.fromkeys(ckeys) if (e, a, b) not in cache]
         if todo:
-            batch = _Collectives(len(todo))
-            sizes = self.mesh.shape
-            for row, (a, (b_in, b_grad)) in enumerate(todo):
-                for op_name, mask, nbytes in conversion(a, b_in, sizes, tensor.nbytes):
-                    batch.add(op_name, row, mask, nbytes)
-                back_target = tuple(REPL if c == PARTIAL else c for c in a)
-                for op_name, mask, nbytes in conversion(b_grad, back_target, sizes, tensor.nbytes):
-                    batch.add(op_name, row, mask, nbytes)
+            plans = [self._template(a, b_in) + self._template(b_grad, _backward_target(a)) for a, (b_in, b_grad) in todo]
+            distinct = list({item for plan in plans for item in plan})
+            batch = _Collectives(len(distinct))
+            for row, (op_name, mask, fraction) in enumerate(distinct):
+                batch.add(op_name, row, mask, fraction * nbytes)
+            price = dict(zip(distinct, batch.total(self.hw, self.mesh)))
             scale = edge.count * self.options.num_micro_batches
-            for (a, b), t in zip(todo, batch.total(self.hw, self.mesh)):
-                self._edge_cost[(e, a, b)] = float(t) * scale
-        return np.array([[self._edge_cost[(e, a, b)] for b in ckeys] for a in pkeys])
+            for (a, b), plan in zip(todo, plans):
+                cache[(e, a, b)] = scale * float(sum(price[item] for item in plan))
+        return np.array([[cache[(e, a, b)] for b in ckeys] for a in pkeys])
+
+    def _template(self, x: tuple[int, ...], y: tuple[int, ...]) -> tuple:
+        key = (x, y)
+        hit = self._templates.get(key)
+        if hit is None:
+            hit = self._templates[key] = tuple(conversion(x, y, self.mesh.shape, 1.0))
+        return hit
 
     def edge_costs(self, e: int, src_strats: list[Strat], dst_strats: list[Strat]) -> np.ndarray:
         pk = [self.producer_key(e, s) for s in src_strats]
@@ -443,7 +462,11 @@ class ShardingProblem:
         edge_s = 0.0
         for e, edge in enumerate(self.edges):
             edge_s += float(self.edge_costs(e, [assignment[edge.src]], [assignment[edge.dst]])[0, 0])
-        return Evaluation(op_s + edge_s, op_s, edge_s, mem, mem <= self.memory_limit_bytes * (1 + 1e-9), tuple(per_op))
+        return Evaluation(op_s + edge_s, op_s, edge_s, mem, self.fits(mem), tuple(per_op))
+
+    def fits(self, memory_bytes) -> bool | np.ndarray:
+        """Within the memory limit, up to MEMORY_TOLERANCE (the ILP's integer rounding)."""
+        return memory_bytes <= self.memory_limit_bytes * (1.0 + MEMORY_TOLERANCE)
 
     def min_memory_bytes(self) -> float:
         return sum(float(self.op_costs(v, self.strategies(v))[1].min()) for v in range(self.num_ops))
@@ -548,7 +571,7 @@ def brute_force(problem: ShardingProblem, limit: int = 2_000_000) -> OperatorSol
         a = np.arange(len(strats[edge.src])).reshape(view)
         b = np.arange(len(strats[edge.dst])).reshape(view2)
         total = total + mat[a, b]
-    total = np.where(mem <= problem.memory_limit_bytes, total, np.inf)
+    total = np.where(problem.fits(mem), total, np.inf)
     best = np.unravel_index(int(np.argmin(total)), shape)
     if not np.isfinite(total[best]):
         return None

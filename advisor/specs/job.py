@@ -23,6 +23,9 @@ class TrainingJob:
     # Engine, torchtitan and MindSpore's FlashAttentionScore) keeps no s x s score tensors; "math" is the
     # unfused softmax(QK^T)V of Megatron-LM 2021-22 that Korthikanti et al. 2022 measured.
     attention: str = "flash"
+    # Dropout on attention probabilities and hidden states (Megatron GPT's default 0.1/0.1, used in
+    # the Korthikanti and SC'21 runs); Llama-style pre-training runs without it, saving its masks.
+    dropout: bool = False
 
     def __post_init__(self) -> None:
         for key in ("global_batch_size", "seq_length"):

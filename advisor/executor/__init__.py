@@ -1,0 +1,30 @@
+"""Reference executor: run a plan on PyTorch's own distributed stack and measure it.
+
+It reads only the plan JSON (plain dicts; never advisor.cost or advisor.search), builds a GPT-style
+model of the plan's family (or its ``--tiny`` shrink) and trains it with exactly the plan's
+parallelism: DeviceMesh in the plan's mesh order, FSDP2 ``fully_shard`` (ZeRO-2/3), replicated data
+parallelism with an element-wise sharded optimizer (ZeRO-0/1), ``parallelize_module`` tensor and
+sequence parallelism with a vocabulary-parallel loss, ``torch.distributed.pipelining`` schedules
+with the plan's stage layers and virtual stages, and non-reentrant activation checkpointing. Gloo on
+CPU, NCCL on CUDA, one process per device. What it cannot run (context or expert parallelism,
+optimizer offload, mixed precision, MoE, zero-bubble schedules with ZeRO-3) is refused up front.
+
+Modules: config (plan -> RunConfig, refusals, --tiny), model, data, parallel, measure (memory by
+part), train (one run on one rank; the single-process reference), worker (the per-rank entry
+point), launch (local processes: own sessions, hard deadline, no orphans), matrix (the validation
+plans). advisor.execute compares the results with advisor's prediction.
+
+One machine::
+
+    advisor execute plan.json [--nproc N] [--steps 5] [--tiny] [--hardware PROFILE.yaml] [--json] [--out report.json]
+
+Several machines (the same entry point under torchrun; every node runs the same command, the
+results land in the shared --out-dir, rank 0 gathers them into results.json)::
+
+    torchrun --nnodes 2 --nproc-per-node 8 --node-rank $NODE_RANK \\
+        --rdzv-backend c10d --rdzv-endpoint $MASTER_HOST:29500 --rdzv-id plan1 \\
+        -m advisor.executor.worker --plan plan.json --tiny --steps 5 --out-dir /shared/plan1
+    advisor execute plan.json --tiny --steps 5 --results /shared/plan1      # compare and report
+
+With CUDA the worker picks NCCL and ``cuda:LOCAL_RANK`` (``--backend gloo|nccl`` to force one).
+"""
