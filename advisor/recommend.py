@@ -18,6 +18,7 @@ from advisor.plan import Plan, plan_to_dict
 from advisor.rank import rank, simplicity_key
 from advisor.search import PIN_FLAGS, Pins, Progress, SearchOutcome, SearchStats
 from advisor.search import enumerate as enumerate_searcher
+from advisor.search import operator_plan
 from advisor.space.rules import RULES
 from advisor.space.strategy import RECOMPUTE
 from advisor.specs.hardware import HardwareProfile
@@ -28,6 +29,8 @@ Searcher = Callable[[ModelSpec, HardwareProfile, Cluster, TrainingJob, Pins, int
 
 SEARCHERS: dict[str, Searcher] = {
     "enumerate": enumerate_searcher.search,
+    "drec": operator_plan.drec_searcher,
+    "ilp": operator_plan.ilp_searcher,
 }
 
 MAX_TOP_K = 1000

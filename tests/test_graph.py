@@ -17,7 +17,7 @@ from advisor.space.strategy import Strategy, StrategyBatch
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import load_model, model_from_dict
 
-JOB = TrainingJob(global_batch_size=8, seq_length=2048)
+JOB = TrainingJob(global_batch_size=8, seq_length=2048, dropout=True)  # the graph keeps Megatron-style dropout masks
 
 
 def _flops(graph) -> float:
