@@ -113,10 +113,9 @@ def _estimate(cfg: RunConfig, hardware):
 
     if cfg.parallel.pipeline_schedule in ZERO_BUBBLE:
         return None
-    # the executor trains without dropout: say so where the cost model can be told
-    no_dropout = {"dropout": 0.0} if "dropout" in TrainingJob.__dataclass_fields__ else {}
+    # what the executor runs: no dropout, PyTorch's tensor/sequence-parallel layers
     job = TrainingJob(global_batch_size=cfg.global_batch_size, seq_length=cfg.seq_length, dtype=cfg.dtype,
-                      optimizer=cfg.optimizer, attention=cfg.model.attention, **no_dropout)
+                      optimizer=cfg.optimizer, attention=cfg.model.attention, dropout=False, framework="pytorch")
     per_node = hardware.node.devices_per_node
     world = cfg.parallel.world_size
     cluster = Cluster(nodes=-(-world // per_node), devices=world)

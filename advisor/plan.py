@@ -64,6 +64,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "global_batch_size": plan.training.global_batch_size, "seq_length": plan.training.seq_length,
         "dtype": plan.training.dtype, "optimizer": plan.training.optimizer, "attention": plan.training.attention,
         "dropout": plan.training.dropout,
+        "framework": plan.training.framework,
     }
     if plan.training.train_tokens is not None:
         training["train_tokens"] = plan.training.train_tokens
@@ -112,7 +113,7 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
 
 def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
     o = f"{origin}: training"
-    f.check_keys(data, o, ("global_batch_size", "seq_length"), ("dtype", "optimizer", "train_tokens", "attention", "dropout"))
+    f.check_keys(data, o, ("global_batch_size", "seq_length"), ("dtype", "optimizer", "train_tokens", "attention", "dropout", "framework"))
     tokens = data.get("train_tokens")
     return TrainingJob(
         global_batch_size=f.positive_int(data, "global_batch_size", o),
@@ -122,6 +123,7 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
         train_tokens=None if tokens is None else f.positive_float(data, "train_tokens", o),
         attention=f.choice(data, "attention", o, ("flash", "math"), default="flash"),
         dropout=f.boolean(data, "dropout", o, default=False),
+        framework=f.choice(data, "framework", o, ("megatron", "pytorch"), default="megatron"),
     )
 
 

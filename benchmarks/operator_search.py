@@ -33,13 +33,13 @@ from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import load_model
 
 
-def gpt3_problem(hw, devices: int, fine: bool = False) -> ShardingProblem:
+def gpt3_problem(hw, devices: int, fine: bool = False, zero_stages=(1, 2, 3)) -> ShardingProblem:
     model = load_model("gpt3-175b")
     job = TrainingJob(global_batch_size=1536, seq_length=2048)
     batch = min(job.global_batch_size, max(1, devices // 8))
     graph = transformer_graph(model, job, batch=batch)
     mesh = DeviceMesh.for_devices(hw, devices, fine=fine)
-    for zero in (1, 2, 3):
+    for zero in zero_stages:
         options = ShardingOptions(num_micro_batches=job.global_batch_size // batch, zero_stage=zero)
         problem = ShardingProblem(graph, mesh, hw, job, options)
         if problem.fits(problem.min_memory_bytes()):
@@ -55,8 +55,10 @@ def operator_table(hw, devices_list, time_limit: float) -> None:
             f"{'strategies':>10} {'pairs':>6} {'space':>8}")
     print(head)
     print("-" * len(head))
+    zero_used = {}
     for devices in devices_list:
         problem = gpt3_problem(hw, devices)
+        zero_used[devices] = problem.options.zero_stage
         start = time.perf_counter()
         drec = drec_search(problem)
         drec_s = time.perf_counter() - start
@@ -74,7 +76,7 @@ def operator_table(hw, devices_list, time_limit: float) -> None:
             print(f"        note: {result.message or 'D-Rec answer does not fit'}")
     print()
     fine_devices = max(devices_list)
-    problem = gpt3_problem(hw, fine_devices, fine=True)
+    problem = gpt3_problem(hw, fine_devices, fine=True, zero_stages=(zero_used[fine_devices],))
     start = time.perf_counter()
     drec = drec_search(problem)
     print(f"D-Rec on the prime-factor mesh ({problem.mesh.describe()}: recursive halving, {len(problem.mesh.shape)} "

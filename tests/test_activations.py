@@ -28,8 +28,9 @@ def gpt(num_kv_heads: int = A, ffn: int = 4 * H, act: str = "gelu") -> ModelSpec
                      seq_length=S)
 
 
-def per_layer(model, t, sp, recompute, dtype="fp16", attention="math", cp=1, dropout=True):
-    job = TrainingJob(global_batch_size=B, seq_length=S, dtype=dtype, attention=attention, dropout=dropout)
+def per_layer(model, t, sp, recompute, dtype="fp16", attention="math", cp=1, dropout=True, framework="megatron"):
+    job = TrainingJob(global_batch_size=B, seq_length=S, dtype=dtype, attention=attention, dropout=dropout,
+                      framework=framework)
     s = Strategy(dp=1, tp=t, pp=1, cp=cp, sequence_parallel=sp, micro_batch_size=B, recompute=recompute)
     batch = StrategyBatch.from_strategies([s], model.num_layers)
     terms = layer_activation_terms(model, job, batch, moe_layer=False)
@@ -115,3 +116,11 @@ def test_micro_batches_in_flight():
     p, v = 4, 2
     assert flight(p, 8, "interleaved-1f1b", v)[0] == pytest.approx(p * (1 + (p - 1) / (p * v)))
     assert np.all(np.diff(flight(p, 8, "interleaved-1f1b", v)) < 0)
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_pytorch_sequence_parallel_keeps_gathered_inputs(t):
+    # torch.distributed.tensor.parallel saves the all-gathered QKV and FC1 inputs: 2 x 2sbh(1 - 1/t) more.
+    extra = per_layer(gpt(), t, True, "none", framework="pytorch") - per_layer(gpt(), t, True, "none")
+    assert extra == pytest.approx(2 * 2 * sbh * (1 - 1 / t))
+    assert per_layer(gpt(), t, False, "none", framework="pytorch") == per_layer(gpt(), t, False, "none")

@@ -83,11 +83,6 @@ def test_model_state_memory_matches_the_prediction(reports, name):
 def test_activation_memory_matches_the_prediction(reports, name):
     rows = [r for r in reports[name]["memory"]["ranks"] if r["rel_error"] is not None]
     worst = max(r["rel_error"]["activations_per_microbatch"] for r in rows)
-    if worst > MEMORY_GOAL and ("tp" in name or "llama" in name):
-        # Known, open (issue 5): under tensor parallelism PyTorch's executor keeps tensors that the
-        # Megatron-style estimate does not count (the all-gathered QKV/FC1 inputs under sequence
-        # parallelism, 2*2sbh(1 - 1/t) per layer, and the LM-head input).
-        pytest.xfail(f"activations off by {worst:.1%} under tensor parallelism (see comment)")
     assert worst <= MEMORY_GOAL
 
 

@@ -98,6 +98,10 @@ def layer_activation_terms(model: ModelSpec, job: TrainingJob, b: StrategyBatch,
     else:
         shard = shard + _mlp_inner(model, sb, model.ffn_hidden_size)
     replicated = np.where(sp, rep / t, rep) * scale
+    if job.framework == "pytorch":
+        # PyTorch's sequence parallelism keeps the all-gathered QKV and FC1 inputs (2sbh each)
+        # instead of their 1/t shards.
+        replicated = replicated + np.where(sp, 2.0 * (2 * sb * h) * (1.0 - 1.0 / t), 0.0) * scale
     return ActivationTerms(
         replicated=replicated,
         sharded=shard / t * scale + lse,
@@ -122,6 +126,8 @@ def end_stage_activations(model: ModelSpec, job: TrainingJob, b: StrategyBatch):
     div = np.where(b.sequence_parallel, t, 1.0)
     first = (sb * h / div * scale) if job.dropout else np.zeros(len(b))
     last = (4 * sb * h / div) * scale + 4.0 * sb * model.vocab_size / t
+    if job.framework == "pytorch":
+        last = last + np.where(b.sequence_parallel, 2 * sb * h * (1.0 - 1.0 / t), 0.0) * scale  # gathered LM-head input
     return first, last
 
 

@@ -82,12 +82,31 @@ def _tail(path: Path, chars: int = 3000) -> str:
         return ""
 
 
-def _failure_message(out: Path, failed: list[int], timed_out: bool, timeout_s: float) -> str:
-    for rank in failed:
+# Errors a rank raises only because a peer went away: the root cause is elsewhere.
+_PEER_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "gloo", "NCCL", "timed out", "Timeout")
+
+
+def _root_cause(out: Path, ranks: list[int]) -> tuple[int, dict] | None:
+    """The failing rank whose error is not a consequence of another's: errors that do not look
+    like a lost peer first, then the earliest written."""
+    found = []
+    for rank in ranks:
         err = out / f"rank{rank}.error.json"
         if err.exists():
             info = json.loads(err.read_text())
-            return f"rank {rank} failed: {info['error']}\n{info['traceback']}"
+            secondary = any(marker in info["error"] for marker in _PEER_ERRORS)
+            found.append((secondary, err.stat().st_mtime_ns, rank, info))
+    if not found:
+        return None
+    _, _, rank, info = min(found, key=lambda x: x[:3])
+    return rank, info
+
+
+def _failure_message(out: Path, failed: list[int], timed_out: bool, timeout_s: float) -> str:
+    cause = _root_cause(out, sorted(set(failed) | {int(p.name[4:-11]) for p in out.glob("rank*.error.json")}))
+    if cause is not None:
+        rank, info = cause
+        return f"rank {rank} failed: {info['error']}\n{info['traceback']}"
     if timed_out:
         return f"the run did not finish within {timeout_s:g} s; all ranks were stopped"
     rank = failed[0] if failed else 0

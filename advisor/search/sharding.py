@@ -59,6 +59,7 @@ REPLICATE = "*"
 PARTIAL = -1
 REPL = -2
 MEMORY_TOLERANCE = 1e-4     # relative: limits are compared up to this (integer rounding in the ILP)
+ENUMERATION_LIMIT = 50_000  # label choices per operator beyond which strategies are not listed
 Strat = tuple  # one label (or REPLICATE; None while undecided) per mesh axis
 
 
@@ -297,15 +298,26 @@ class ShardingProblem:
     def choices(self, v: int) -> tuple[str, ...]:
         return self.info[v].choices
 
+    def enumerable(self, v: int) -> bool:
+        """Whether operator v's strategies can be listed (the ILP and brute force need them)."""
+        return len(self.info[v].choices) ** len(self.mesh.shape) <= ENUMERATION_LIMIT
+
     def strategies(self, v: int) -> list[Strat]:
         """Every legal full strategy of operator v."""
+        if not self.enumerable(v):
+            raise AdvisorError(
+                f"operator '{self.info[v].op.name}' has {len(self.info[v].choices)}^{len(self.mesh.shape)} strategies "
+                f"on the {self.mesh.describe()} mesh, too many to list; use a mesh with fewer axes "
+                f"(DeviceMesh.for_devices without fine=True)")
         if v not in self._strategies:
             pool = itertools.product(self.info[v].choices, repeat=len(self.mesh.shape))
             self._strategies[v] = [s for s in pool if self.shard(v, s).valid]
         return self._strategies[v]
 
     def space_size(self) -> float:
-        return math.prod(float(len(self.strategies(v))) for v in range(self.num_ops))
+        """Combinations of legal strategies (of every label choice when they are too many to list)."""
+        return math.prod(float(len(self.strategies(v))) if self.enumerable(v)
+                         else float(len(self.info[v].choices)) ** len(self.mesh.shape) for v in range(self.num_ops))
 
     def shard(self, v: int, strat: Strat) -> Shard:
         key = (v, strat)
@@ -469,7 +481,19 @@ class ShardingProblem:
         return memory_bytes <= self.memory_limit_bytes * (1.0 + MEMORY_TOLERANCE)
 
     def min_memory_bytes(self) -> float:
-        return sum(float(self.op_costs(v, self.strategies(v))[1].min()) for v in range(self.num_ops))
+        """The leanest sharding's memory: exact where strategies can be listed, else the memory of
+        the leanest label chosen axis by axis (a sharding that exists, so an upper bound)."""
+        return sum(self._min_memory(v) for v in range(self.num_ops))
+
+    def _min_memory(self, v: int) -> float:
+        if self.enumerable(v):
+            return float(self.op_costs(v, self.strategies(v))[1].min())
+        current: Strat = (None,) * len(self.mesh.shape)
+        for level in range(len(current)):
+            cands = [current[:level] + (lab,) + current[level + 1:] for lab in self.choices(v)]
+            cands = [c for c in cands if self.shard(v, c).valid]
+            current = cands[int(np.argmin(self.op_costs(v, cands)[1]))]
+        return float(self.op_costs(v, [current])[1][0])
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from advisor.specs.hardware import HardwareProfile
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 OPTIMIZERS = ("adamw", "adam", "sgd")
 ATTENTION = ("flash", "math")
+FRAMEWORKS = ("megatron", "pytorch")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,11 @@ class TrainingJob:
     # Dropout on attention probabilities and hidden states (Megatron GPT's default 0.1/0.1, used in
     # the Korthikanti and SC'21 runs); Llama-style pre-training runs without it, saving its masks.
     dropout: bool = False
+    # Whose tensor/sequence-parallel layers: "megatron" (Megatron-LM/Core re-gathers the sequence-
+    # parallel inputs of the column-parallel matmuls in backward, Korthikanti et al. 2022 section
+    # 4.2.2) or "pytorch" (torch.distributed.tensor.parallel, as in torchtitan and advisor's executor:
+    # autograd keeps the all-gathered QKV/FC1/LM-head inputs; verified in shared/notes).
+    framework: str = "megatron"
 
     def __post_init__(self) -> None:
         for key in ("global_batch_size", "seq_length"):
@@ -38,6 +44,8 @@ class TrainingJob:
             raise AdvisorError(f"training: 'optimizer' must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.attention not in ATTENTION:
             raise AdvisorError(f"training: 'attention' must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
+        if self.framework not in FRAMEWORKS:
+            raise AdvisorError(f"training: 'framework' must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
         if self.train_tokens is not None and not self.train_tokens > 0:
             raise AdvisorError(f"training: 'train_tokens' must be positive, got {self.train_tokens!r}")
 
