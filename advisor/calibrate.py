@@ -334,6 +334,8 @@ def build_profile(ranks: list[dict], nproc: int, name: str | None = None) -> dic
             "memory_bandwidth_gbps": round(bandwidth, 3),
             "memory_efficiency": 1.0,
             "launch_overhead_us": round(op_us, 3),
+            # a CPU rank runs each operator on its own thread: overhead adds to compute (nccl: GPUs overlap)
+            "asynchronous_launch": backend == "nccl",
             "peak_tflops": {k: round(v, 6) for k, v in peaks.items()},
             "matmul_efficiency": curves[reference],
             "notes": {"matmul_tflops_by_dtype": {k: [[g, round(r, 6)] for g, r in v] for k, v in _raw_matmul(ranks).items()},

@@ -131,8 +131,11 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     launch_s = hw.device.launch_overhead_us * 1e-6
     gpu_fwd = _col(dense.forward_s + tp_layer + cp_layer)
     gpu_bwd = _col(2.0 * dense.forward_s + tp_layer + 2.0 * cp_layer)
-    host_layer = (np.maximum(KERNELS_FORWARD * launch_s - gpu_fwd, 0.0)
-                  + np.maximum(KERNELS_BACKWARD * launch_s - gpu_bwd, 0.0))
+    if hw.device.asynchronous_launch:
+        host_layer = (np.maximum(KERNELS_FORWARD * launch_s - gpu_fwd, 0.0)
+                      + np.maximum(KERNELS_BACKWARD * launch_s - gpu_bwd, 0.0))
+    else:
+        host_layer = np.broadcast_to((KERNELS_FORWARD + KERNELS_BACKWARD) * launch_s, gpu_fwd.shape)
     host_s = n_layers * host_layer * (1.0 + np.where(rc == RECOMPUTE_FULL, share / 3.0, 0.0))
     stage_mb = np.where(active, comp + recompute_s + tp_s + ep_s + cp_s + host_s, 0.0)
 

@@ -37,6 +37,8 @@ FULL_NEIGHBOURHOOD = 512     # operators with at most this many strategies try a
 POLISH_ROUNDS = 20
 WEIGHT_TRIES = 8              # memory weights tried (x8 each) before falling back to repair
 WEIGHT_BISECTIONS = 3
+SWAP_GAINS = 8               # memory-blocked gains tried per swap round
+SWAP_SAVERS = 4              # savings tried with each
 ASSUMPTIONS = ("replicated", "adaptive", "lookahead")
 
 
@@ -213,26 +215,74 @@ def _repair(problem: ShardingProblem, current: list[Strat]) -> int:
 
 
 def _polish(problem: ShardingProblem, current: list[Strat]) -> int:
-    """Coordinate descent: each operator takes its best strategy given its neighbours, within memory."""
+    """Coordinate descent: each operator takes its best strategy given its neighbours, within memory;
+    when no single move helps, a move that would overflow memory is paired with the cheapest move
+    elsewhere that frees enough (a swap)."""
+    moves = 0
+    for _ in range(POLISH_ROUNDS):
+        single = _single_moves(problem, current)
+        moves += single
+        if single == 0:
+            if not _swap(problem, current):
+                break
+            moves += 2
+    return moves
+
+
+def _single_moves(problem: ShardingProblem, current: list[Strat]) -> int:
     moves = 0
     limit = problem.memory_limit_bytes * (1.0 + MEMORY_TOLERANCE)
     used = _memory(problem, current)
     fits = used <= limit
-    for _ in range(POLISH_ROUNDS):
-        improved = False
-        for v in range(problem.num_ops):
-            cands = neighbourhood(problem, v, current[v])
-            cost = _local_costs(problem, v, cands, current)
-            mem = problem.op_costs(v, cands)[1]
-            here = cands.index(current[v])
-            allowed = (used - mem[here] + mem <= limit) if fits else (mem <= mem[here])
-            cost = np.where(allowed, cost, np.inf)
-            i = int(np.argmin(cost))
-            if cost[i] < cost[here] * (1 - 1e-9) - 1e-15:
-                used += mem[i] - mem[here]
-                current[v] = cands[i]
-                moves += 1
-                improved = True
-        if not improved:
-            break
+    for v in range(problem.num_ops):
+        cands = neighbourhood(problem, v, current[v])
+        cost = _local_costs(problem, v, cands, current)
+        mem = problem.op_costs(v, cands)[1]
+        here = cands.index(current[v])
+        allowed = (used - mem[here] + mem <= limit) if fits else (mem <= mem[here])
+        cost = np.where(allowed, cost, np.inf)
+        i = int(np.argmin(cost))
+        if cost[i] < cost[here] * (1 - 1e-9) - 1e-15:
+            used += mem[i] - mem[here]
+            current[v] = cands[i]
+            moves += 1
     return moves
+
+
+def _swap(problem: ShardingProblem, current: list[Strat]) -> bool:
+    """One improving pair of moves: a gain that overflows memory plus the cheapest sufficient saving."""
+    limit = problem.memory_limit_bytes * (1.0 + MEMORY_TOLERANCE)
+    used = _memory(problem, current)
+    if used > limit:
+        return False
+    gains, savers = [], []
+    for v in range(problem.num_ops):
+        cands = neighbourhood(problem, v, current[v])
+        cost = _local_costs(problem, v, cands, current)
+        mem = problem.op_costs(v, cands)[1]
+        here = cands.index(current[v])
+        for i in range(len(cands)):
+            d_cost, d_mem = cost[i] - cost[here], mem[i] - mem[here]
+            if d_cost < 0 and used + d_mem > limit:
+                gains.append((d_cost, v, cands[i], d_mem))
+            elif d_mem < 0:
+                savers.append((d_cost, v, cands[i], d_mem))
+    gains.sort(key=lambda g: g[0])
+    savers.sort(key=lambda g: g[0])
+    before = problem.evaluate(current).cost_s
+    for d_cost, v, s, d_mem in gains[:SWAP_GAINS]:
+        need = used + d_mem - limit
+        tried = 0
+        for _, w, s2, d2 in savers:
+            if w == v or -d2 < need:
+                continue
+            trial = list(current)
+            trial[v], trial[w] = s, s2
+            ev = problem.evaluate(trial)
+            if ev.fits and ev.cost_s < before * (1 - 1e-9):
+                current[v], current[w] = s, s2
+                return True
+            tried += 1
+            if tried >= SWAP_SAVERS:
+                break
+    return False

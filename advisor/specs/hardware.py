@@ -56,6 +56,9 @@ class DeviceSpec:
     # Host time to issue one kernel (framework dispatch + driver launch). Small layers finish on the
     # device faster than the host can issue their kernels; then the host sets the pace.
     launch_overhead_us: float = 0.0
+    # GPUs/NPUs run kernels asynchronously, so host launch time hides behind device time; a CPU
+    # executes each operator on the issuing thread, so its per-operator overhead adds to the compute.
+    asynchronous_launch: bool = True
 
     def peak_flops(self, dtype: str) -> float:
         if dtype not in self.peak_tflops:
@@ -168,7 +171,7 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
     do = f"{origin}: device"
     dev = data["device"]
     f.check_keys(dev, do, ("name", "memory_gib", "memory_bandwidth_gbps", "peak_tflops", "matmul_efficiency"),
-                 ("memory_efficiency", "launch_overhead_us", "notes"))
+                 ("memory_efficiency", "launch_overhead_us", "asynchronous_launch", "notes"))
     peaks = dev["peak_tflops"]
     if not isinstance(peaks, dict) or not peaks:
         raise AdvisorError(f"{do}: key 'peak_tflops' must map dtypes to TFLOP/s, got {peaks!r}")
@@ -185,6 +188,7 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         memory_efficiency=f.fraction(dev, "memory_efficiency", do, default=0.8),
         launch_overhead_us=float(dev.get("launch_overhead_us", 0.0)) if dev.get("launch_overhead_us", 0.0) == 0
         else f.positive_float(dev, "launch_overhead_us", do),
+        asynchronous_launch=f.boolean(dev, "asynchronous_launch", do, default=True),
     )
 
     no = f"{origin}: node"
