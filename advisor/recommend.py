@@ -19,6 +19,7 @@ from advisor.rank import rank, simplicity_key
 from advisor.search import PIN_FLAGS, Pins, Progress, SearchOutcome, SearchStats
 from advisor.search import enumerate as enumerate_searcher
 from advisor.search import operator_plan
+from advisor.search.stages import rebalance as balance_stages
 from advisor.space.rules import RULES
 from advisor.space.strategy import RECOMPUTE
 from advisor.specs.hardware import HardwareProfile
@@ -34,6 +35,7 @@ SEARCHERS: dict[str, Searcher] = {
 }
 
 MAX_TOP_K = 1000
+BALANCE_LEADERS = 4               # candidates per requested plan whose pipeline stages are balanced
 MAX_CLUSTER_GROWTH = 2 ** 12      # the "more devices" suggestion looks up to 4096x the cluster
 
 
@@ -72,6 +74,14 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
         raise InfeasibleError(nothing_fits_message(model, hardware, cluster, job, pins, searcher, suggest))
     batch = outcome.finalists
     e = estimate_batch(model, hardware, cluster, job, batch)
+    # Balanced pipeline stages for the leading candidates (the search prices even splits).
+    lead = rank(e.tokens_per_s, simplicity_key(batch, hardware), min(len(batch), BALANCE_LEADERS * top_k),
+                feasible=e.feasible, memory_bytes=e.memory.total)
+    if len(lead):
+        batch = balance_stages(model, hardware, cluster, job, batch.take(lead))
+        e = estimate_batch(model, hardware, cluster, job, batch)
+        if outcome.operator_strategies is not None:
+            outcome = replace(outcome, operator_strategies=[outcome.operator_strategies[int(i)] for i in lead])
     order = rank(e.tokens_per_s, simplicity_key(batch, hardware), top_k, feasible=e.feasible, memory_bytes=e.memory.total)
     if len(order) == 0:   # a searcher proposed only plans that do not fit
         raise InfeasibleError(nothing_fits_message(model, hardware, cluster, job, pins, searcher, suggest))

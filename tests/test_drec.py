@@ -85,3 +85,24 @@ def test_generic_graphs_from_json():
     # the DLRM tables are too big to replicate usefully: they are sharded
     chosen = {graph.operators[v].name: s for v, s in enumerate(ilp.solution.assignment)}
     assert chosen["lookup0"] != ("*",)
+
+
+@pytest.mark.parametrize("searcher", ["drec", "ilp"])
+def test_recommend_composes_operator_search_with_pipeline_and_data_parallelism(searcher):
+    from advisor.plan import plan_from_dict, plan_to_dict
+    from advisor.recommend import recommend
+    from advisor.specs.job import Cluster, TrainingJob
+
+    model = tiny_transformer()
+    job = TrainingJob(global_batch_size=32, seq_length=128)
+    cluster = Cluster.of(A100, devices=16)
+    result = recommend(model, A100, cluster, job, searcher=searcher, top_k=2, suggest=False)
+    plan = result.best
+    assert plan.strategy.devices == 16 and plan.search["searcher"] == searcher
+    record = plan.operator_strategies
+    assert record["stage_devices"] * record["pipeline_stages"] == 16
+    fc1 = record["operators"]["layer.fc1"]
+    assert set(fc1["inputs"]) == {"layer.ln2_out", "layer.w1", "layer.b1"}
+    assert all(isinstance(c, int) and c >= 1 for cuts in fc1["inputs"].values() for c in cuts)
+    again = plan_from_dict(plan_to_dict(plan))
+    assert plan_to_dict(again) == plan_to_dict(plan)

@@ -122,3 +122,21 @@ def _compositions(total: int, parts: int):
     for cuts in itertools.combinations(range(1, total), parts - 1):
         bounds = (0,) + cuts + (total,)
         yield tuple(b - a for a, b in zip(bounds, bounds[1:]))
+
+
+def test_recommend_uses_balanced_stages_for_a_large_vocabulary():
+    # BLOOM's 250,880-token LM head makes the last stage heavy: recommend gives it fewer layers and
+    # the plan is faster than the even split.
+    from dataclasses import replace as _replace
+
+    from advisor.cost.estimate import estimate
+    from advisor.inputs import resolve_inputs
+    from advisor.recommend import recommend
+    from advisor.search import Pins
+
+    i = resolve_inputs("bloom-176b", "dgx-a100-80g", nodes=48, global_batch=2048)
+    best = recommend(i.model, i.hardware, i.cluster, i.job, top_k=1, pins=Pins(pp=12, tp=4)).best
+    layers = best.strategy.stage_layers
+    assert sum(layers) == i.model.num_layers and layers[-1] < max(layers)
+    even = estimate(i.model, i.hardware, i.cluster, i.job, _replace(best.strategy, stage_layers=None))
+    assert best.prediction["step_time_s"] < even.step_time_s

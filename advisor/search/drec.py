@@ -15,10 +15,14 @@ Generalized here:
 2. the cost of a choice is the full cost model of advisor.search.sharding (compute at the local
    size, the in-operator collectives, gradient reduction, and forward plus backward redistribution
    against each neighbour) with the axes not yet decided treated as replicated;
-3. memory: when the recursive answer does not fit, a repair pass moves operators to leaner
-   strategies, cheapest extra seconds per byte saved first;
-4. a polishing pass (coordinate descent) then lets each operator change its strategy given all its
-   neighbours, while the total memory still fits; every move lowers the cost.
+3. memory: when the recursive answer does not fit, the recursion is rerun with memory weighed in
+   (seconds per byte, raised until the answer fits, then narrowed by bisection); if nothing fits
+   that way, a repair pass moves operators to leaner strategies, cheapest seconds per byte first;
+4. the recursion runs once per assumption about neighbours that have not chosen the current
+   level's cut yet (replicated, adaptive, or answering with their best label) and keeps the best;
+5. a polishing pass (coordinate descent) then lets each operator change its strategy given all its
+   neighbours, while the total memory still fits, and pairs a move that would overflow memory with
+   the cheapest move elsewhere that frees enough; every move lowers the cost.
 
 The result is a point of the same space the ILP searches, so it is never cheaper than the ILP's
 optimum (tests/test_drec.py checks this against brute force and the ILP).
@@ -38,7 +42,6 @@ POLISH_ROUNDS = 20
 WEIGHT_TRIES = 8              # memory weights tried (x8 each) before falling back to repair
 WEIGHT_BISECTIONS = 3
 SWAP_GAINS = 8               # memory-blocked gains tried per swap round
-SWAP_SAVERS = 4              # savings tried with each
 ASSUMPTIONS = ("replicated", "adaptive", "lookahead")
 
 
@@ -267,22 +270,25 @@ def _swap(problem: ShardingProblem, current: list[Strat]) -> bool:
                 gains.append((d_cost, v, cands[i], d_mem))
             elif d_mem < 0:
                 savers.append((d_cost, v, cands[i], d_mem))
-    gains.sort(key=lambda g: g[0])
+    if not gains or not savers:
+        return False
+    # each gain with the cheapest saving elsewhere that frees enough, best estimated total first
     savers.sort(key=lambda g: g[0])
-    before = problem.evaluate(current).cost_s
-    for d_cost, v, s, d_mem in gains[:SWAP_GAINS]:
+    pairs = []
+    for d_cost, v, s, d_mem in gains:
         need = used + d_mem - limit
-        tried = 0
-        for _, w, s2, d2 in savers:
-            if w == v or -d2 < need:
-                continue
-            trial = list(current)
-            trial[v], trial[w] = s, s2
-            ev = problem.evaluate(trial)
-            if ev.fits and ev.cost_s < before * (1 - 1e-9):
-                current[v], current[w] = s, s2
-                return True
-            tried += 1
-            if tried >= SWAP_SAVERS:
-                break
+        saver = next((g for g in savers if g[1] != v and -g[3] >= need), None)
+        if saver is not None:
+            pairs.append((d_cost + saver[0], v, s, saver[1], saver[2]))
+    pairs.sort(key=lambda p: p[0])
+    before = problem.evaluate(current).cost_s
+    for estimate, v, s, w, s2 in pairs[:SWAP_GAINS]:
+        if estimate >= 0:
+            break
+        trial = list(current)
+        trial[v], trial[w] = s, s2
+        ev = problem.evaluate(trial)
+        if ev.fits and ev.cost_s < before * (1 - 1e-9):
+            current[v], current[w] = s, s2
+            return True
     return False

@@ -109,14 +109,14 @@ class DeviceMesh:
 
     @cached_property
     def _groups(self) -> dict[int, tuple[int, int]]:
-        out = {}
-        for mask in range(1 << len(self.shape)):
-            out[mask] = self._equivalent_group(mask)
-        return out
+        return {}
 
     def group(self, mask: int) -> tuple[int, int]:
         """(members, stride) of the evenly strided group that spans the same tiers as the axes in mask."""
-        return self._groups[mask]
+        hit = self._groups.get(mask)
+        if hit is None:
+            hit = self._groups[mask] = self._equivalent_group(mask)
+        return hit
 
     def _equivalent_group(self, mask: int) -> tuple[int, int]:
         axes = [k for k in range(len(self.shape)) if mask >> k & 1]

@@ -259,3 +259,21 @@ def _hw_key(hw: HardwareProfile) -> tuple:
     return (hw.name, d.name, d.memory_gib, d.memory_bandwidth_gbps, tuple(sorted(d.peak_tflops.items())),
             d.matmul_efficiency, d.memory_efficiency, hw.node, hw.inter, hw.inter_topology, hw.host,
             getattr(d, "launch_overhead_us", None))
+
+
+def rebalance(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob,
+              batch: StrategyBatch) -> StrategyBatch:
+    """The batch with each pipelined candidate's stage_layers replaced by the balanced partition
+    where the cost model prices it faster (or it fits where the even split does not)."""
+    multi = np.flatnonzero(batch.pp > 1)
+    if len(multi) == 0:
+        return batch
+    balanced = batch.stage_layers.copy()
+    rows = balanced_stage_layers_batch(model, hw, job, batch.take(multi))
+    balanced[multi] = 0
+    balanced[multi, : rows.shape[1]] = rows
+    even_e = estimate_batch(model, hw, cluster, job, batch)
+    alt = replace(batch, stage_layers=balanced)
+    bal_e = estimate_batch(model, hw, cluster, job, alt)
+    better = bal_e.feasible & (~even_e.feasible | (bal_e.step_time_s < even_e.step_time_s * (1 - 1e-9)))
+    return replace(batch, stage_layers=np.where(better[:, None], balanced, batch.stage_layers))
