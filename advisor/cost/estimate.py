@@ -174,11 +174,21 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     # ZeRO-1/2: reduce-scatter overlapped likewise, then the updated weights all-gathered;
     # ZeRO-3: weights gathered for forward and backward and gradients reduce-scattered every
     # micro-batch, overlapped with that micro-batch's compute (FSDP prefetching).
+    # FSDP and ZeRO-3 gather and reduce one layer (wrapping unit) at a time, so each of those
+    # collectives pays its start-up latency once per layer: time is affine in bytes, hence
+    # n x t(bytes / n) = the bandwidth term plus n latencies.
+    units = np.maximum(np.max(np.where(active, n_layers, 0), axis=1), 1)
+
+    def per_layer(op, nbytes_dense, nbytes_expert):
+        return units * coll(op, nbytes_dense / units, nbytes_expert / units)
+
     mb_time = np.broadcast_to(stage_mb, stage_mb.shape)[rows, slowest]
+    zero3_mb = 2.0 * per_layer("all_gather", dense_max * wb, expert_max * wb) + per_layer(
+        "reduce_scatter", dense_max * gb, expert_max * gb)
     dp_s = np.select(
         [z == 0, z <= 2],
         [np.maximum(grad_ar - slow_bwd, 0.0), np.maximum(grad_rs - slow_bwd, 0.0) + param_ag],
-        m * np.maximum(2.0 * param_ag + grad_rs - mb_time, 0.0),
+        m * np.maximum(zero3_mb - mb_time, 0.0),
     )
 
     # ---- optimizer ---------------------------------------------------------------------------
