@@ -98,7 +98,21 @@ def _memory(device, sync) -> dict[str, float]:
         (small_x * 1.5).sum().backward()   # one op forward, its backward, and the reduction's
     op = _timeit(tiny_op, 200, sync)
     return {"bandwidth_gbps": 3 * 4 * n / t / 1e9, "op_with_autograd_us": op * 1e6 / 3,
-            "layer_host_us": _layer_host_us(device, sync)}
+            "layer_host_us": _layer_host_us(device, sync),
+            "optimizer_us_per_tensor": _optimizer_us_per_tensor(device, sync)}
+
+
+def _optimizer_us_per_tensor(device, sync, tensors: int = 64) -> float:
+    """One AdamW step (PyTorch's default implementation for the device) over many tiny parameter
+    tensors, per tensor: the optimizer's host cost that does not depend on the parameter count."""
+    import torch
+
+    params = [torch.nn.Parameter(torch.randn(16, device=device)) for _ in range(tensors)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    opt.step()
+    return _timeit(opt.step, 50, sync) * 1e6 / tensors
 
 
 def _layer_host_us(device, sync) -> float:
@@ -336,6 +350,7 @@ def build_profile(ranks: list[dict], nproc: int, name: str | None = None) -> dic
             "launch_overhead_us": round(op_us, 3),
             # a CPU rank runs each operator on its own thread: overhead adds to compute (nccl: GPUs overlap)
             "asynchronous_launch": backend == "nccl",
+            "optimizer_overhead_us_per_tensor": round(statistics.median(r["memory"]["optimizer_us_per_tensor"] for r in ranks), 3),
             "peak_tflops": {k: round(v, 6) for k, v in peaks.items()},
             "matmul_efficiency": curves[reference],
             "notes": {"matmul_tflops_by_dtype": {k: [[g, round(r, 6)] for g, r in v] for k, v in _raw_matmul(ranks).items()},

@@ -50,7 +50,8 @@ def _fake_ranks(n=2):
     matmul = {"fp32": [[6.5e-5, 0.01], [0.0042, 0.05], [0.27, 0.06]], "bf16": [[6.5e-5, 0.005], [0.0042, 0.02], [0.27, 0.1]]}
     comm = {"groups": [2], "points": _synthetic_points()}
     return [{"rank": r, "backend": "gloo", "device": "x86_64", "matmul": matmul,
-             "memory": {"bandwidth_gbps": 10.0, "op_with_autograd_us": 8.0, "layer_host_us": 1200.0},
+             "memory": {"bandwidth_gbps": 10.0, "op_with_autograd_us": 8.0, "layer_host_us": 1200.0,
+                        "optimizer_us_per_tensor": 25.0},
              "comm": comm if r == 0 else None, "device_memory_bytes": None, "threads": 1} for r in range(n)]
 
 
@@ -60,6 +61,8 @@ def test_profile_has_the_projects_schema(tmp_path):
     assert hw.node.devices_per_node == 2
     assert hw.device.peak_flops("fp32") == pytest.approx(0.06e12)
     assert hw.device.launch_overhead_us == pytest.approx(1200.0 / 60)
+    assert hw.device.optimizer_overhead_us_per_tensor == pytest.approx(25.0)
+    assert hw.device.asynchronous_launch is False          # gloo: CPU ranks run operators on their own thread
     assert hw.node.intra.latency_us == pytest.approx(200.0, rel=1e-3)
     assert profile["node"]["intra_node"]["notes"]["raw"]           # raw measurements kept
     path = tmp_path / "local.yaml"

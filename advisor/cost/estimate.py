@@ -194,7 +194,13 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     # ---- optimizer ---------------------------------------------------------------------------
     local = dense_max / np.where(z >= 1, n_dp, 1) + expert_max / np.where(z >= 1, n_edp, 1)
     offload = b.offload_optimizer
-    opt_s = np.where(offload, 0.0, compute.optimizer_step_s(hw, local))
+    # Unfused optimizers pay a host cost per parameter tensor (profile constant; 0 on accelerators).
+    embed_tensors = 1 + (model.position_embedding == "learned")
+    head_tensors = (2 if model.norm == "layernorm" else 1) + (not model.tie_embeddings)
+    ends = np.where(b.pp == 1, embed_tensors + head_tensors, max(embed_tensors, head_tensors))
+    tensors = np.max(np.where(active, n_layers, 0), axis=1) * model.parameter_tensors_per_layer(job.framework == "megatron") + ends
+    opt_host = tensors * hw.device.optimizer_overhead_us_per_tensor * 1e-6
+    opt_s = np.where(offload, 0.0, compute.optimizer_step_s(hw, local) + opt_host)
     pcie = hw.host.pcie_bandwidth_gbps * 1e9
     host_bw = (hw.host.memory_bandwidth_gbps or hw.host.pcie_bandwidth_gbps * hw.node.devices_per_node) * 1e9
     # Offload: gradients to the host, updated 16-bit weights back, and Adam on the host CPU sharing

@@ -67,6 +67,13 @@ def positive_float(data: dict[str, Any], key: str, origin: str, default: float |
     return float(value)
 
 
+def non_negative_float(data: dict[str, Any], key: str, origin: str, default: float | None = None) -> float:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
+        raise AdvisorError(f"{origin}: key '{key}' must be a non-negative number, got {value!r}")
+    return float(value)
+
+
 def fraction(data: dict[str, Any], key: str, origin: str, default: float | None = None) -> float:
     value = positive_float(data, key, origin, default)
     if value > 1.0:

@@ -59,6 +59,9 @@ class DeviceSpec:
     # GPUs/NPUs run kernels asynchronously, so host launch time hides behind device time; a CPU
     # executes each operator on the issuing thread, so its per-operator overhead adds to the compute.
     asynchronous_launch: bool = True
+    # Host time per parameter tensor of an unfused optimizer step (PyTorch's per-tensor AdamW on a
+    # CPU); fused/multi-tensor optimizers on accelerators (Megatron's FusedAdam) make it negligible.
+    optimizer_overhead_us_per_tensor: float = 0.0
 
     def peak_flops(self, dtype: str) -> float:
         if dtype not in self.peak_tflops:
@@ -171,7 +174,8 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
     do = f"{origin}: device"
     dev = data["device"]
     f.check_keys(dev, do, ("name", "memory_gib", "memory_bandwidth_gbps", "peak_tflops", "matmul_efficiency"),
-                 ("memory_efficiency", "launch_overhead_us", "asynchronous_launch", "notes"))
+                 ("memory_efficiency", "launch_overhead_us", "asynchronous_launch",
+                  "optimizer_overhead_us_per_tensor", "notes"))
     peaks = dev["peak_tflops"]
     if not isinstance(peaks, dict) or not peaks:
         raise AdvisorError(f"{do}: key 'peak_tflops' must map dtypes to TFLOP/s, got {peaks!r}")
@@ -189,6 +193,7 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         launch_overhead_us=float(dev.get("launch_overhead_us", 0.0)) if dev.get("launch_overhead_us", 0.0) == 0
         else f.positive_float(dev, "launch_overhead_us", do),
         asynchronous_launch=f.boolean(dev, "asynchronous_launch", do, default=True),
+        optimizer_overhead_us_per_tensor=f.non_negative_float(dev, "optimizer_overhead_us_per_tensor", do, default=0.0),
     )
 
     no = f"{origin}: node"

@@ -154,6 +154,16 @@ class ModelSpec:
         inactive = (self.moe.num_experts - self.moe.top_k) * self.expert_params
         return self.num_params - self.num_moe_layers * inactive
 
+    # ---- parameter tensors (optimizer launch counts) --------------------------------------------
+    def parameter_tensors_per_layer(self, fused_qkv: bool) -> int:
+        """Weight and bias tensors of one layer: Megatron fuses Q, K and V into one matrix; PyTorch
+        models (torchtitan, advisor's executor) keep four attention projections."""
+        bias = 2 if self.use_bias else 1
+        norm = 2 if self.norm == "layernorm" else 1
+        attention = (2 if fused_qkv else 4) * bias
+        mlp = (self.ffn_matrices if self.moe is None else self.moe.num_experts * self.ffn_matrices + 1) * bias
+        return 2 * norm + attention + mlp
+
     # ---- FLOPs --------------------------------------------------------------------------------
     def matmul_params_per_token(self) -> int:
         """Weights a token multiplies through (active experts, LM head; not the embedding lookup)."""
