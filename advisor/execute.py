@@ -56,16 +56,9 @@ class ExecuteOptions:
 
 # ---- plan --------------------------------------------------------------------------------------
 def read_plan(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise AdvisorError(f"plan file not found: {path}")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise AdvisorError(f"{path}: malformed JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise AdvisorError(f"{path}: a plan must be a JSON object")
-    return data
+    from advisor.plan import read_plan_dict
+
+    return read_plan_dict(path)
 
 
 def _validated_plan(plan: dict[str, Any], origin: str):

@@ -172,7 +172,8 @@ def save_plan(plan: Plan, path: str | Path) -> None:
         raise AdvisorError(f"cannot write plan to {path}: {exc.strerror}") from None
 
 
-def load_plan(path: str | Path) -> Plan:
+def read_plan_dict(path: str | Path) -> dict[str, Any]:
+    """The plan file's JSON object, unvalidated (the executor reads plans as plain mappings)."""
     p = Path(path)
     if not p.is_file():
         raise AdvisorError(f"plan file not found: {path}")
@@ -182,4 +183,8 @@ def load_plan(path: str | Path) -> Plan:
         raise AdvisorError(f"{path}: malformed JSON: {exc}") from None
     if not isinstance(data, dict):
         raise AdvisorError(f"{path}: a plan must be a JSON object")
-    return plan_from_dict(data, str(path))
+    return data
+
+
+def load_plan(path: str | Path) -> Plan:
+    return plan_from_dict(read_plan_dict(path), str(path))

@@ -15,7 +15,6 @@ from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 

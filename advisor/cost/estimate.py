@@ -314,12 +314,11 @@ def bottleneck_name(time_parts: dict[str, float], memory_fraction: float) -> str
 def estimate(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, strategy: Strategy) -> Estimate:
     """Score one strategy. Illegal strategies and plans that do not fit are results, with reasons."""
     reasons = violations(model, cluster, job, strategy)
-    if strategy.stage_layers is not None and len(strategy.stage_layers) != strategy.pp:
-        raise_reason = reasons[0]
-        return _illegal(hw, cluster, raise_reason)
-    if min(strategy.dp, strategy.tp, strategy.pp, strategy.cp, strategy.ep, strategy.micro_batch_size,
-           strategy.num_micro_batches, strategy.virtual_pipeline_stages) < 1:
-        return _illegal(hw, cluster, reasons[0] if reasons else "degrees must be positive")
+    malformed = (strategy.stage_layers is not None and len(strategy.stage_layers) != strategy.pp) or min(
+        strategy.dp, strategy.tp, strategy.pp, strategy.cp, strategy.ep, strategy.micro_batch_size,
+        strategy.num_micro_batches, strategy.virtual_pipeline_stages) < 1
+    if malformed:   # no shape to price: the reasons say why
+        return _illegal(hw, cluster, reasons[0])
     batch = StrategyBatch.from_strategies([strategy], model.num_layers)
     e = estimate_batch(model, hw, cluster, job, batch)
     return from_batch(e, 0, model, hw, cluster, job, extra_reasons=reasons)
