@@ -108,7 +108,8 @@ def _estimate(cfg: RunConfig, hardware):
         return None
     # what the executor runs: no dropout, PyTorch's tensor/sequence-parallel layers
     job = TrainingJob(global_batch_size=cfg.global_batch_size, seq_length=cfg.seq_length, dtype=cfg.dtype,
-                      optimizer=cfg.optimizer, attention=cfg.model.attention, dropout=False, framework="pytorch")
+                      optimizer=cfg.optimizer, attention=cfg.model.attention, dropout=False, framework="pytorch",
+                      overlap_grad_reduce=False)   # ZeRO-0/1 average gradients after accumulation
     per_node = hardware.node.devices_per_node
     world = cfg.parallel.world_size
     cluster = Cluster(nodes=-(-world // per_node), devices=world)

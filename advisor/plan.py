@@ -65,6 +65,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "dtype": plan.training.dtype, "optimizer": plan.training.optimizer, "attention": plan.training.attention,
         "dropout": plan.training.dropout,
         "framework": plan.training.framework,
+        "overlap_grad_reduce": plan.training.overlap_grad_reduce,
     }
     if plan.training.train_tokens is not None:
         training["train_tokens"] = plan.training.train_tokens
@@ -113,7 +114,8 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
 
 def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
     o = f"{origin}: training"
-    f.check_keys(data, o, ("global_batch_size", "seq_length"), ("dtype", "optimizer", "train_tokens", "attention", "dropout", "framework"))
+    f.check_keys(data, o, ("global_batch_size", "seq_length"), ("dtype", "optimizer", "train_tokens", "attention", "dropout", "framework",
+                                                                "overlap_grad_reduce"))
     tokens = data.get("train_tokens")
     return TrainingJob(
         global_batch_size=f.positive_int(data, "global_batch_size", o),
@@ -124,6 +126,7 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
         attention=f.choice(data, "attention", o, ("flash", "math"), default="flash"),
         dropout=f.boolean(data, "dropout", o, default=False),
         framework=f.choice(data, "framework", o, ("megatron", "pytorch"), default="megatron"),
+        overlap_grad_reduce=f.boolean(data, "overlap_grad_reduce", o, default=True),
     )
 
 

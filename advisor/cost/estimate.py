@@ -168,7 +168,8 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     grad_ar = coll("all_reduce", dense_max * gb, expert_max * gb)
     grad_rs = coll("reduce_scatter", dense_max * gb, expert_max * gb)
     param_ag = coll("all_gather", dense_max * wb, expert_max * wb)
-    slow_bwd = 2.0 * np.broadcast_to(fwd, stage_mb.shape)[rows, slowest]   # last micro-batch's backward
+    # the last micro-batch's backward, which gradient reduction can hide behind
+    slow_bwd = 2.0 * np.broadcast_to(fwd, stage_mb.shape)[rows, slowest] if job.overlap_grad_reduce else 0.0
     z = b.zero_stage
     # ZeRO-0: all-reduce overlapped with the last backward (PyTorch DDP, Megatron overlap-grad-reduce);
     # ZeRO-1/2: reduce-scatter overlapped likewise, then the updated weights all-gathered;

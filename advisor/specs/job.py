@@ -32,6 +32,9 @@ class TrainingJob:
     # 4.2.2) or "pytorch" (torch.distributed.tensor.parallel, as in torchtitan and advisor's executor:
     # autograd keeps the all-gathered QKV/FC1/LM-head inputs; verified in shared/notes).
     framework: str = "megatron"
+    # Gradient reduction overlapped with the last micro-batch's backward (PyTorch DDP/FSDP buckets,
+    # Megatron-Core --overlap-grad-reduce, DeepSpeed overlap_comm); False reduces after backward.
+    overlap_grad_reduce: bool = True
 
     def __post_init__(self) -> None:
         for key in ("global_batch_size", "seq_length"):
