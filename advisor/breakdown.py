@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from advisor.cost.estimate import Estimate
+from advisor.formatting import duration, energy, money
 from advisor.space.strategy import Strategy
 
 
@@ -28,14 +29,6 @@ def strategy_line(s: Strategy) -> str:
     return " ".join(parts)
 
 
-def _duration(seconds: float) -> str:
-    if seconds >= 86400:
-        return f"{seconds / 86400:.1f} days"
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds:.1f} s"
-
-
 def render_estimate(console: Console, title: str, s: Strategy, e: Estimate) -> None:
     console.print(f"[bold]{title}[/bold]")
     console.print(strategy_line(s))
@@ -48,11 +41,11 @@ def render_estimate(console: Console, title: str, s: Strategy, e: Estimate) -> N
     for reason in e.reasons:
         console.print(f"  [red]-[/red] {reason}")
     if e.time_to_train_s is not None:
-        line = f"time to train: {_duration(e.time_to_train_s)}"
+        line = f"time to train: {duration(e.time_to_train_s)}"
         if e.cost_to_train_usd is not None:
-            line += f" | cost ${e.cost_to_train_usd:,.0f}"
+            line += f" | cost {money(e.cost_to_train_usd)}"
         if e.energy_to_train_kwh is not None:
-            line += f" | energy {e.energy_to_train_kwh:,.0f} kWh"
+            line += f" | energy {energy(e.energy_to_train_kwh)}"
         console.print(line)
 
     mem = Table(title=f"memory per device (GiB), pipeline stage {e.worst_memory_stage}", title_justify="left")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from advisor.cost.estimate import Estimate, estimate
@@ -12,6 +12,7 @@ from advisor.plan import load_plan
 from advisor.search.neighbours import closest_fit
 from advisor.space.rules import violations
 from advisor.space.strategy import RECOMPUTE, SCHEDULES, Strategy
+from advisor.specs.job import parse_token_count
 
 
 @dataclass(frozen=True)
@@ -81,11 +82,7 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
                      dropout: bool = False) -> EstimateResult:
     if plan is not None:
         p = load_plan(plan)
-        job = p.training
-        if tokens is not None:
-            from dataclasses import replace as _replace
-            from advisor.specs.job import parse_token_count
-            job = _replace(job, train_tokens=parse_token_count(tokens))
+        job = p.training if tokens is None else replace(p.training, train_tokens=parse_token_count(tokens))
         inputs = Inputs(p.model, p.hardware, p.cluster, job)
         strategy = p.strategy
         title = f"{p.model.name} on {p.cluster.devices} x {p.hardware.device.name} ({p.hardware.name}), plan {plan}"

@@ -42,6 +42,7 @@ class PublishedRun:
     job: TrainingJob
     parallel: dict[str, Any]
     measured: dict[str, float]
+    micro_batch_size: int | None = None   # None where the source does not state it
 
 
 def _gpt(raw: dict[str, Any], seq: int, name: str) -> ModelSpec:
@@ -64,7 +65,7 @@ def load_published_runs(path: Path | None = None) -> list[PublishedRun]:
             # Megatron-LM of 2021-22 used unfused ("math") attention.
             job=TrainingJob(global_batch_size=tr["gbs"], seq_length=tr["seq"], dtype=tr.get("dtype", "fp16"),
                             attention="math", dropout=True),
-            parallel=r["parallel"], measured=r["measured"],
+            parallel=r["parallel"], measured=r["measured"], micro_batch_size=tr.get("mbs"),
         ))
     return runs
 
@@ -84,8 +85,7 @@ def _strategy(run: PublishedRun, mbs: int, vpp: int) -> Strategy:
 def candidate_strategies(run: PublishedRun) -> list[Strategy]:
     """The published configuration; unstated micro-batch size / interleaving enumerated (see doc)."""
     p = run.parallel
-    stated_mbs = run_mbs(run)
-    mbs_options = [stated_mbs] if stated_mbs else [m for m in (1, 2, 4, 8) if run.job.global_batch_size % (p["dp"] * m) == 0]
+    mbs_options = [run.micro_batch_size] if run.micro_batch_size else [m for m in (1, 2, 4, 8) if run.job.global_batch_size % (p["dp"] * m) == 0]
     if p["pp"] == 1:
         vpp_options = [1]
     elif "virtual_pipeline_stages" in p:
@@ -101,23 +101,6 @@ def candidate_strategies(run: PublishedRun) -> list[Strategy]:
                 continue
             out.append(s)
     return out
-
-
-def run_mbs(run: PublishedRun) -> int | None:
-    return _RAW_MBS.get(run.id)
-
-
-_RAW_MBS: dict[str, int] = {}
-
-
-def _remember_mbs(path: Path | None = None) -> None:
-    data = yaml.safe_load((path or DATA_DIR / "published_runs.yaml").read_text())
-    for r in data["runs"]:
-        if "mbs" in r["training"]:
-            _RAW_MBS[r["id"]] = r["training"]["mbs"]
-
-
-_remember_mbs()
 
 
 @dataclass(frozen=True)

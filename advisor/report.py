@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from advisor.formatting import duration, money
 from advisor.cost.estimate import Estimate
 from advisor.recommend import RecommendResult
 from advisor.search import Progress as ProgressHook
@@ -79,10 +80,9 @@ def search_lines(stats: SearchStats) -> list[str]:
 def _training_time(e: Estimate) -> str | None:
     if e.time_to_train_s is None:
         return None
-    days = e.time_to_train_s / 86400.0
-    text = f"time to train the token budget with plan 1: {days:,.1f} days"
+    text = f"time to train the token budget with plan 1: {duration(e.time_to_train_s)}"
     if e.cost_to_train_usd is not None:
-        text += f", ${e.cost_to_train_usd:,.0f}"
+        text += f", {money(e.cost_to_train_usd)}"
     return text
 
 

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from advisor.formatting import duration, energy, money
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.inputs import DEFAULT_BATCH_TOKENS, default_dtype
 from advisor.plan import Plan, strategy_to_dict
@@ -292,29 +293,6 @@ def _with_scaling(points: list[WhatIfPoint]) -> list[WhatIfPoint]:
 
 
 # ---- rendering ----------------------------------------------------------------------------------
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    days = seconds / 86400.0
-    if days >= 1:
-        return f"{days:,.1f} d"
-    return f"{seconds / 3600.0:,.1f} h"
-
-
-def _money(usd: float | None) -> str:
-    if usd is None:
-        return "-"
-    if usd >= 1e6:
-        return f"${usd / 1e6:,.2f}M"
-    return f"${usd:,.0f}"
-
-
-def _energy(kwh: float | None) -> str:
-    if kwh is None:
-        return "-"
-    return f"{kwh / 1000.0:,.1f} MWh" if kwh >= 1000 else f"{kwh:,.0f} kWh"
-
-
 def _degrees(plan: Plan) -> str:
     s = plan.strategy
     text = f"{s.dp}.{s.tp}.{s.pp}.{s.cp}" + (f".{s.ep}" if plan.model.moe is not None else "")
@@ -362,7 +340,7 @@ def whatif_tables(result: WhatIfResult) -> list:
                 row += [_degrees(p.plan), f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}", f"{p.step_time_s:.2f}",
                         "-" if p.scaling_efficiency is None else f"{p.scaling_efficiency:.0%}"]
                 if result.train_tokens:
-                    row += [_duration(p.time_to_train_s), _money(p.cost_usd), _energy(p.energy_kwh)]
+                    row += [duration(p.time_to_train_s), money(p.cost_usd), energy(p.energy_kwh)]
             table.add_row(*row)
         tables.append(table)
     return tables

@@ -183,7 +183,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     def per_layer(op, nbytes_dense, nbytes_expert):
         return units * coll(op, nbytes_dense / units, nbytes_expert / units)
 
-    mb_time = np.broadcast_to(stage_mb, stage_mb.shape)[rows, slowest]
+    mb_time = stage_mb[rows, slowest]
     zero3_mb = 2.0 * per_layer("all_gather", dense_max * wb, expert_max * wb) + per_layer(
         "reduce_scatter", dense_max * gb, expert_max * gb)
     dp_s = np.select(

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from advisor.errors import AdvisorError
 from advisor.specs import _fields as f
 
@@ -190,8 +192,7 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         peak_tflops={k: float(v) for k, v in peaks.items()},
         matmul_efficiency=_efficiency_curve(dev["matmul_efficiency"], do),
         memory_efficiency=f.fraction(dev, "memory_efficiency", do, default=0.8),
-        launch_overhead_us=float(dev.get("launch_overhead_us", 0.0)) if dev.get("launch_overhead_us", 0.0) == 0
-        else f.positive_float(dev, "launch_overhead_us", do),
+        launch_overhead_us=f.non_negative_float(dev, "launch_overhead_us", do, default=0.0),
         asynchronous_launch=f.boolean(dev, "asynchronous_launch", do, default=True),
         optimizer_overhead_us_per_tensor=f.non_negative_float(dev, "optimizer_overhead_us_per_tensor", do, default=0.0),
     )
@@ -264,8 +265,6 @@ def bundled_hardware() -> list[str]:
 
 def interpolate_efficiency(curve: tuple[tuple[float, float], ...], gflop):
     """Efficiency at the given GEMM sizes (numpy-friendly): log-linear interpolation, clamped."""
-    import numpy as np
-
     xs = np.log10([p[0] for p in curve])
     ys = np.array([p[1] for p in curve])
     x = np.log10(np.maximum(np.asarray(gflop, dtype=float), 1e-12))
