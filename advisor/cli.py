@@ -228,6 +228,8 @@ def execute_cmd(
     nproc: Optional[int] = typer.Option(None, "--nproc", help="processes to start (must equal the plan's devices)"),
     steps: int = typer.Option(5, "--steps", help="optimizer steps (the first is warm-up for timing)"),
     tiny: bool = typer.Option(False, "--tiny", help="a tiny model of the same family, every parallel knob kept"),
+    tiny_scale: int = typer.Option(1, "--tiny-scale", help="with --tiny: head size and sequence length times this "
+                                   "(4 for time checks on a CPU, where the smallest model is all overhead)"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="run in this dtype instead of the plan's (fp32)"),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="profile of this machine (advisor calibrate) for the time prediction"),
     backend: str = typer.Option("auto", "--backend", help="auto | gloo | nccl"),
@@ -239,7 +241,10 @@ def execute_cmd(
     """Run the plan on torch.distributed; compare losses, memory and time with the prediction."""
     from advisor.execute import ExecuteOptions, execute, render_report, write_report
 
-    report = execute(plan_path, ExecuteOptions(nproc=nproc, steps=steps, tiny=tiny, dtype=dtype, time_hardware=hardware,
+    if tiny_scale != 1 and not tiny:
+        raise AdvisorError(f"--tiny-scale {tiny_scale} needs --tiny (it widens the tiny model)")
+    report = execute(plan_path, ExecuteOptions(nproc=nproc, steps=steps, tiny=tiny, tiny_scale=tiny_scale,
+                                               dtype=dtype, time_hardware=hardware,
                                                backend=backend, timeout_s=timeout, results=results))
     if out:
         write_report(report, out)

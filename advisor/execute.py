@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ class ExecuteOptions:
     nproc: int | None = None
     steps: int = 5
     tiny: bool = False
+    tiny_scale: int = 1                   # --tiny-scale: wider and longer tiny model (time checks on CPU)
     dtype: str | None = None             # run in this dtype instead of the plan's (fp32 only today)
     time_hardware: str | None = None      # profile of this machine (advisor calibrate) for the time prediction
     timeout_s: float = 900.0
@@ -205,8 +207,35 @@ def measured_step_time_s(ranks: list[dict]) -> float:
     return max(r["median_step_time_s"] for r in ranks)
 
 
+def calibrated_probe_us(hw) -> float | None:
+    """What ``advisor calibrate``'s host probe (one tiny layer forward + backward) took when the
+    profile was measured: its launch overhead is that time over the cost model's kernels per layer."""
+    from advisor.cost.estimate import KERNELS_BACKWARD, KERNELS_FORWARD
+
+    us = hw.device.launch_overhead_us * (KERNELS_FORWARD + KERNELS_BACKWARD)
+    return us if us > 0 else None
+
+
+def host_speed(ranks: list[dict], calibrated_us: float | None) -> dict[str, Any] | None:
+    """The host probe run on every rank right before and after the timed steps, next to the
+    profile's: above 1, this machine ran slower during the run than when it was calibrated."""
+    probes = [x for r in ranks for x in r.get("host_probe_us", [])]
+    if not probes:
+        return None
+    during = statistics.median(probes)
+    return {"probes_us": [r.get("host_probe_us") for r in ranks], "during_run_us": during,
+            "calibrated_us": calibrated_us, "slowdown": during / calibrated_us if calibrated_us else None,
+            "spread": max(probes) / min(probes)}
+
+
+def slowest_phases(ranks: list[dict]) -> dict[str, float] | None:
+    """The median phases (forward + backward, gradient sync, optimizer) of the slowest rank."""
+    slowest = max(ranks, key=lambda r: r["median_step_time_s"])
+    return slowest.get("median_phase_times_s")
+
+
 def build_report(cfg: RunConfig, ranks: list[dict], reference: dict, memory_pred, time_est, backend: str,
-                 notes: list[str]) -> dict[str, Any]:
+                 notes: list[str], calibrated_us: float | None = None) -> dict[str, Any]:
     ranks = sorted(ranks, key=lambda r: r["rank"])
     losses = ranks[0]["losses"]
     loss_diff = compare_losses(losses, reference["losses"])
@@ -235,7 +264,8 @@ def build_report(cfg: RunConfig, ranks: list[dict], reference: dict, memory_pred
                  "cpu_ratio": cpu_step / predicted_step if (predicted_step and cpu_step is not None) else None,
                  "load_average": max((r.get("load_average") or 0.0) for r in ranks),
                  "predicted_parts_s": dict(time_est.time_s) if time_est is not None else None,
-                 "per_rank_median_s": [r["median_step_time_s"] for r in ranks]},
+                 "per_rank_median_s": [r["median_step_time_s"] for r in ranks],
+                 "measured_phases_s": slowest_phases(ranks), "host_speed": host_speed(ranks, calibrated_us)},
         "ranks": ranks,
     }
 
@@ -249,13 +279,15 @@ class Prepared:
     memory_prediction: dict[str, float] | None
     time_estimate: Any
     notes: tuple[str, ...]
+    calibrated_probe_us: float | None = None   # the time profile's host-speed probe (see host_speed)
 
 
 def prepare_plan(plan: dict[str, Any], origin: str, options: ExecuteOptions) -> Prepared:
     """Everything done before any process starts: refuse, check the fit, predict."""
     from advisor.specs.hardware import hardware_from_dict, load_hardware
 
-    cfg = run_config_from_plan(plan, steps=options.steps, tiny=options.tiny, dtype=options.dtype)
+    cfg = run_config_from_plan(plan, steps=options.steps, tiny=options.tiny, dtype=options.dtype,
+                               tiny_scale=options.tiny_scale)
     world = cfg.parallel.world_size
     if options.nproc is not None and options.nproc != world:
         raise AdvisorError(f"--nproc {options.nproc} differs from the plan's device count dp x tp x pp x cp = {world}")
@@ -270,14 +302,16 @@ def prepare_plan(plan: dict[str, Any], origin: str, options: ExecuteOptions) -> 
     memory_pred = memory_prediction(_estimate(cfg, hardware))
     if memory_pred is None:
         notes.append("advisor's cost model does not model zero-bubble schedules: no prediction")
-    time_est = None
+    time_est, probe_us = None, None
     if options.time_hardware is not None:
-        time_est = _estimate(cfg, load_hardware(options.time_hardware))
+        time_hw = load_hardware(options.time_hardware)
+        time_est = _estimate(cfg, time_hw)
+        probe_us = calibrated_probe_us(time_hw)
     else:
         notes.append("no profile of this machine given (--hardware, from advisor calibrate): no time prediction")
     if cfg.parallel.recompute == "selective" and cfg.model.attention == "flash":
         notes.append("selective recomputation with flash attention recomputes nothing (the fused kernel keeps no scores)")
-    return Prepared(cfg, memory_pred, time_est, tuple(notes))
+    return Prepared(cfg, memory_pred, time_est, tuple(notes), probe_us)
 
 
 def run_prepared(prepared: list[Prepared], options: ExecuteOptions) -> list[dict[str, Any]]:
@@ -302,7 +336,7 @@ def run_prepared(prepared: list[Prepared], options: ExecuteOptions) -> list[dict
     for i, prep in enumerate(prepared):
         reference = run_reference(prep.cfg)
         reports.append(build_report(prep.cfg, ranks_of[i], reference, prep.memory_prediction, prep.time_estimate,
-                                    backend, list(prep.notes)))
+                                    backend, list(prep.notes), prep.calibrated_probe_us))
     return reports
 
 
@@ -316,7 +350,7 @@ def execute(plan_path: str | Path, options: ExecuteOptions) -> dict[str, Any]:
     ranks, backend = _read_results(options.results, prep.cfg)
     reference = run_reference(prep.cfg)
     return build_report(prep.cfg, ranks, reference, prep.memory_prediction, prep.time_estimate, backend,
-                        list(prep.notes))
+                        list(prep.notes), prep.calibrated_probe_us)
 
 
 def _read_results(path: str, cfg: RunConfig) -> tuple[list[dict], str]:
@@ -352,6 +386,18 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     if t.get("load_average"):
         rows.append(("machine load (1-min average)", f"{t['load_average']:.1f}", "-",
                      f"CPU time {t['measured_cpu_step_s'] * 1e3:.1f} ms per step"))
+    speed = t.get("host_speed")
+    if speed and speed["slowdown"]:
+        rows.append(("host probe (tiny layer fwd+bwd)", f"{speed['during_run_us']:.0f} us",
+                     f"{speed['calibrated_us']:.0f} us (calibrated)",
+                     f"machine {speed['slowdown']:.2f}x as slow as when calibrated"))
+    phases, parts = t.get("measured_phases_s"), t.get("predicted_parts_s")
+    if phases and parts:
+        busy = sum(v for k, v in parts.items() if k not in ("dp_comm", "optimizer", "offload"))
+        rows.append(("  forward + backward", f"{phases['forward_backward'] * 1e3:.1f} ms", f"{busy * 1e3:.1f} ms",
+                     "compute, host, bubble, tp/pp comm"))
+        rows.append(("  gradient sync + optimizer", f"{(phases['gradient_sync'] + phases['optimizer']) * 1e3:.1f} ms",
+                     f"{(parts['dp_comm'] + parts['optimizer']) * 1e3:.1f} ms", "dp comm, optimizer"))
     rows.append(("step time (median)", f"{t['measured_step_s'] * 1e3:.1f} ms",
                  f"{t['predicted_step_s'] * 1e3:.1f} ms" if t["predicted_step_s"] else "-",
                  f"ratio {t['ratio']:.2f}" if t["ratio"] else "no profile (--hardware)"))

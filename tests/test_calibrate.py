@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from advisor.calibrate import (COLLECTIVES, build_profile, efficiency_curve, fit_alpha_beta, fit_link, ring_terms,
-                               write_profile)
+from advisor.calibrate import (COLLECTIVES, build_profile, efficiency_curve, fit_alpha_beta, fit_link, fit_per_op,
+                               merge_rounds, pipeline_action_overhead_us, ring_terms, write_profile)
 from advisor.specs.hardware import hardware_from_dict, load_hardware
 
 
@@ -87,3 +87,88 @@ def test_calibrate_command_writes_a_loadable_profile(tmp_path, monkeypatch, caps
     assert hw.node.intra.bandwidth_gbps > 0.01
     raw = hw.raw["node"]["intra_node"]["notes"]["raw"]
     assert {p["op"] for p in raw} == set(COLLECTIVES)
+
+
+def _per_op_points(alphas_s: dict[str, float], bandwidths: dict[str, float]):
+    points = []
+    for g in (2, 4):
+        for op in COLLECTIVES:
+            for nbytes in (4096, 1 << 20, 16 << 20):
+                bw_f, steps = ring_terms(op, g)
+                t = steps * alphas_s[op] + bw_f * nbytes / bandwidths[op]
+                points.append({"op": op, "ranks": g, "bytes": nbytes, "seconds": t})
+    return points
+
+
+def test_each_operation_gets_its_own_latency_and_bandwidth():
+    alphas = {"all_reduce": 300e-6, "all_gather": 150e-6, "reduce_scatter": 600e-6, "p2p": 80e-6}
+    bws = {"all_reduce": 1.5e9, "all_gather": 1.0e9, "reduce_scatter": 0.4e9, "p2p": 3.0e9}
+    fits = fit_per_op(_per_op_points(alphas, bws))
+    for op in COLLECTIVES:
+        assert fits[op]["latency_us"] == pytest.approx(alphas[op] * 1e6, rel=1e-3)
+        assert fits[op]["bandwidth_gbps"] == pytest.approx(bws[op] / 1e9, rel=1e-3)
+
+
+def test_pipeline_probe_inverts_the_cost_models_pipeline_time():
+    a, chunk, p2p, m, v, p = 250e-6, 60e-6, 130e-6, 8, 2, 2
+    step = (m + (p - 1) / v) * v * (chunk + 2 * a) + 2 * p2p * (m * v + p - 1)
+    probe = {"step_s": step, "chunk_s": chunk, "micro_batches": m, "virtual_stages": v, "stages": p,
+             "message_bytes": 32}
+    assert pipeline_action_overhead_us(probe, p2p) == pytest.approx(250.0)
+    assert pipeline_action_overhead_us(dict(probe, step_s=1e-6), p2p) == 0.0      # never negative
+
+
+def test_rounds_keep_the_median_of_each_figure():
+    def round_(k):
+        return {"matmul": {"fp32": [[0.1, 0.05 * k]]}, "memory": {"layer_host_us": 100.0 * k},
+                "comm": {"groups": [2], "points": [{"op": "p2p", "ranks": 2, "bytes": 4096, "seconds": 1e-4 * k}]},
+                "pipeline": {"1f1b": {"step_s": 0.01 * k, "chunk_s": 1e-4, "micro_batches": 8, "virtual_stages": 1,
+                                      "stages": 2, "message_bytes": 32}}}
+    matmul, memory, comm, pipeline = merge_rounds([round_(1), round_(5), round_(2)])
+    assert matmul["fp32"] == [[0.1, pytest.approx(0.1)]]
+    assert memory["layer_host_us"] == 200.0
+    assert comm["points"][0]["seconds"] == pytest.approx(2e-4)
+    assert pipeline["1f1b"]["step_s"] == pytest.approx(0.02)
+
+
+def test_profile_carries_per_op_links_pipeline_overheads_and_elementwise_efficiency():
+    ranks = _fake_ranks()
+    m = 8
+    probe = {"step_s": (m + 1) * (60e-6 + 2 * 300e-6) + 2 * 400e-6 * (m + 1), "chunk_s": 60e-6, "micro_batches": m,
+             "virtual_stages": 1, "stages": 2, "message_bytes": 32}
+    ranks[0]["pipeline"] = {"1f1b": probe}
+    profile = build_profile(ranks, 2, name="with-probes")
+    hw = hardware_from_dict(profile, "calibrated")
+    assert {op for op, _, _ in hw.node.intra.per_op} == set(COLLECTIVES)
+    # p2p priced with its own fit (the synthetic points have 200 us everywhere, so 200 + 32 B at 2 GB/s)
+    assert hw.device.action_overhead_us("1f1b") == pytest.approx((probe["step_s"] / (m + 1) - 60e-6) / 2 * 1e6
+                                                                 - (200.0 + 32 / 2e9 * 1e6), rel=1e-3)
+    assert hw.device.action_overhead_us("gpipe") == 0.0
+    # elementwise efficiency: a probe timed as if element-wise work ran at 25% of the bandwidth
+    base = build_profile(_fake_ranks(), 2)
+    target = 0.25
+    probe_s = _probe_time(base, target)
+    ranks = _fake_ranks()
+    for r in ranks:
+        r["memory"]["elementwise_probe_s"] = probe_s
+    fitted = build_profile(ranks, 2)
+    assert fitted["device"]["memory_efficiency"] == pytest.approx(target, rel=1e-3)
+
+
+def _probe_time(profile, efficiency):
+    """The calibration probe's forward + backward as the cost model prices it at this efficiency."""
+    from dataclasses import replace
+
+    from advisor.calibrate import PROBE_BATCH, PROBE_MODEL
+    from advisor.cost.estimate import estimate
+    from advisor.space.strategy import Strategy
+    from advisor.specs.job import Cluster, TrainingJob
+    from advisor.specs.model import model_from_dict
+
+    hw = hardware_from_dict(profile, "p")
+    hw = replace(hw, device=replace(hw.device, memory_efficiency=efficiency))
+    job = TrainingJob(global_batch_size=PROBE_BATCH, seq_length=PROBE_MODEL["seq_length"], dtype="fp32",
+                      attention="math", framework="pytorch")
+    est = estimate(model_from_dict(PROBE_MODEL, "probe"), hw, Cluster(nodes=1, devices=1), job,
+                   Strategy(dp=1, tp=1, pp=1, micro_batch_size=PROBE_BATCH))
+    return est.time_s["compute"] + est.time_s["host_overhead"]

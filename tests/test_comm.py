@@ -74,3 +74,17 @@ def test_vectorized(a100):
     n = np.array([2, 4, 8, 16])
     t = collective_time_s(a100, "all_gather", np.full(4, 1e8), n, np.ones(4, dtype=int))
     assert t.shape == (4,) and np.all(np.diff(t) > 0)
+
+
+def test_a_links_per_operation_fit_replaces_its_own_for_that_operation(a100):
+    from dataclasses import replace
+
+    intra = a100.node.intra
+    measured = replace(intra, per_op=(("all_reduce", 500.0, 10.0), ("p2p", 2.0, 400.0)))
+    hw = replace(a100, node=replace(a100.node, intra=measured))
+    g, nbytes = 8, 64e6
+    expected = 2 * (g - 1) / g * nbytes / (10e9 * intra.efficiency) + 2 * (g - 1) * 500e-6
+    assert float(collective_time_s(hw, "all_reduce", nbytes, g, 1)) == pytest.approx(expected)
+    # operations without their own fit keep the link's
+    assert float(collective_time_s(hw, "all_gather", nbytes, g, 1)) == float(collective_time_s(a100, "all_gather", nbytes, g, 1))
+    assert float(p2p_time_s(hw, nbytes, 1)) == pytest.approx(2e-6 + nbytes / (400e9 * intra.efficiency))

@@ -130,6 +130,20 @@ def test_tiny_keeps_every_parallel_knob_and_the_model_family():
     assert refusals(cfg) == []
 
 
+def test_tiny_scale_widens_and_lengthens_the_tiny_model_only():
+    plan = _llama8b_plan()
+    one = run_config_from_plan(plan, tiny=True, dtype="fp32")
+    four = run_config_from_plan(plan, tiny=True, dtype="fp32", tiny_scale=4)
+    assert four.model.hidden_size == 4 * one.model.hidden_size
+    assert four.model.head_dim == 4 * one.model.head_dim
+    assert four.seq_length == 4 * one.seq_length
+    assert (four.model.num_layers, four.model.num_attention_heads, four.model.num_kv_heads) == (
+        one.model.num_layers, one.model.num_attention_heads, one.model.num_kv_heads)
+    assert four.parallel == one.parallel
+    with pytest.raises(AdvisorError, match="--tiny-scale must be a positive integer"):
+        run_config_from_plan(plan, tiny=True, tiny_scale=0)
+
+
 def test_tiny_plan_is_predicted_and_fits():
     prep = prepare_plan(_llama8b_plan(), "plan", ExecuteOptions(tiny=True, dtype="fp32"))
     assert prep.memory_prediction["parameters"] > 0
@@ -300,3 +314,11 @@ def test_execute_refuses_with_one_sentence_and_exit_code(tmp_path, monkeypatch, 
     assert _cli(monkeypatch, "execute", str(path), *args) == code
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
+
+
+def test_tiny_scale_needs_tiny(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(tiny_plan(dict(dp=2))))
+    assert _cli(monkeypatch, "execute", str(path), "--tiny-scale", "4") == 2
+    err = capsys.readouterr().err
+    assert "--tiny-scale 4 needs --tiny" in err and "Traceback" not in err

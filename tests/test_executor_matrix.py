@@ -156,6 +156,28 @@ def test_execute_command_prints_one_json_object(tmp_path):
     assert len(rep["ranks"]) == 2 and json.loads(out.read_text())["name"] == rep["name"]
 
 
+def test_time_report_splits_the_step_and_probes_the_host(tmp_path):
+    """With a profile of this machine: the step's phases add up to its time on every rank and step,
+    the predicted parts add up to the prediction, and the host probe ran before and after."""
+    from advisor.cost.estimate import KERNELS_BACKWARD, KERNELS_FORWARD
+    from advisor.specs.hardware import load_hardware
+
+    profile = "dgx-a100-80g"      # any profile prices the run; `advisor calibrate` writes this machine's
+    opts = ExecuteOptions(steps=4, time_hardware=profile, timeout_s=300)
+    rep = run_prepared([prepare_plan(tiny_plan(dict(pp=2, num_micro_batches=4), "gpt"), "pp", opts)], opts)[0]
+    t = rep["time"]
+    for r in rep["ranks"]:
+        for i, step in enumerate(r["step_times_s"]):
+            assert sum(r["phase_times_s"][k][i] for k in r["phase_times_s"]) == pytest.approx(step, rel=1e-9)
+        assert len(r["host_probe_us"]) == 2 and min(r["host_probe_us"]) > 0
+    assert sum(t["predicted_parts_s"].values()) == pytest.approx(t["predicted_step_s"], rel=1e-6)
+    assert t["ratio"] == pytest.approx(t["measured_step_s"] / t["predicted_step_s"])
+    calibrated = load_hardware(profile).device.launch_overhead_us * (KERNELS_FORWARD + KERNELS_BACKWARD)
+    assert t["host_speed"]["calibrated_us"] == pytest.approx(calibrated)
+    assert t["host_speed"]["slowdown"] == pytest.approx(t["host_speed"]["during_run_us"] / calibrated)
+    assert set(t["measured_phases_s"]) == {"forward_backward", "gradient_sync", "optimizer"}
+
+
 def test_torchrun_workers_and_execute_results(tmp_path):
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(tiny_plan(dict(dp=2, zero_stage=3), "llama")))

@@ -321,3 +321,39 @@ def test_hardware_from_dict_uses_origin_in_messages():
     data["inter_node"]["bandwidth_gbps"] = 0
     with pytest.raises(AdvisorError, match=r"^my-origin: inter_node: key 'bandwidth_gbps'"):
         hardware_from_dict(data, "my-origin")
+
+
+# ---------------------------------------------------------------- measured extensions (advisor calibrate)
+
+
+def test_measured_per_operation_links_and_pipeline_overheads_load(tmp_path):
+    data = _raw("dgx-a100-80g")
+    data["node"]["intra_node"]["collectives"] = {"all_reduce": {"latency_us": 40.0, "bandwidth_gbps": 200.0},
+                                                 "p2p": {"latency_us": 5.0, "bandwidth_gbps": 250.0}}
+    data["device"]["pipeline_action_overhead_us"] = {"1f1b": 120.0, "interleaved-1f1b": 300.0}
+    data["device"]["optimizer_bytes_per_param"] = 60.0
+    hw = load_hardware(str(_write(tmp_path, data)))
+    assert hw.node.intra.for_op("all_reduce").latency_us == 40.0
+    assert hw.node.intra.for_op("all_gather") is hw.node.intra
+    assert hw.device.action_overhead_us("interleaved-1f1b") == 300.0 and hw.device.action_overhead_us("gpipe") == 0.0
+    assert hw.device.optimizer_bytes_per_param == 60.0
+    # a what-if on the link's bandwidth drops the fits measured for the old link
+    what_if = hw.with_overrides(intra_node_gbps=100.0)
+    assert what_if.node.intra.per_op == () and "collectives" not in what_if.raw["node"]["intra_node"]
+
+
+@pytest.mark.parametrize("where, value, words", [
+    ("collectives", {"broadcast": {"latency_us": 1.0, "bandwidth_gbps": 1.0}}, "unknown operation 'broadcast'"),
+    ("collectives", {"p2p": {"latency_us": -1.0, "bandwidth_gbps": 1.0}}, "'latency_us' must be a positive number"),
+    ("collectives", [1, 2], "expected a mapping"),
+    ("pipeline_action_overhead_us", {"zero-bubble": 1.0}, "unknown pipeline schedule 'zero-bubble'"),
+    ("pipeline_action_overhead_us", {"1f1b": "fast"}, "'1f1b' must be a non-negative number"),
+])
+def test_bad_measured_extensions_name_the_key(tmp_path, where, value, words):
+    data = _raw("dgx-a100-80g")
+    if where == "collectives":
+        data["node"]["intra_node"][where] = value
+    else:
+        data["device"][where] = value
+    with pytest.raises(AdvisorError, match=words):
+        load_hardware(str(_write(tmp_path, data)))

@@ -25,7 +25,11 @@ def _hw(**device):
 def test_synchronous_launch_adds_every_kernel():
     hw = _hw(launch_overhead_us=10.0, asynchronous_launch=False)
     e = estimate(MODEL, hw, Cluster.of(hw, nodes=1), JOB, S)
-    expected = MODEL.num_layers * (KERNELS_FORWARD + KERNELS_BACKWARD) * 10e-6
+    # GPT-3 with flash attention: the reference layer's kernels less the unfused attention core's
+    from advisor.cost.compute import LAYER_OPS, REFERENCE_LAYER_OPS
+
+    factor = (REFERENCE_LAYER_OPS + LAYER_OPS["fused_attention"]) / REFERENCE_LAYER_OPS
+    expected = MODEL.num_layers * (KERNELS_FORWARD + KERNELS_BACKWARD) * factor * 10e-6
     assert e.time_s["host_overhead"] == pytest.approx(expected)
 
 
@@ -44,3 +48,62 @@ def test_unfused_optimizer_pays_per_parameter_tensor():
     tensors = MODEL.num_layers * 12 + 4
     assert MODEL.parameter_tensors_per_layer(fused_qkv=True) == 12
     assert extra == pytest.approx(tensors * 20e-6)
+
+
+def test_layers_of_other_designs_issue_proportionally_more_operators():
+    """GPT-3's layer (LayerNorm, GELU, learned positions, biases) is the reference; a Llama layer
+    adds rotary, RMSNorm and a gated MLP, and flash attention removes the unfused core."""
+    from advisor.cost.compute import LAYER_OPS, REFERENCE_LAYER_OPS, layer_ops_factor
+
+    math_job = replace(JOB, attention="math")
+    assert layer_ops_factor(MODEL, math_job) == 1.0
+    llama = load_model("llama3-8b")
+    expected = (LAYER_OPS["base"] + LAYER_OPS["rotary"] + LAYER_OPS["rmsnorm"] + LAYER_OPS["gated_mlp"]
+                + LAYER_OPS["fused_attention"]) / REFERENCE_LAYER_OPS
+    assert layer_ops_factor(llama, JOB) == pytest.approx(expected)
+    assert layer_ops_factor(llama, replace(JOB, attention="math")) > 1.2
+    hw = _hw(launch_overhead_us=10.0, asynchronous_launch=False)
+    gpt = estimate(MODEL, hw, Cluster.of(hw, nodes=1), math_job, S).time_s["host_overhead"]
+    assert gpt == pytest.approx(MODEL.num_layers * (KERNELS_FORWARD + KERNELS_BACKWARD) * 10e-6)
+
+
+def test_pipeline_actions_cost_per_chunk_and_micro_batch_on_cpu_ranks():
+    """Each micro-batch runs a forward and a backward action per chunk on every stage."""
+    cpu = _hw(launch_overhead_us=10.0, asynchronous_launch=False)
+    slow = replace(cpu, device=replace(cpu.device, pipeline_action_overhead_us=(("1f1b", 300.0),
+                                                                                 ("interleaved-1f1b", 500.0))))
+    c = Cluster.of(cpu, nodes=1)
+    pp = Strategy(dp=2, tp=1, pp=4, micro_batch_size=1, num_micro_batches=8)
+    extra = (estimate(MODEL, slow, c, JOB, pp).time_s["host_overhead"]
+             - estimate(MODEL, cpu, c, JOB, pp).time_s["host_overhead"])
+    assert extra == pytest.approx(8 * 2 * 300e-6)             # host_overhead counts the slowest stage's micro-batches
+    vpp = replace(pp, virtual_pipeline_stages=2, pipeline_schedule="interleaved-1f1b")
+    extra_v = (estimate(MODEL, slow, c, JOB, vpp).time_s["host_overhead"]
+               - estimate(MODEL, cpu, c, JOB, vpp).time_s["host_overhead"])
+    assert extra_v == pytest.approx(8 * 2 * 2 * 500e-6)
+    flat = Strategy(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1)
+    assert estimate(MODEL, slow, c, JOB, flat).time_s == estimate(MODEL, cpu, c, JOB, flat).time_s
+
+
+def test_unfused_optimizer_traffic_comes_from_the_profile():
+    from advisor.cost.compute import ADAM_BYTES_PER_PARAM
+
+    base = _hw()
+    heavy = _hw(optimizer_bytes_per_param=2.0 * ADAM_BYTES_PER_PARAM)
+    c = Cluster.of(base, nodes=1)
+    assert (estimate(MODEL, heavy, c, JOB, S).time_s["optimizer"]
+            == pytest.approx(2.0 * estimate(MODEL, base, c, JOB, S).time_s["optimizer"]))
+
+
+def test_tied_embeddings_all_reduce_between_the_end_stages_only_with_pipelining():
+    hw = _hw()
+    c = Cluster.of(hw, nodes=2)
+    untied = replace(MODEL, tie_embeddings=False)
+    assert MODEL.tie_embeddings
+    pp = Strategy(dp=4, tp=1, pp=4, micro_batch_size=1, num_micro_batches=8)
+    gap = (estimate(MODEL, hw, c, JOB, pp).time_s["dp_comm"] - estimate(untied, hw, c, JOB, pp).time_s["dp_comm"])
+    # a two-member all-reduce of the fp32 gradient (vocab x hidden): 2 x (1/2) x bytes / B + 2 alpha
+    nbytes = MODEL.vocab_size * MODEL.hidden_size * 4
+    assert gap > nbytes / (hw.inter.effective_bandwidth_bytes_per_s * 2)
+    flat = Strategy(dp=16, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1)
+    assert estimate(MODEL, hw, c, JOB, flat).time_s["dp_comm"] == estimate(untied, hw, c, JOB, flat).time_s["dp_comm"]

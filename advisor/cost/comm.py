@@ -12,7 +12,9 @@ bandwidth. A flat ring over the slowest tier is also priced and the cheaper of t
 Cost per ring stage (Thakur et al.): all-reduce 2(g-1)/g * S/B + 2(g-1) * alpha; all-gather and
 reduce-scatter (g-1)/g * S/B + (g-1) * alpha, where S is the full (unsharded) buffer; all-to-all
 (g-1)/g * S/B + (g-1) * alpha; point-to-point alpha + S/B. B is the tier's per-device, per-direction
-bandwidth times its collective efficiency (bus bandwidth over peak, from NCCL-tests).
+bandwidth times its collective efficiency (bus bandwidth over peak, from NCCL-tests). A link may
+carry measured per-operation alpha and B (``collectives:`` in a profile, written by ``advisor
+calibrate``); each operation then uses its own.
 
 Every function takes numpy arrays (or scalars) and broadcasts, so the search prices many
 candidates at once.
@@ -62,6 +64,7 @@ def _ring_factor(op: str, g):
 
 
 def _tier_time(op: str, message_bytes, g, link: Link):
+    link = link.for_op(op)
     bw_factor, steps = _ring_factor(op, g)
     return bw_factor * message_bytes / link.effective_bandwidth_bytes_per_s + steps * link.latency_s
 
@@ -79,6 +82,7 @@ def collective_time_s(hw: HardwareProfile, op: str, message_bytes, n, stride):
     l0, l1, l2 = _tier_links(hw)
     g0, g1, g2 = tier_fanouts(hw, n, stride)
     if op == "all_to_all":
+        l0, l1, l2 = l0.for_op(op), l1.for_op(op), l2.for_op(op)
         # Each member sends (n-1)/n of its buffer; the part bound for other nodes crosses the NIC,
         # the part for other fast groups the cross link; tiers run concurrently (max), latency per peer.
         nf = np.maximum(n.astype(float), 1.0)
@@ -93,18 +97,13 @@ def collective_time_s(hw: HardwareProfile, op: str, message_bytes, n, stride):
         lat = np.where(g2 > 1, l2.latency_s, np.where(g1 > 1, l1.latency_s, l0.latency_s))
         return np.where(n > 1, t + (nf - 1.0) * lat, 0.0)
     # Hierarchical: the message shrinks by each lower tier's fan-out before the next tier.
-    if op == "all_reduce":
-        t = (
-            2.0 * _tier_time("reduce_scatter", message_bytes, g0, l0)
-            + 2.0 * _tier_time("reduce_scatter", message_bytes / g0, g1, l1)
-            + _tier_time("all_reduce", message_bytes / (g0 * g1), g2, l2)
-        )
-    else:
-        t = (
-            _tier_time(op, message_bytes, g0, l0)
-            + _tier_time(op, message_bytes / g0, g1, l1)
-            + _tier_time(op, message_bytes / (g0 * g1), g2, l2)
-        )
+    # (All-reduce: reduce-scatter up, all-reduce at the top, all-gather down; in the ring formulas a
+    # reduce-scatter plus an all-gather at one tier cost exactly that tier's all-reduce.)
+    t = (
+        _tier_time(op, message_bytes, g0, l0)
+        + _tier_time(op, message_bytes / g0, g1, l1)
+        + _tier_time(op, message_bytes / (g0 * g1), g2, l2)
+    )
     # Flat ring over every member at the slowest tier spanned.
     slow = np.where(g2 > 1, 2, np.where(g1 > 1, 1, 0))
     flat = np.select(
@@ -122,6 +121,7 @@ def p2p_time_s(hw: HardwareProfile, message_bytes, stride):
     l0, l1, l2 = _tier_links(hw)
     same_group = stride < hw.node.group_size
     same_node = stride < hw.node.devices_per_node
+    l0, l1, l2 = l0.for_op("p2p"), l1.for_op("p2p"), l2.for_op("p2p")
     bw = np.where(same_group, l0.effective_bandwidth_bytes_per_s,
                   np.where(same_node, l1.effective_bandwidth_bytes_per_s, l2.effective_bandwidth_bytes_per_s))
     lat = np.where(same_group, l0.latency_s, np.where(same_node, l1.latency_s, l2.latency_s))

@@ -29,6 +29,27 @@ from advisor.specs.model import ModelSpec
 ADAM_BYTES_PER_PARAM = 2 + 8 + 8 + 8 + 2  # grad read, master r/w, m r/w, v r/w, weight write
 
 
+# Operators one transformer layer's forward + backward dispatches in eager PyTorch, by feature,
+# counted with TorchDispatchMode on advisor's executor blocks (PyTorch 2.13, CPU; the counts add up
+# within 3 of every combination measured). The cost model's kernels per layer (KERNELS_FORWARD +
+# KERNELS_BACKWARD in advisor.cost.estimate) describe the Megatron GPT-3 layer -- LayerNorm, GELU,
+# learned positions, biases, unfused attention -- whose count is REFERENCE_LAYER_OPS; other layers
+# issue proportionally more or fewer.
+LAYER_OPS = {"base": 157, "bias": 18, "rotary": 32, "rmsnorm": 24, "gated_mlp": 23, "fused_attention": -39}
+REFERENCE_LAYER_OPS = LAYER_OPS["base"] + LAYER_OPS["bias"]
+
+
+def layer_ops_factor(model: ModelSpec, job: TrainingJob) -> float:
+    """Host operators of one layer of this model relative to the reference GPT-3 layer."""
+    ops = LAYER_OPS["base"]
+    ops += LAYER_OPS["bias"] if model.use_bias else 0
+    ops += LAYER_OPS["rotary"] if model.position_embedding == "rotary" else 0
+    ops += LAYER_OPS["rmsnorm"] if model.norm == "rmsnorm" else 0
+    ops += LAYER_OPS["gated_mlp"] if model.ffn_matrices == 3 else 0
+    ops += LAYER_OPS["fused_attention"] if job.attention == "flash" else 0
+    return ops / REFERENCE_LAYER_OPS
+
+
 def gemm_time_s(hw: HardwareProfile, job: TrainingJob, flops):
     """Seconds for GEMM calls of the given FLOPs each (array), at the size-dependent efficiency."""
     flops = np.asarray(flops, dtype=float)
@@ -101,5 +122,7 @@ def head_compute_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: S
 
 
 def optimizer_step_s(hw: HardwareProfile, local_params):
-    """Adam on the device's (possibly ZeRO-sharded) parameters, memory-bound."""
-    return memory_time_s(hw, ADAM_BYTES_PER_PARAM * np.asarray(local_params, dtype=float))
+    """Adam on the device's (possibly ZeRO-sharded) parameters, memory-bound: a fused kernel's one
+    pass unless the profile gives the measured traffic of its optimizer."""
+    per_param = hw.device.optimizer_bytes_per_param or ADAM_BYTES_PER_PARAM
+    return memory_time_s(hw, per_param * np.asarray(local_params, dtype=float))

@@ -25,7 +25,7 @@ from advisor.cost.memory import (
     state_bytes_per_param, stage_params,
 )
 from advisor.space.rules import violations
-from advisor.space.strategy import Strategy, StrategyBatch
+from advisor.space.strategy import SCHEDULES, Strategy, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
@@ -36,7 +36,8 @@ TIME_PARTS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "host_ove
 # ParallelTransformerLayer with its fused kernels (norm, QKV GEMM, layout copies, score batched
 # matmul, fused scale-mask-softmax, dropout, context batched matmul, output GEMM, TP all-reduce,
 # fused bias-dropout-add, norm, FC1 GEMM, fused bias-GELU, FC2 GEMM, TP all-reduce,
-# bias-dropout-add): about 20 forward; the backward launches about twice as many.
+# bias-dropout-add): about 20 forward; the backward launches about twice as many. Layers of other
+# designs (rotary, RMSNorm, gated MLP, fused attention) scale it by compute.layer_ops_factor.
 KERNELS_FORWARD = 20
 KERNELS_BACKWARD = 40
 MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "buffers", "total")
@@ -128,7 +129,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     ep_s = moe_n * _col(ep_layer) * (2.0 + np.where(rc == RECOMPUTE_FULL, share, 0.0))
     cp_s = n_layers * _col(cp_layer) * 3.0  # forward exchange, backward exchanges K/V and their gradients
     # Host-bound layers: a layer cannot finish before the host has issued its kernels.
-    launch_s = hw.device.launch_overhead_us * 1e-6
+    launch_s = hw.device.launch_overhead_us * 1e-6 * compute.layer_ops_factor(model, job)
     gpu_fwd = _col(dense.forward_s + tp_layer + cp_layer)
     gpu_bwd = _col(2.0 * dense.forward_s + tp_layer + 2.0 * cp_layer)
     if hw.device.asynchronous_launch:
@@ -137,6 +138,11 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     else:
         host_layer = np.broadcast_to((KERNELS_FORWARD + KERNELS_BACKWARD) * launch_s, gpu_fwd.shape)
     host_s = n_layers * host_layer * (1.0 + np.where(rc == RECOMPUTE_FULL, share / 3.0, 0.0))
+    # A pipeline schedule runs a forward and a backward action per chunk and micro-batch; where the
+    # host pays its bookkeeping in line (CPU ranks), each costs the profile's per-action overhead.
+    action_s = np.select([b.pipeline_schedule == i for i in range(len(SCHEDULES))],
+                         [hw.device.action_overhead_us(name) * 1e-6 for name in SCHEDULES], 0.0)
+    host_s = host_s + _col(np.where(b.pp > 1, 2.0 * b.virtual_pipeline_stages * action_s, 0.0))
     stage_mb = np.where(active, comp + recompute_s + tp_s + ep_s + cp_s + host_s, 0.0)
 
     pipe_s, bubble_s, slowest = bubble.pipeline_time_s(stage_mb, active, b.num_micro_batches, b.virtual_pipeline_stages)
@@ -191,6 +197,13 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
         [np.maximum(grad_ar - slow_bwd, 0.0), np.maximum(grad_rs - slow_bwd, 0.0) + param_ag],
         m * np.maximum(zero3_mb - mb_time, 0.0),
     )
+
+    # Tied embeddings under pipelining: the first and last stages all-reduce the word-embedding
+    # gradient every step (Megatron's embedding group, _allreduce_embedding_grads).
+    if model.tie_embeddings:
+        emb_bytes = model.vocab_size * model.hidden_size / b.tp * gb
+        emb_s = comm.collective_time_s(hw, "all_reduce", emb_bytes, 2, (b.pp - 1) * b.pp_stride)
+        dp_s = dp_s + np.where(b.pp > 1, emb_s, 0.0)
 
     # ---- optimizer ---------------------------------------------------------------------------
     local = dense_max / np.where(z >= 1, n_dp, 1) + expert_max / np.where(z >= 1, n_edp, 1)

@@ -242,13 +242,19 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     # Full recomputation of only `recompute_layers` layers per stage keeps the rest whole (Megatron's
     # --recompute-method block); recomputing replays one layer at a time, whose full activations are
     # live during its backward.
+    # With layers of two sizes (MoE and dense), the layers kept whole are taken to be the larger
+    # ones: a bound that does not depend on where the recomputed block falls.
     n_layers = dense_n + moe_n
     limit = np.where(col(b.recompute_layers) < 0, n_layers, np.minimum(col(b.recompute_layers), n_layers))
-    share = np.where(n_layers > 0, limit / np.maximum(n_layers, 1), 0.0)
     full = recompute == RECOMPUTE_FULL
+    whole = np.where(full, n_layers - limit, 0)
+    m_whole_first = m_full >= d_full
+    moe_whole = np.where(m_whole_first, np.minimum(whole, moe_n), np.maximum(whole - dense_n, 0))
+    dense_whole = whole - moe_whole
+    moe_rc, dense_rc = moe_n - moe_whole, dense_n - dense_whole
     per_mb = np.where(
         full,
-        share * (dense_n * d_keep + moe_n * m_keep) + (1 - share) * (dense_n * d_full + moe_n * m_full),
+        moe_whole * m_full + dense_whole * d_full + moe_rc * m_keep + dense_rc * d_keep,
         dense_n * d_keep + moe_n * m_keep,
     )
     first_x, last_x = end_stage_activations(model, job, b)
@@ -256,9 +262,9 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     per_mb = per_mb + np.where(first, col(first_x), 0.0) + np.where(last, col(last_x), 0.0)
     # During the backward of a recomputed layer its full activations are live again, in place of
     # its kept input; the later, non-recomputed layers of that micro-batch are freed by then.
-    one_full = np.where(moe_n > 0, m_full, d_full)
-    one_kept = np.where(moe_n > 0, m_keep, d_keep)
-    not_recomputed = (1 - share) * (dense_n * d_full + moe_n * m_full)
+    one_full = np.where(moe_rc > 0, m_full, d_full)
+    one_kept = np.where(moe_rc > 0, m_keep, d_keep)
+    not_recomputed = moe_whole * m_full + dense_whole * d_full
     replay = np.where(full & (n_layers > 0), np.maximum(one_full - one_kept - not_recomputed, 0.0), 0.0)
     acts = per_mb * in_flight(b) + replay
 

@@ -201,12 +201,15 @@ def parallel_config_from_plan(par: dict[str, Any], num_layers: int) -> ParallelC
 
 
 def run_config_from_plan(plan: dict[str, Any], *, steps: int = 5, tiny: bool = False, seed: int = 1234,
-                         dtype: str | None = None, name: str | None = None) -> RunConfig:
-    """The run a plan asks for (``tiny``: its --tiny shrink). Refuses what cannot run, up front."""
+                         dtype: str | None = None, name: str | None = None, tiny_scale: int = 1) -> RunConfig:
+    """The run a plan asks for (``tiny``: its --tiny shrink, widened ``tiny_scale`` times). Refuses
+    what cannot run, up front."""
     if not isinstance(plan, dict):
         raise AdvisorError(f"plan: the top level must be a mapping, got {type(plan).__name__}")
+    if isinstance(tiny_scale, bool) or not isinstance(tiny_scale, int) or tiny_scale < 1:
+        raise AdvisorError(f"--tiny-scale must be a positive integer, got {tiny_scale!r}")
     if tiny:
-        plan = shrink_plan(plan)
+        plan = shrink_plan(plan, tiny_scale)
     model_d, train_d, par_d = _section(plan, "model"), _section(plan, "training"), _section(plan, "parallel")
     if model_d.get("moe") is not None:
         raise AdvisorError("plan: model.moe is set, but the executor runs dense models only (no expert layers)")
@@ -328,8 +331,11 @@ TINY_VOCAB = 256
 TINY_SEQ = 32
 
 
-def shrink_plan(plan: dict[str, Any]) -> dict[str, Any]:
-    """A copy of the plan with a tiny model of the same family; parallel knobs kept (see module doc)."""
+def shrink_plan(plan: dict[str, Any], scale: int = 1) -> dict[str, Any]:
+    """A copy of the plan with a tiny model of the same family; parallel knobs kept (see module doc).
+    ``scale`` multiplies the head size and the sequence length (scale 4: hidden 256, 128 tokens for
+    a four-head model), for time checks on a CPU, where the smallest model's steps are dominated
+    by per-operator overhead rather than arithmetic."""
     model, par, train = _section(plan, "model"), dict(_section(plan, "parallel")), dict(_section(plan, "training"))
     tp = _int(par, "tp", "parallel")
     pp = _int(par, "pp", "parallel")
@@ -339,14 +345,14 @@ def shrink_plan(plan: dict[str, Any]) -> dict[str, Any]:
     ratio = max(1, heads // kv)
     kv_tiny = tp if ratio > 1 else tp * math.ceil(4 / tp)
     heads_tiny = kv_tiny * min(ratio, 4)
-    hidden = heads_tiny * TINY_HEAD_DIM
+    hidden = heads_tiny * TINY_HEAD_DIM * scale
     ffn_ratio = model.get("ffn_hidden_size", 4 * model["hidden_size"]) / model["hidden_size"]
     unit = 8 * tp
     ffn = max(unit, round(hidden * ffn_ratio / unit) * unit)
     orig_layers = par.get("stage_layers") or list(even_stage_layers(_int(model, "num_layers", "model"), pp))
     smallest = max(1, min(orig_layers))
     stage_layers = [vpp * max(1, round(x / smallest)) if x else 0 for x in orig_layers]
-    seq = max(TINY_SEQ, tp)
+    seq = max(TINY_SEQ * scale, tp)
     tiny_model = {k: v for k, v in model.items() if k not in ("published_params", "notes")}
     tiny_model.update(name=f"{model.get('name', 'model')}-tiny", num_layers=sum(stage_layers), hidden_size=hidden,
                       num_attention_heads=heads_tiny, num_kv_heads=heads_tiny // min(ratio, 4),

@@ -90,9 +90,19 @@ MATRIX: dict[str, tuple[dict[str, Any], str, str]] = {
 }
 
 
-def matrix_plans(names=None) -> dict[str, dict[str, Any]]:
+def scaled_family(family: str, scale: int) -> dict[str, Any]:
+    """The family's tiny model with head size, FFN width and sequence length times ``scale``
+    (what ``--tiny-scale`` does to a plan's --tiny model)."""
+    m = FAMILIES[family]
+    return {"hidden_size": m["hidden_size"] * scale, "ffn_hidden_size": m["ffn_hidden_size"] * scale,
+            "seq_length": m["seq_length"] * scale}
+
+
+def matrix_plans(names=None, scale: int = 1) -> dict[str, dict[str, Any]]:
     chosen = names or list(MATRIX)
-    return {name: tiny_plan(MATRIX[name][0], MATRIX[name][1], MATRIX[name][2]) for name in chosen}
+    return {name: tiny_plan(MATRIX[name][0], MATRIX[name][1], MATRIX[name][2],
+                            model=scaled_family(MATRIX[name][1], scale) if scale != 1 else None)
+            for name in chosen}
 
 
 def bundled_model_plan(model: str, parallel: dict[str, Any], training: dict[str, Any],

@@ -10,10 +10,11 @@
   ``recompute_layers`` blocks of a stage when given) or around the attention core (selective).
 * Data parallelism: ZeRO-3 = FSDP2 ``fully_shard`` with ``reshard_after_forward=True``; ZeRO-2 =
   ``fully_shard`` with ``reshard_after_forward=False`` (parameters stay gathered from forward to
-  backward; gradients and optimizer state sharded); ZeRO-0 = gradients averaged over the
-  data-parallel group after accumulation (Megatron-style DDP); ZeRO-1 = the same plus
-  :class:`ZeroOneOptimizer`, which partitions the optimizer state element-wise over the
-  data-parallel ranks. (torch's ``replicate`` turns TP DTensor parameters into non-leaf tensors in
+  backward; gradients and optimizer state sharded); ZeRO-0 = gradients all-reduced over the
+  data-parallel group after accumulation through one persistent buffer (Megatron-style DDP,
+  :class:`GradientAverager`); ZeRO-1 = :class:`ZeroOneOptimizer` (Megatron's distributed
+  optimizer): gradients reduce-scattered, the optimizer state partitioned element-wise over the
+  data-parallel ranks, updated parameters all-gathered. (torch's ``replicate`` turns TP DTensor parameters into non-leaf tensors in
   2.13, and ``ZeroRedundancyOptimizer`` partitions whole parameters and rejects DTensors, hence the
   two small pieces here.)
 * Pipeline parallelism: ``torch.distributed.pipelining`` PipelineStage per model chunk and the
@@ -202,29 +203,36 @@ def resolve_partial_gradients(params: list[nn.Parameter]) -> None:
             p.grad = g.redistribute(g.device_mesh, [Replicate() if pl.is_partial() else pl for pl in g.placements])
 
 
-def average_gradients(params: list[nn.Parameter], group, world: int, bucket_bytes: int = 32 << 20) -> None:
-    """ZeRO-0/1 data parallelism: average local gradients over the data-parallel group, in buckets."""
-    grads = [_local(p.grad) for p in params if p.grad is not None]
-    bucket, size = [], 0
-    for g in grads + [None]:
-        if g is not None:
-            bucket.append(g)
-            size += g.numel() * g.element_size()
-        if bucket and (g is None or size >= bucket_bytes):
-            flat = torch.cat([b.reshape(-1) for b in bucket])
-            dist.all_reduce(flat, group=group)
-            flat.div_(world)
-            offset = 0
-            for b in bucket:
-                b.copy_(flat[offset: offset + b.numel()].view_as(b))
-                offset += b.numel()
-            bucket, size = [], 0
+class GradientAverager:
+    """ZeRO-0 data parallelism: local gradients averaged over the data-parallel group through one
+    persistent flat buffer (DDP's gradient buckets, Megatron's contiguous gradient buffer): a
+    buffer allocated once is reused every step, as in those systems, rather than paged in anew."""
+
+    def __init__(self, params: list[nn.Parameter], group, world: int):
+        self.params, self.group, self.world = params, group, world
+        self.flat: torch.Tensor | None = None
+
+    def __call__(self) -> None:
+        grads = [_local(p.grad) for p in self.params if p.grad is not None]
+        if not grads:
+            return
+        total = sum(g.numel() for g in grads)
+        if self.flat is None or self.flat.numel() != total or self.flat.dtype != grads[0].dtype:
+            self.flat = torch.empty(total, dtype=grads[0].dtype, device=grads[0].device)
+        torch.cat([g.reshape(-1) for g in grads], out=self.flat)
+        dist.all_reduce(self.flat, group=self.group)
+        self.flat.div_(self.world)
+        offset = 0
+        for g in grads:
+            g.copy_(self.flat[offset: offset + g.numel()].view_as(g))
+            offset += g.numel()
 
 
 class ZeroOneOptimizer:
     """ZeRO stage 1 (Rajbhandari et al. 2020): each data-parallel rank keeps optimizer state for a
-    contiguous 1/dp slice of the (local, TP-sharded) parameters, steps it, and the updated slices
-    are all-gathered. The inner optimizer is torch's, on parameter views, so the update is
+    contiguous 1/dp slice of the (local, TP-sharded) parameters: the gradients are reduce-scattered
+    so that it receives the averaged gradient of that slice, it steps the slice, and the updated
+    slices are all-gathered. The inner optimizer is torch's, on parameter views, so the update is
     element-for-element the one a replicated optimizer makes."""
 
     def __init__(self, params: list[nn.Parameter], make_optimizer, group, dp: int, dp_rank: int):
@@ -234,8 +242,10 @@ class ZeroOneOptimizer:
         self.shard = -(-total // dp)
         lo, hi = dp_rank * self.shard, min((dp_rank + 1) * self.shard, total)
         self.views: list[tuple[nn.Parameter, nn.Parameter, int, int]] = []
+        self._offsets: dict[int, int] = {}
         offset = 0
         for p in self.params:
+            self._offsets[id(p)] = offset
             n = _local(p).numel()
             a, b = max(lo, offset), min(hi, offset + n)
             if a < b:
@@ -244,6 +254,30 @@ class ZeroOneOptimizer:
             offset += n
         self.total = total
         self.inner = make_optimizer([v for _, v, _, _ in self.views]) if self.views else None
+        # persistent communication buffers (the distributed optimizer's contiguous buffers)
+        ref = _local(self.params[0])
+        self.flat = torch.zeros(self.shard * dp, dtype=ref.dtype, device=ref.device)
+        self.mine = torch.zeros(self.shard, dtype=ref.dtype, device=ref.device)
+
+    def reduce_gradients(self) -> None:
+        """Reduce-scatter the flat gradient (Megatron's distributed optimizer): each rank receives
+        the data-parallel average of the slice it owns, written back into its gradients' slices;
+        the rest of its gradients stay local partial sums and are not read."""
+        flat, mine = self.flat, self.mine
+        grads = [_local(p.grad).reshape(-1) if p.grad is not None else torch.zeros_like(_local(p)).reshape(-1)
+                 for p in self.params]
+        torch.cat(grads, out=flat[:self.total])
+        dist.reduce_scatter_tensor(mine, flat, group=self.group)
+        mine.div_(self.dp)
+        lo = self.rank * self.shard
+        for p, _, a, b in self.views:
+            if p.grad is not None:
+                start = self._offsets[id(p)] - lo
+                _local(p.grad).view(-1)[a:b].copy_(mine[start + a: start + b])
+
+    def owned_slices(self) -> list[tuple[nn.Parameter, int, int]]:
+        """(parameter, start, end) of the flat local elements this rank owns."""
+        return [(p, a, b) for p, _, a, b in self.views]
 
     def step(self) -> None:
         for p, view, a, b in self.views:
@@ -254,21 +288,13 @@ class ZeroOneOptimizer:
 
     def _all_gather(self) -> None:
         locals_ = [_local(p).detach().view(-1) for p in self.params]
-        mine = torch.zeros(self.shard, dtype=locals_[0].dtype, device=locals_[0].device)
-        lo = self.rank * self.shard
-        offset = 0
-        for t in locals_:
-            a, b = max(lo, offset), min(lo + self.shard, offset + t.numel())
-            if a < b:
-                mine[a - lo: b - lo] = t[a - offset: b - offset]
-            offset += t.numel()
-        full = torch.empty(self.shard * self.dp, dtype=mine.dtype, device=mine.device)
+        mine, full = self.mine, self.flat
+        owned = [view.detach() for _, view, _, _ in self.views]   # the updated slices, in flat order
+        if owned:
+            torch.cat(owned, out=mine[:sum(t.numel() for t in owned)])
         dist.all_gather_into_tensor(full, mine, group=self.group)
-        offset = 0
         with torch.no_grad():
-            for t in locals_:
-                t.copy_(full[offset: offset + t.numel()])
-                offset += t.numel()
+            torch._foreach_copy_(locals_, list(torch.split(full[:self.total], [t.numel() for t in locals_])))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:

@@ -16,8 +16,8 @@ from advisor.executor.data import dp_slice, global_batch
 from advisor.executor.measure import (ActivationTracker, ParameterProbe, gradient_bytes, parameter_bytes,
                                       tensor_bytes)
 from advisor.executor.model import GPT, VocabParallelLoss, cross_entropy
-from advisor.executor.parallel import (ZeroOneOptimizer, apply_fsdp, apply_recompute, apply_tensor_parallel,
-                                       average_gradients, build_chunks, build_mesh, chunk_layout,
+from advisor.executor.parallel import (GradientAverager, ZeroOneOptimizer, apply_fsdp, apply_recompute,
+                                       apply_tensor_parallel, build_chunks, build_mesh, chunk_layout,
                                        make_torch_optimizer, optimizer_state_tensors,
                                        resolve_partial_gradients)
 
@@ -88,6 +88,7 @@ class _Setup:
         self.probe.watch(self.modules)
         self.params = _unique_params(self.modules)
         self.dp_group = self.mesh["dp"].get_group() if p.dp > 1 else None
+        self.averager = GradientAverager(self.params, self.dp_group, p.dp) if p.dp > 1 and p.zero_stage == 0 else None
         self.tied = _TiedEmbedding(cfg, self) if cfg.model.tie_embeddings and self.n_stages > 1 else None
         build = make_torch_optimizer(cfg.optimizer, cfg.learning_rate)
         if p.zero_stage == 1 and p.dp > 1:
@@ -191,32 +192,41 @@ class _TiedEmbedding:
 
 def _owned_grad_sq(s: _Setup) -> float:
     """Sum of squares of the gradient elements this rank owns (each element counted once over the
-    world): shards count where they live, replicas only at coordinate 0 of the replicating dims."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-
+    world): shards count where they live, replicas only at coordinate 0 of the replicating dims;
+    under ZeRO-1 only the slices this rank owns hold reduced gradients, so they count for dp."""
     p = s.cfg.parallel
-    total = 0.0
     coord = {"dp": s.coords.dp, "tp": s.coords.tp}
     sizes = {"dp": p.dp, "tp": p.tp}
-    for param in s.params:
+    zero1 = isinstance(s.optimizer, ZeroOneOptimizer)
+    slices = s.optimizer.owned_slices() if zero1 else [(param, None, None) for param in s.params]
+    total = 0.0
+    for param, a, b in slices:
         if param.grad is None or (s.tied is not None and s.tied.is_copy(param, s)):
             continue
-        g = param.grad
-        sharded_on = set()
-        if isinstance(g, DTensor):
-            if any(pl.is_partial() for pl in g.placements):   # pending sums (sequence-parallel norms)
-                g = g.redistribute(g.device_mesh, [Replicate() if pl.is_partial() else pl for pl in g.placements])
-            names = g.device_mesh.mesh_dim_names or ()
-            for name, placement in zip(names, g.placements):
-                if isinstance(placement, Shard) or type(placement).__name__ == "_StridedShard":
-                    sharded_on.update(name.split("_"))
-            local = g._local_tensor
-        else:
-            local = g
+        local, sharded_on = _gradient_shard(param.grad)
+        if zero1:
+            sharded_on.add("dp")
         if any(sizes[d] > 1 and d not in sharded_on and coord[d] != 0 for d in ("dp", "tp")):
             continue
-        total += float(local.double().pow(2).sum())
+        part = local.reshape(-1)[a:b] if zero1 else local
+        total += float(part.double().pow(2).sum())
     return total
+
+
+def _gradient_shard(g: torch.Tensor) -> tuple[torch.Tensor, set[str]]:
+    """(this rank's local gradient, the mesh dims it is sharded on), pending partial sums resolved."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    sharded_on: set[str] = set()
+    if not isinstance(g, DTensor):
+        return g, sharded_on
+    if any(pl.is_partial() for pl in g.placements):   # pending sums (sequence-parallel norms)
+        g = g.redistribute(g.device_mesh, [Replicate() if pl.is_partial() else pl for pl in g.placements])
+    names = g.device_mesh.mesh_dim_names or ()
+    for name, placement in zip(names, g.placements):
+        if isinstance(placement, Shard) or type(placement).__name__ == "_StridedShard":
+            sharded_on.update(name.split("_"))
+    return g._local_tensor, sharded_on
 
 
 def _step(s: _Setup, x: torch.Tensor, y: torch.Tensor) -> float | None:
@@ -241,8 +251,9 @@ def _step(s: _Setup, x: torch.Tensor, y: torch.Tensor) -> float | None:
 def run_distributed(cfg: RunConfig, device: torch.device) -> dict:
     """Train ``cfg`` on this rank; per-step global loss, gradient norm and time, and memory by part.
 
-    A step's time runs from a barrier to the end of the optimizer step (forward, backward, gradient
-    reduction, optimizer); the measurements (gradient norm, bytes) are taken outside it, and the
+    A step's time runs from a barrier that lines the ranks up to the end of this rank's optimizer
+    step (forward, backward, gradient reduction, optimizer), split into those phases; the slowest
+    rank's is the step time. The measurements (gradient norm, bytes) are taken outside it, and the
     saved-tensor hooks only run in the first step, which the median leaves out. The process CPU
     time of the same interval is kept too: on a shared machine it shows how much of the wall time
     was this rank's own work."""
@@ -250,34 +261,47 @@ def run_distributed(cfg: RunConfig, device: torch.device) -> dict:
     rank = dist.get_rank()
     s = _Setup(cfg, device)
     losses, norms, times, cpu_times = [], [], [], []
+    phases: dict[str, list[float]] = {"forward_backward": [], "gradient_sync": [], "optimizer": []}
     memory: dict[str, int | None] = {}
     sharded_at_rest = parameter_bytes(s.modules)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    probes = [_host_probe_us(device)]
     for step in range(cfg.steps):
         tokens = global_batch(step, cfg.global_batch_size, cfg.seq_length, cfg.model.vocab_size, cfg.seed)
         local = dp_slice(tokens, s.coords.dp, p.dp).to(device)
         _sync(device)
         dist.barrier()
         start, cpu_start = time.perf_counter(), time.process_time()
-        s.tracker.enabled = step == 0
-        with s.tracker.hooks():
+        if step == 0:   # the saved-tensor hooks cost host time: only in the first step, which the median leaves out
+            s.tracker.enabled = True
+            with s.tracker.hooks():
+                loss = _step(s, local[:, :-1], local[:, 1:])
+            s.tracker.close()
+            s.tracker.enabled = False
+        else:
             loss = _step(s, local[:, :-1], local[:, 1:])
-        s.tracker.close()
-        s.tracker.enabled = False
+        _sync(device)
+        t_fb = time.perf_counter()
         if p.zero_stage <= 1:
             resolve_partial_gradients(s.params)
-            if p.dp > 1:
-                average_gradients(s.params, s.dp_group, p.dp)
-        if s.tied is not None:
+        if s.tied is not None:   # a sum over the pipeline pair: commutes with the data-parallel mean
             s.tied.sync()
+        if p.dp > 1 and p.zero_stage == 1:
+            s.optimizer.reduce_gradients()
+        elif s.averager is not None:
+            s.averager()
         if cfg.inject_failure is not None and tuple(cfg.inject_failure) == (rank, step):
             raise InjectedFailure(f"injected failure on rank {rank} at step {step}")
+        _sync(device)
+        t_sync = time.perf_counter()
         s.optimizer.step()
         _sync(device)
-        dist.barrier()
-        times.append(time.perf_counter() - start)
+        end = time.perf_counter()
+        times.append(end - start)
         cpu_times.append(time.process_time() - cpu_start)
+        for name, value in zip(phases, (t_fb - start, t_sync - t_fb, end - t_sync)):
+            phases[name].append(value)
         stats = torch.tensor([_owned_grad_sq(s), loss if (loss is not None and s.coords.tp == 0) else 0.0],
                              dtype=torch.float64)
         dist.all_reduce(stats)
@@ -287,6 +311,7 @@ def run_distributed(cfg: RunConfig, device: torch.device) -> dict:
             memory["gradients"] = gradient_bytes(s.modules)
             memory["optimizer"] = tensor_bytes(optimizer_state_tensors(s.optimizer))
         s.optimizer.zero_grad(set_to_none=True)
+    probes.append(_host_probe_us(device))
     memory["parameters"] = s.probe.compute_bytes if s.probe.compute_bytes is not None else sharded_at_rest
     memory["fsdp_sharded_copy"] = sharded_at_rest if (p.zero_stage == 2 and p.dp > 1) else 0
     memory["activations_per_microbatch"] = s.tracker.first_microbatch_bytes()
@@ -299,10 +324,23 @@ def run_distributed(cfg: RunConfig, device: torch.device) -> dict:
         "losses": losses, "grad_norms": norms, "step_times_s": times,
         "median_step_time_s": statistics.median(times[1:] if len(times) > 1 else times),
         "cpu_step_times_s": cpu_times,
+        "phase_times_s": phases,
+        "median_phase_times_s": {k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in phases.items()},
         "median_cpu_step_time_s": statistics.median(cpu_times[1:] if len(cpu_times) > 1 else cpu_times),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "host_probe_us": probes,
         "memory_bytes": memory,
     }
+
+
+def _host_probe_us(device: torch.device) -> float:
+    """``advisor calibrate``'s host-speed probe (one tiny layer's forward and backward), on every
+    rank at once right before and after the timed steps: how fast this machine ran during the run
+    next to how fast it ran when it was calibrated (virtual machines drift)."""
+    from advisor.calibrate import layer_host_us
+
+    dist.barrier()
+    return layer_host_us(device, lambda: _sync(device), repeats=60)
 
 
 def _sync(device: torch.device) -> None:

@@ -2,7 +2,7 @@
 starts the same module on every machine:
 
     python -m advisor.executor.worker --spec runs.json --out-dir DIR          (what execute does)
-    torchrun ... -m advisor.executor.worker --plan plan.json --out-dir DIR [--tiny] [--steps K]
+    torchrun ... -m advisor.executor.worker --plan plan.json --out-dir DIR [--tiny [--tiny-scale S]] [--steps K]
 
 It reads the rendezvous from the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 MASTER_PORT, as torchrun and the local launcher set them), runs every run of the spec in one
@@ -54,7 +54,7 @@ def _runs(args) -> list[dict]:
     if args.spec:
         return json.loads(Path(args.spec).read_text())["runs"]
     plan = json.loads(Path(args.plan).read_text())
-    cfg = run_config_from_plan(plan, steps=args.steps, tiny=args.tiny, dtype=args.dtype)
+    cfg = run_config_from_plan(plan, steps=args.steps, tiny=args.tiny, dtype=args.dtype, tiny_scale=args.tiny_scale)
     return [run_config_to_dict(cfg)]
 
 
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", help="JSON file {'runs': [RunConfig dicts]} (written by advisor execute)")
     parser.add_argument("--plan", help="a plan JSON (torchrun use)")
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--tiny-scale", type=int, default=1)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")

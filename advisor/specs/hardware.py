@@ -35,6 +35,10 @@ class Link:
     bandwidth_gbps: float
     latency_us: float
     efficiency: float = 1.0  # fraction of bandwidth that collectives reach (NCCL/HCCL bus bandwidth over peak)
+    # Measured per-operation (latency_us, bandwidth_gbps) pairs, ((op, latency, bandwidth), ...), that
+    # replace the link's own for that operation (``advisor calibrate`` fits them: gloo's all-reduce,
+    # reduce-scatter and send/recv differ by several times in start-up cost and achieved bandwidth).
+    per_op: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def effective_bandwidth_bytes_per_s(self) -> float:
@@ -43,6 +47,13 @@ class Link:
     @property
     def latency_s(self) -> float:
         return self.latency_us * 1e-6
+
+    def for_op(self, op: str) -> "Link":
+        """The link as one operation sees it (itself unless a per-operation fit was measured)."""
+        for name, latency_us, bandwidth_gbps in self.per_op:
+            if name == op:
+                return Link(self.name, bandwidth_gbps, latency_us, self.efficiency)
+        return self
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,19 @@ class DeviceSpec:
     # Host time per parameter tensor of an unfused optimizer step (PyTorch's per-tensor AdamW on a
     # CPU); fused/multi-tensor optimizers on accelerators (Megatron's FusedAdam) make it negligible.
     optimizer_overhead_us_per_tensor: float = 0.0
+    # Memory traffic of the optimizer step per parameter; None = a fused Adam's one pass
+    # (advisor.cost.compute.ADAM_BYTES_PER_PARAM). PyTorch's multi-tensor AdamW on a CPU makes
+    # several passes; ``advisor calibrate`` measures it.
+    optimizer_bytes_per_param: float | None = None
+    # Host time per pipeline-schedule action (one chunk's forward or backward of one micro-batch)
+    # beyond its kernels and transfers, by schedule: the schedule's own bookkeeping and the posting
+    # of its sends and receives. ((schedule, us), ...); measured by ``advisor calibrate`` for
+    # torch.distributed.pipelining on CPU ranks, where it is paid in line; 0 when not given
+    # (GPUs hide it behind device time).
+    pipeline_action_overhead_us: tuple[tuple[str, float], ...] = ()
+
+    def action_overhead_us(self, schedule: str) -> float:
+        return dict(self.pipeline_action_overhead_us).get(schedule, 0.0)
 
     def peak_flops(self, dtype: str) -> float:
         if dtype not in self.peak_tflops:
@@ -111,13 +135,15 @@ class HardwareProfile:
         raw = _deep_copy(self.raw) if self.raw is not None else None
         prof = self
         if inter_node_gbps is not None:
-            prof = replace(prof, inter=replace(prof.inter, bandwidth_gbps=inter_node_gbps / prof.oversubscription))
+            prof = replace(prof, inter=replace(prof.inter, bandwidth_gbps=inter_node_gbps / prof.oversubscription, per_op=()))
             if raw is not None:
                 raw["inter_node"]["bandwidth_gbps"] = inter_node_gbps
+                raw["inter_node"].pop("collectives", None)   # measured for the old link
         if intra_node_gbps is not None:
-            prof = replace(prof, node=replace(prof.node, intra=replace(prof.node.intra, bandwidth_gbps=intra_node_gbps)))
+            prof = replace(prof, node=replace(prof.node, intra=replace(prof.node.intra, bandwidth_gbps=intra_node_gbps, per_op=())))
             if raw is not None:
                 raw["node"]["intra_node"]["bandwidth_gbps"] = intra_node_gbps
+                raw["node"]["intra_node"].pop("collectives", None)
         if memory_gib is not None:
             prof = replace(prof, device=replace(prof.device, memory_gib=memory_gib))
             if raw is not None:
@@ -144,13 +170,47 @@ def _deep_copy(obj: Any) -> Any:
     return obj
 
 
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
+
+
 def _link(data: dict[str, Any], origin: str, name: str, bw_key: str = "bandwidth_gbps", lat_key: str = "latency_us") -> Link:
     return Link(
         name=name,
         bandwidth_gbps=f.positive_float(data, bw_key, origin),
         latency_us=f.positive_float(data, lat_key, origin),
         efficiency=f.fraction(data, "efficiency", origin, default=1.0),
+        per_op=_per_op(data.get("collectives"), f"{origin}: collectives"),
     )
+
+
+def _per_op(value: Any, origin: str) -> tuple[tuple[str, float, float], ...]:
+    """``collectives: {all_reduce: {latency_us: .., bandwidth_gbps: ..}, ...}`` (optional)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise AdvisorError(f"{origin}: expected a mapping of operation to {{latency_us, bandwidth_gbps}}, got {value!r}")
+    out = []
+    for op, pair in value.items():
+        if op not in COLLECTIVE_OPS:
+            raise AdvisorError(f"{origin}: unknown operation '{op}' (known: {', '.join(COLLECTIVE_OPS)})")
+        f.check_keys(pair, f"{origin}: {op}", ("latency_us", "bandwidth_gbps"))
+        out.append((op, f.positive_float(pair, "latency_us", f"{origin}: {op}"),
+                    f.positive_float(pair, "bandwidth_gbps", f"{origin}: {op}")))
+    return tuple(out)
+
+
+def _action_overheads(value: Any, origin: str) -> tuple[tuple[str, float], ...]:
+    """``pipeline_action_overhead_us: {1f1b: .., gpipe: .., interleaved-1f1b: ..}`` (optional)."""
+    from advisor.space.strategy import SCHEDULES
+
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise AdvisorError(f"{origin}: expected a mapping of pipeline schedule to microseconds, got {value!r}")
+    for schedule in value:
+        if schedule not in SCHEDULES:
+            raise AdvisorError(f"{origin}: unknown pipeline schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
+    return tuple((k, f.non_negative_float(value, k, origin)) for k in value)
 
 
 def _efficiency_curve(value: Any, origin: str) -> tuple[tuple[float, float], ...]:
@@ -177,7 +237,8 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
     dev = data["device"]
     f.check_keys(dev, do, ("name", "memory_gib", "memory_bandwidth_gbps", "peak_tflops", "matmul_efficiency"),
                  ("memory_efficiency", "launch_overhead_us", "asynchronous_launch",
-                  "optimizer_overhead_us_per_tensor", "notes"))
+                  "optimizer_overhead_us_per_tensor", "optimizer_bytes_per_param", "pipeline_action_overhead_us",
+                  "notes"))
     peaks = dev["peak_tflops"]
     if not isinstance(peaks, dict) or not peaks:
         raise AdvisorError(f"{do}: key 'peak_tflops' must map dtypes to TFLOP/s, got {peaks!r}")
@@ -195,6 +256,10 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         launch_overhead_us=f.non_negative_float(dev, "launch_overhead_us", do, default=0.0),
         asynchronous_launch=f.boolean(dev, "asynchronous_launch", do, default=True),
         optimizer_overhead_us_per_tensor=f.non_negative_float(dev, "optimizer_overhead_us_per_tensor", do, default=0.0),
+        optimizer_bytes_per_param=(None if dev.get("optimizer_bytes_per_param") is None
+                                   else f.positive_float(dev, "optimizer_bytes_per_param", do)),
+        pipeline_action_overhead_us=_action_overheads(dev.get("pipeline_action_overhead_us"),
+                                                      f"{do}: pipeline_action_overhead_us"),
     )
 
     no = f"{origin}: node"
@@ -205,7 +270,7 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
     intra = nd["intra_node"]
     f.check_keys(intra, io, ("bandwidth_gbps", "latency_us", "topology"),
                  ("efficiency", "group_size", "cross_group_bandwidth_gbps", "cross_group_latency_us",
-                  "cross_group_efficiency", "notes"))
+                  "cross_group_efficiency", "collectives", "notes"))
     topology = f.choice(intra, "topology", io, ("switch", "mesh-groups"))
     cross = None
     group_size = per_node
@@ -224,7 +289,8 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
 
     ino = f"{origin}: inter_node"
     inter = data["inter_node"]
-    f.check_keys(inter, ino, ("bandwidth_gbps", "latency_us"), ("topology", "oversubscription", "efficiency", "notes"))
+    f.check_keys(inter, ino, ("bandwidth_gbps", "latency_us"),
+                 ("topology", "oversubscription", "efficiency", "collectives", "notes"))
     over = f.positive_float(inter, "oversubscription", ino, default=1.0)
     if over < 1.0:
         raise AdvisorError(f"{ino}: key 'oversubscription' must be >= 1, got {over}")
