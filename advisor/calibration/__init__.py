@@ -1,0 +1,1 @@
+"""``advisor calibrate``'s parts: per-rank probes, fits to the cost model, the profile."""
