@@ -63,6 +63,7 @@ def test_profile_has_the_projects_schema(tmp_path):
     assert hw.device.launch_overhead_us == pytest.approx(1200.0 / 60)
     assert hw.device.optimizer_overhead_us_per_tensor == pytest.approx(25.0)
     assert hw.device.asynchronous_launch is False          # gloo: CPU ranks run operators on their own thread
+    assert hw.device.overlaps_communication is False       # ... and their collectives, in turn with the compute
     assert hw.node.intra.latency_us == pytest.approx(200.0, rel=1e-3)
     assert profile["node"]["intra_node"]["notes"]["raw"]           # raw measurements kept
     path = tmp_path / "local.yaml"

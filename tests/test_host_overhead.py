@@ -107,3 +107,38 @@ def test_tied_embeddings_all_reduce_between_the_end_stages_only_with_pipelining(
     assert gap > nbytes / (hw.inter.effective_bandwidth_bytes_per_s * 2)
     flat = Strategy(dp=16, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1)
     assert estimate(MODEL, hw, c, JOB, flat).time_s["dp_comm"] == estimate(untied, hw, c, JOB, flat).time_s["dp_comm"]
+
+
+def test_cpu_ranks_hide_no_communication_behind_compute():
+    """overlaps_communication false (a CPU rank's one core runs both): DDP's all-reduce and FSDP's
+    gathers are paid in full; on GPUs they hide behind backward and forward."""
+    from advisor.cost import comm
+
+    gpu = _hw()
+    cpu = _hw(overlaps_communication=False)
+    c = Cluster.of(gpu, nodes=2)
+    ddp = Strategy(dp=16, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1)
+    hidden = estimate(MODEL, gpu, c, JOB, ddp).time_s["dp_comm"]
+    paid = estimate(MODEL, cpu, c, JOB, ddp).time_s["dp_comm"]
+    from advisor.cost.memory import state_bytes_per_param
+
+    grads = MODEL.num_params * state_bytes_per_param(JOB)[1]
+    assert hidden == 0.0
+    assert paid == pytest.approx(float(comm.collective_time_s(cpu, "all_reduce", grads, 16, 1)), rel=0.05)
+    fsdp = replace(ddp, zero_stage=3)
+    assert estimate(MODEL, cpu, c, JOB, fsdp).time_s["dp_comm"] > estimate(MODEL, gpu, c, JOB, fsdp).time_s["dp_comm"]
+
+
+def test_zero2_reduce_scatters_every_micro_batch_and_gathers_once():
+    cpu = _hw(overlaps_communication=False)
+    c = Cluster.of(cpu, nodes=2)
+    one = Strategy(dp=16, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1, zero_stage=2)
+    four = replace(one, num_micro_batches=4)
+    job4 = replace(JOB, global_batch_size=64)
+    t1 = estimate(MODEL, cpu, c, JOB, one).time_s["dp_comm"]
+    t4 = estimate(MODEL, cpu, c, job4, four).time_s["dp_comm"]
+    zero1 = estimate(MODEL, cpu, c, job4, replace(four, zero_stage=1)).time_s["dp_comm"]
+    # t(m) = m x reduce-scatter + all-gather: four micro-batches add three reduce-scatters
+    rs = (t4 - t1) / 3
+    assert rs > 0 and t1 > rs                               # the all-gather is the rest of t1
+    assert t4 > zero1                                       # ZeRO-1 reduces once per step

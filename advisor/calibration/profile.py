@@ -65,6 +65,8 @@ def _measured_profile(ranks: list[dict], nproc: int, name: str | None = None) ->
             "launch_overhead_us": round(op_us, 3),
             # a CPU rank runs each operator on its own thread: overhead adds to compute (nccl: GPUs overlap)
             "asynchronous_launch": backend == "nccl",
+            # ... and its collectives on that same core, in turn with the compute (nccl: overlapped)
+            "overlaps_communication": backend == "nccl",
             "optimizer_overhead_us_per_tensor": round(statistics.median(r["memory"]["optimizer_us_per_tensor"] for r in ranks), 3),
             "optimizer_bytes_per_param": round(statistics.median(r["memory"].get("optimizer_bytes_per_param", 28.0)
                                                                  for r in ranks), 2),

@@ -175,10 +175,12 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     grad_rs = coll("reduce_scatter", dense_max * gb, expert_max * gb)
     param_ag = coll("all_gather", dense_max * wb, expert_max * wb)
     # the last micro-batch's backward, which gradient reduction can hide behind
-    slow_bwd = 2.0 * np.broadcast_to(fwd, stage_mb.shape)[rows, slowest] if job.overlap_grad_reduce else 0.0
+    overlap = hw.device.overlaps_communication
+    slow_bwd = 2.0 * np.broadcast_to(fwd, stage_mb.shape)[rows, slowest] if (job.overlap_grad_reduce and overlap) else 0.0
     z = b.zero_stage
     # ZeRO-0: all-reduce overlapped with the last backward (PyTorch DDP, Megatron overlap-grad-reduce);
-    # ZeRO-1/2: reduce-scatter overlapped likewise, then the updated weights all-gathered;
+    # ZeRO-1: reduce-scatter overlapped likewise, then the updated weights all-gathered (Megatron's
+    # distributed optimizer); ZeRO-2: below;
     # ZeRO-3: weights gathered for forward and backward and gradients reduce-scattered every
     # micro-batch, overlapped with that micro-batch's compute (FSDP prefetching).
     # FSDP and ZeRO-3 gather and reduce one layer (wrapping unit) at a time, so each of those
@@ -190,12 +192,18 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
         return units * coll(op, nbytes_dense / units, nbytes_expert / units)
 
     mb_time = stage_mb[rows, slowest]
-    zero3_mb = 2.0 * per_layer("all_gather", dense_max * wb, expert_max * wb) + per_layer(
-        "reduce_scatter", dense_max * gb, expert_max * gb)
+    layer_rs = per_layer("reduce_scatter", dense_max * gb, expert_max * gb)
+    zero3_mb = 2.0 * per_layer("all_gather", dense_max * wb, expert_max * wb) + layer_rs
+    # ZeRO-2 partitions gradients: every micro-batch's backward reduce-scatters them, layer by
+    # layer (DeepSpeed stage 2, FSDP SHARD_GRAD_OP), hidden behind that backward where collectives
+    # overlap; the updated weights are gathered once per step.
+    mb_bwd = 2.0 * np.broadcast_to(fwd, stage_mb.shape)[rows, slowest]
+    zero2_rs = m * (np.maximum(layer_rs - mb_bwd, 0.0) if overlap else layer_rs)
     dp_s = np.select(
-        [z == 0, z <= 2],
-        [np.maximum(grad_ar - slow_bwd, 0.0), np.maximum(grad_rs - slow_bwd, 0.0) + param_ag],
-        m * np.maximum(zero3_mb - mb_time, 0.0),
+        [z == 0, z == 1, z == 2],
+        [np.maximum(grad_ar - slow_bwd, 0.0), np.maximum(grad_rs - slow_bwd, 0.0) + param_ag,
+         zero2_rs + per_layer("all_gather", dense_max * wb, expert_max * wb)],
+        m * (np.maximum(zero3_mb - mb_time, 0.0) if overlap else zero3_mb),
     )
 
     # Tied embeddings under pipelining: the first and last stages all-reduce the word-embedding

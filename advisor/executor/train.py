@@ -240,8 +240,11 @@ def _step(s: _Setup, x: torch.Tensor, y: torch.Tensor) -> float | None:
         return float(torch.stack([x.detach() for x in losses]).mean()) if s.holds_last else None
     model = s.modules[0]
     n, mbs = p.num_micro_batches, p.micro_batch_size
+    keep_gathered = p.zero_stage == 2 and p.dp > 1
     total = 0.0
     for i in range(n):
+        if keep_gathered:   # ZeRO-2: parameters stay whole through the step, gradients reduce-scattered each backward
+            model.set_reshard_after_backward(i == n - 1)
         loss = s.loss_fn(model(x[i * mbs:(i + 1) * mbs]), y[i * mbs:(i + 1) * mbs])
         (loss / n).backward()
         total += loss.item()

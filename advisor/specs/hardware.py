@@ -75,6 +75,10 @@ class DeviceSpec:
     # Host time per parameter tensor of an unfused optimizer step (PyTorch's per-tensor AdamW on a
     # CPU); fused/multi-tensor optimizers on accelerators (Megatron's FusedAdam) make it negligible.
     optimizer_overhead_us_per_tensor: float = 0.0
+    # Collectives run beside the compute (NCCL/HCCL kernels on their own streams), so gradient
+    # reduction and FSDP gathers hide behind backward and forward. A CPU rank's one core runs its
+    # collectives and its compute in turn: nothing hides (``advisor calibrate`` writes false for gloo).
+    overlaps_communication: bool = True
     # Memory traffic of the optimizer step per parameter; None = a fused Adam's one pass
     # (advisor.cost.compute.ADAM_BYTES_PER_PARAM). PyTorch's multi-tensor AdamW on a CPU makes
     # several passes; ``advisor calibrate`` measures it.
@@ -238,7 +242,7 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
     f.check_keys(dev, do, ("name", "memory_gib", "memory_bandwidth_gbps", "peak_tflops", "matmul_efficiency"),
                  ("memory_efficiency", "launch_overhead_us", "asynchronous_launch",
                   "optimizer_overhead_us_per_tensor", "optimizer_bytes_per_param", "pipeline_action_overhead_us",
-                  "notes"))
+                  "overlaps_communication", "notes"))
     peaks = dev["peak_tflops"]
     if not isinstance(peaks, dict) or not peaks:
         raise AdvisorError(f"{do}: key 'peak_tflops' must map dtypes to TFLOP/s, got {peaks!r}")
@@ -256,6 +260,7 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         launch_overhead_us=f.non_negative_float(dev, "launch_overhead_us", do, default=0.0),
         asynchronous_launch=f.boolean(dev, "asynchronous_launch", do, default=True),
         optimizer_overhead_us_per_tensor=f.non_negative_float(dev, "optimizer_overhead_us_per_tensor", do, default=0.0),
+        overlaps_communication=f.boolean(dev, "overlaps_communication", do, default=True),
         optimizer_bytes_per_param=(None if dev.get("optimizer_bytes_per_param") is None
                                    else f.positive_float(dev, "optimizer_bytes_per_param", do)),
         pipeline_action_overhead_us=_action_overheads(dev.get("pipeline_action_overhead_us"),
