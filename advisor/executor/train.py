@@ -251,6 +251,34 @@ def _step(s: _Setup, x: torch.Tensor, y: torch.Tensor) -> float | None:
     return total / n
 
 
+def _forward_backward(s: _Setup, tokens: torch.Tensor, measure: bool) -> float | None:
+    """One step's forward and backward; with ``measure`` under the saved-tensor hooks, whose host
+    cost is why they only run in the first step (which the median leaves out)."""
+    if not measure:
+        return _step(s, tokens[:, :-1], tokens[:, 1:])
+    s.tracker.enabled = True
+    with s.tracker.hooks():
+        loss = _step(s, tokens[:, :-1], tokens[:, 1:])
+    s.tracker.close()
+    s.tracker.enabled = False
+    return loss
+
+
+def _synchronize_gradients(s: _Setup) -> None:
+    """After backward: pending partial sums resolved, tied embeddings summed over the pipeline pair
+    (a sum that commutes with the data-parallel mean), then the data-parallel reduction of ZeRO-0
+    (all-reduce) or ZeRO-1 (reduce-scatter); FSDP (ZeRO-2/3) reduced during backward."""
+    p = s.cfg.parallel
+    if p.zero_stage <= 1:
+        resolve_partial_gradients(s.params)
+    if s.tied is not None:
+        s.tied.sync()
+    if p.dp > 1 and p.zero_stage == 1:
+        s.optimizer.reduce_gradients()
+    elif s.averager is not None:
+        s.averager()
+
+
 def run_distributed(cfg: RunConfig, device: torch.device) -> dict:
     """Train ``cfg`` on this rank; per-step global loss, gradient norm and time, and memory by part.
 
@@ -276,24 +304,10 @@ def run_distributed(cfg: RunConfig, device: torch.device) -> dict:
         _sync(device)
         dist.barrier()
         start, cpu_start = time.perf_counter(), time.process_time()
-        if step == 0:   # the saved-tensor hooks cost host time: only in the first step, which the median leaves out
-            s.tracker.enabled = True
-            with s.tracker.hooks():
-                loss = _step(s, local[:, :-1], local[:, 1:])
-            s.tracker.close()
-            s.tracker.enabled = False
-        else:
-            loss = _step(s, local[:, :-1], local[:, 1:])
+        loss = _forward_backward(s, local, measure=step == 0)
         _sync(device)
         t_fb = time.perf_counter()
-        if p.zero_stage <= 1:
-            resolve_partial_gradients(s.params)
-        if s.tied is not None:   # a sum over the pipeline pair: commutes with the data-parallel mean
-            s.tied.sync()
-        if p.dp > 1 and p.zero_stage == 1:
-            s.optimizer.reduce_gradients()
-        elif s.averager is not None:
-            s.averager()
+        _synchronize_gradients(s)
         if cfg.inject_failure is not None and tuple(cfg.inject_failure) == (rank, step):
             raise InjectedFailure(f"injected failure on rank {rank} at step {step}")
         _sync(device)
