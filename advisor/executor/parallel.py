@@ -14,9 +14,9 @@
   data-parallel group after accumulation through one persistent buffer (Megatron-style DDP,
   :class:`GradientAverager`); ZeRO-1 = :class:`ZeroOneOptimizer` (Megatron's distributed
   optimizer): gradients reduce-scattered, the optimizer state partitioned element-wise over the
-  data-parallel ranks, updated parameters all-gathered. (torch's ``replicate`` turns TP DTensor parameters into non-leaf tensors in
-  2.13, and ``ZeroRedundancyOptimizer`` partitions whole parameters and rejects DTensors, hence the
-  two small pieces here.)
+  data-parallel ranks, updated parameters all-gathered. (torch's ``replicate`` turns TP DTensor
+  parameters into non-leaf tensors in 2.13, and ``ZeroRedundancyOptimizer`` partitions whole
+  parameters and rejects DTensors, hence the two small pieces here.)
 * Pipeline parallelism: ``torch.distributed.pipelining`` PipelineStage per model chunk and the
   plan's schedule (GPipe, 1F1B, Interleaved1F1B; zero-bubble ones for hand-written plans). Stage s
   holds chunks s, s + pp, ... (looped), or s and 2pp - 1 - s for the V schedules; the layers of
