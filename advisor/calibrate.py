@@ -25,7 +25,11 @@ of each (a virtual machine's speed drifts over seconds; ``--quick``: one round):
   schedule -> ``pipeline_action_overhead_us`` (the schedule's host cost per forward or backward
   action, which the cost model adds to every pipeline stage's time per micro-batch);
 * AdamW built as the executor builds it, over many tiny tensors -> ``optimizer_overhead_us_per_tensor``,
-  and over one large tensor, at the measured bandwidth -> ``optimizer_bytes_per_param``.
+  and (CPU) over one large tensor, at the measured bandwidth -> ``optimizer_bytes_per_param``;
+* (CPU) a one-layer GPT's forward + backward at a working size, less the GEMM and host time the
+  cost model predicts from the figures above -> ``memory_efficiency``, the fraction of streaming
+  bandwidth its element-wise work reaches; and ``overlaps_communication: false`` (a CPU rank's
+  core runs its collectives and its compute in turn).
 
 Every raw figure is kept under ``notes:`` keys of the profile. The result loads with
 ``advisor.specs.hardware.load_hardware`` and every command takes it with ``--hardware PATH``.

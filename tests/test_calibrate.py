@@ -173,3 +173,14 @@ def _probe_time(profile, efficiency):
     est = estimate(model_from_dict(PROBE_MODEL, "probe"), hw, Cluster(nodes=1, devices=1), job,
                    Strategy(dp=1, tp=1, pp=1, micro_batch_size=PROBE_BATCH))
     return est.time_s["compute"] + est.time_s["host_overhead"]
+
+
+def test_gpu_profiles_keep_the_fused_defaults():
+    ranks = _fake_ranks()
+    for r in ranks:
+        r["backend"] = "nccl"
+        r["memory"].update(elementwise_probe_s=0.05, optimizer_bytes_per_param=70.0)
+    hw = hardware_from_dict(build_profile(ranks, 2), "gpu")
+    assert hw.device.asynchronous_launch and hw.device.overlaps_communication
+    assert hw.device.optimizer_bytes_per_param is None and hw.device.memory_efficiency == 1.0
+    assert hw.device.pipeline_action_overhead_us == ()

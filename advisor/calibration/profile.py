@@ -14,10 +14,16 @@ from advisor.calibration.fit import (efficiency_curve, elementwise_efficiency, f
                                      pipeline_action_overhead_us)
 from advisor.errors import AdvisorError
 
+
 def build_profile(ranks: list[dict], nproc: int, name: str | None = None) -> dict[str, Any]:
     """The profile mapping (hardware_from_dict's schema) from the per-rank measurements; the
-    element-wise efficiency last, since it is fitted through the cost model with everything else."""
+    element-wise efficiency last, since it is fitted through the cost model with everything else.
+    On GPUs (nccl) the probe layer is too small to time anything but kernel launches, and Megatron's
+    fused Adam moves its 28 bytes per parameter: both keep the cost model's defaults there."""
     profile = _measured_profile(ranks, nproc, name)
+    if ranks[0]["backend"] == "nccl":
+        profile["device"].pop("optimizer_bytes_per_param")
+        return profile
     probes = [r["memory"]["elementwise_probe_s"] for r in ranks if "elementwise_probe_s" in r["memory"]]
     if probes:
         device = profile["device"]
