@@ -322,3 +322,46 @@ def test_tiny_scale_needs_tiny(tmp_path, monkeypatch, capsys):
     assert _cli(monkeypatch, "execute", str(path), "--tiny-scale", "4") == 2
     err = capsys.readouterr().err
     assert "--tiny-scale 4 needs --tiny" in err and "Traceback" not in err
+
+
+def _layer_ops(**design) -> int:
+    """Operators one executor block's forward + backward dispatches (TorchDispatchMode count)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from advisor.executor.model import Block, ModelConfig
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    base = dict(num_layers=1, hidden_size=32, num_attention_heads=2, num_kv_heads=2, ffn_hidden_size=64,
+                ffn_activation="gelu", vocab_size=64, seq_length=8, norm="layernorm", use_bias=False,
+                position_embedding="learned", attention="math")
+    block = Block(ModelConfig(**{**base, **design}))
+    x = torch.randn(1, 8, 32, requires_grad=True)
+    block(x).sum().backward()                      # warm-up: lazy initialisation dispatches too
+    count = Count()
+    with count:
+        block(x).sum().backward()
+    return count.n
+
+
+def test_layer_operator_counts_are_the_cost_models():
+    """advisor.cost.compute.LAYER_OPS is this count: each feature adds its operators to the base."""
+    from advisor.cost.compute import LAYER_OPS
+
+    base = _layer_ops()
+    assert base == LAYER_OPS["base"]
+    features = {"bias": dict(use_bias=True), "rotary": dict(position_embedding="rotary"),
+                "rmsnorm": dict(norm="rmsnorm"), "gated_mlp": dict(ffn_activation="swiglu"),
+                "fused_attention": dict(attention="flash")}
+    for name, design in features.items():
+        assert _layer_ops(**design) - base == LAYER_OPS[name], name
+    llama = dict(position_embedding="rotary", norm="rmsnorm", ffn_activation="swiglu", attention="flash")
+    additive = base + sum(LAYER_OPS[k] for k in ("rotary", "rmsnorm", "gated_mlp", "fused_attention"))
+    assert abs(_layer_ops(**llama) - additive) <= 3

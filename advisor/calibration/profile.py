@@ -51,6 +51,7 @@ def _measured_profile(ranks: list[dict], nproc: int, name: str | None = None) ->
     actions = _action_overheads(ranks[0].get("pipeline"), collectives.get("p2p"), latency_us, bandwidth_gbps)
     per_op = fit_alpha_beta(comm_points)
     bandwidth = min(r["memory"]["bandwidth_gbps"] for r in ranks)
+    from advisor.cost.compute import ADAM_BYTES_PER_PARAM
     from advisor.cost.estimate import KERNELS_BACKWARD, KERNELS_FORWARD
 
     layer_us = statistics.median(r["memory"]["layer_host_us"] for r in ranks)
@@ -74,7 +75,7 @@ def _measured_profile(ranks: list[dict], nproc: int, name: str | None = None) ->
             # ... and its collectives on that same core, in turn with the compute (nccl: overlapped)
             "overlaps_communication": backend == "nccl",
             "optimizer_overhead_us_per_tensor": round(statistics.median(r["memory"]["optimizer_us_per_tensor"] for r in ranks), 3),
-            "optimizer_bytes_per_param": round(statistics.median(r["memory"].get("optimizer_bytes_per_param", 28.0)
+            "optimizer_bytes_per_param": round(statistics.median(r["memory"].get("optimizer_bytes_per_param", ADAM_BYTES_PER_PARAM)
                                                                  for r in ranks), 2),
             # CPU ranks run the schedule's bookkeeping in line with the compute (nccl: hidden)
             **({"pipeline_action_overhead_us": actions} if actions and backend != "nccl" else {}),
@@ -109,7 +110,7 @@ def _measured_profile(ranks: list[dict], nproc: int, name: str | None = None) ->
         "inter_node": {"bandwidth_gbps": round(bandwidth_gbps, 6), "latency_us": round(latency_us, 3),
                        "topology": "fat-tree", "notes": "single machine: same as intra_node (not measured)"},
         "host": {"memory_gib": round(host_bytes / 2 ** 30, 3),
-                 "pcie_bandwidth_gbps": round(bandwidth, 3) if backend != "nccl" else round(bandwidth, 3),
+                 "pcie_bandwidth_gbps": round(bandwidth, 3),
                  "notes": "CPU ranks have no PCIe hop: host memory bandwidth" if backend != "nccl"
                  else "not measured: set to the device memory bandwidth"},
     }

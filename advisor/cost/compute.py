@@ -31,7 +31,7 @@ ADAM_BYTES_PER_PARAM = 2 + 8 + 8 + 8 + 2  # grad read, master r/w, m r/w, v r/w,
 
 # Operators one transformer layer's forward + backward dispatches in eager PyTorch, by feature,
 # counted with TorchDispatchMode on advisor's executor blocks (PyTorch 2.13, CPU; the counts add up
-# within 3 of every combination measured). The cost model's kernels per layer (KERNELS_FORWARD +
+# within 3 of every combination measured; re-counted by tests/test_executor.py). The cost model's kernels per layer (KERNELS_FORWARD +
 # KERNELS_BACKWARD in advisor.cost.estimate) describe the Megatron GPT-3 layer -- LayerNorm, GELU,
 # learned positions, biases, unfused attention -- whose count is REFERENCE_LAYER_OPS; other layers
 # issue proportionally more or fewer.

@@ -354,7 +354,7 @@ def _host_probe_us(device: torch.device) -> float:
     """``advisor calibrate``'s host-speed probe (one tiny layer's forward and backward), on every
     rank at once right before and after the timed steps: how fast this machine ran during the run
     next to how fast it ran when it was calibrated (virtual machines drift)."""
-    from advisor.calibrate import layer_host_us
+    from advisor.calibration.probes import layer_host_us
 
     dist.barrier()
     return layer_host_us(device, lambda: _sync(device), repeats=60)
