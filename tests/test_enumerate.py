@@ -54,14 +54,15 @@ PIPELINES = [(SCHEDULES.index("gpipe"), 1), (SCHEDULES.index("1f1b"), 1),
 
 def _brute_force_batch(model, cluster, job):
     """Every combination of every knob (all 24 mesh orders, every ZeRO/offload pair, every schedule
-    and virtual-stage count), legal per the rules; built without the enumerator's code."""
+    and virtual-stage count, ring and Ulysses context parallelism), legal per the rules; built without
+    the enumerator's code."""
     n, gbs = cluster.devices, job.global_batch_size
     divs = [d for d in range(1, max(n, gbs) + 1) if n % d == 0 or gbs % d == 0]
     experts = [d for d in range(1, model.moe.num_experts + 1) if model.moe.num_experts % d == 0] if model.moe else [1]
     degrees = [(n // (tp * pp * cp), tp, pp, cp, ep, mbs)
                for tp, pp, cp in itertools.product(divs, repeat=3) if n % (tp * pp * cp) == 0 and pp <= model.num_layers
                for ep in experts for mbs in divs if gbs % (n // (tp * pp * cp) * mbs) == 0]
-    knobs = list(itertools.product(range(len(PIPELINES)), (0, 1), range(3), range(4), (0, 1), range(len(ORDERS))))
+    knobs = list(itertools.product(range(len(PIPELINES)), (0, 1), range(3), range(4), (0, 1), range(len(ORDERS)), (0, 1)))
     d = np.repeat(np.array(degrees), len(knobs), axis=0)
     k = np.tile(np.array(knobs), (len(degrees), 1))
     dp, tp, pp, cp, ep, mbs = d.T
@@ -78,8 +79,8 @@ def _brute_force_batch(model, cluster, job):
     batch = StrategyBatch(
         dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=k[:, 1].astype(bool), virtual_pipeline_stages=vpp,
         micro_batch_size=mbs, num_micro_batches=gbs // (dp * mbs), zero_stage=k[:, 3], recompute=k[:, 2],
-        recompute_layers=np.full(len(dp), -1), pipeline_schedule=schedule, offload_optimizer=k[:, 4].astype(bool),
-        stage_layers=stage, **strides)
+        recompute_layers=np.full(stage.shape, -1), pipeline_schedule=schedule, offload_optimizer=k[:, 4].astype(bool),
+        stage_layers=stage, cp_comm=k[:, 6], **strides)
     return batch.take(legal_mask(model, cluster, job, batch))
 
 
@@ -189,7 +190,7 @@ def test_mesh_orders_kept_are_exactly_the_distinct_strides(dims, ep):
     every = en._cross(rows, {"mesh": np.arange(len(en.MESH_ORDERS))})
     strides = en.mesh_strides(every, every["mesh"])
     distinct = {signature(strides, i) for i in range(len(en.MESH_ORDERS))}
-    kept = en.mesh_variants(rows, load_hardware("dgx-a100-80g"), Pins())
+    kept = en.order_variants(rows, load_hardware("dgx-a100-80g"), Pins())
     kept_strides = en.mesh_strides(kept, kept["mesh"])
     kept_set = {signature(kept_strides, i) for i in range(len(kept["mesh"]))}
     assert kept_set == distinct and len(kept["mesh"]) == len(distinct)
@@ -256,8 +257,12 @@ def test_bounds_never_exceed_the_real_step_time(case):
     fast = en.fastest_link_hardware(hw, cluster.devices, model.moe is not None)
     pair_lower = np.zeros(len(pairs["dp"]))
     for idx in en.chunks_by_pp(pairs):
-        pair_lower[idx] = estimate_batch(model, fast, cluster, job, en.to_batch(model, job, en._take(pairs, idx))).step_time_s
-    full = en.mesh_variants(pairs, hw, Pins())
+        part = en._take(pairs, idx)
+        ring = estimate_batch(model, fast, cluster, job, en.to_batch(model, job, part)).step_time_s
+        ulysses = estimate_batch(model, fast, cluster, job, en.to_batch(model, job, {**part, "cp_comm": np.ones_like(part["dp"])})).step_time_s
+        a2a = en.cp_comm_options(model, part, Pins())[:, 1]
+        pair_lower[idx] = np.where(a2a, np.minimum(ring, ulysses), ring)
+    full = en.mesh_variants(pairs, hw, Pins(), model)
     for idx in en.chunks_by_pp(full):
         part = en._take(full, idx)
         e = estimate_batch(model, hw, cluster, job, en.to_batch(model, job, part))
@@ -291,7 +296,7 @@ def test_enumerated_candidates_estimate_the_same_one_by_one(case):
     rng = np.random.default_rng(2)
     options = en.zero_offload_options(Pins())
     pairs = en.zero_variants(rows, options)
-    full = en.mesh_variants(pairs, hw, Pins())
+    full = en.mesh_variants(pairs, hw, Pins(), model)
     pick = np.sort(rng.choice(len(full["dp"]), size=min(40, len(full["dp"])), replace=False))
     sample = en._take(full, pick)
     batch = en.finalist_batch(model, job, sample)

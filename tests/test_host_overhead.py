@@ -95,8 +95,14 @@ def test_unfused_optimizer_traffic_comes_from_the_profile():
             == pytest.approx(2.0 * estimate(MODEL, base, c, JOB, S).time_s["optimizer"]))
 
 
+# Gradients reduced in bf16, so that a step's gradient traffic hides behind one micro-batch's backward
+# (Megatron-LM reduces a bf16 model's gradients in fp32 unless told otherwise).
+JOB_BF16_GRADS = replace(JOB, grad_reduce_dtype="bf16")
+
+
 def test_tied_embeddings_all_reduce_between_the_end_stages_only_with_pipelining():
     hw = _hw()
+    JOB = JOB_BF16_GRADS
     c = Cluster.of(hw, nodes=2)
     untied = replace(MODEL, tie_embeddings=False)
     assert MODEL.tie_embeddings
@@ -117,12 +123,14 @@ def test_cpu_ranks_hide_no_communication_behind_compute():
     gpu = _hw()
     cpu = _hw(overlaps_communication=False)
     c = Cluster.of(gpu, nodes=2)
+    JOB = JOB_BF16_GRADS
     ddp = Strategy(dp=16, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1)
     hidden = estimate(MODEL, gpu, c, JOB, ddp).time_s["dp_comm"]
     paid = estimate(MODEL, cpu, c, JOB, ddp).time_s["dp_comm"]
     from advisor.cost.memory import state_bytes_per_param
 
-    grads = MODEL.num_params * state_bytes_per_param(JOB)[1]
+    grads = MODEL.num_params * JOB.grad_reduce_bytes
+    assert state_bytes_per_param(JOB)[1] == JOB.grad_reduce_bytes
     assert hidden == 0.0
     assert paid == pytest.approx(float(comm.collective_time_s(cpu, "all_reduce", grads, 16, 1)), rel=0.05)
     fsdp = replace(ddp, zero_stage=3)

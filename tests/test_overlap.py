@@ -21,7 +21,9 @@ def test_reduce_after_backward_exposes_the_whole_all_reduce():
     job = TrainingJob(global_batch_size=32, seq_length=2048)
     hidden = estimate(model, hw, cluster, job, s).time_s["dp_comm"]
     exposed = estimate(model, hw, cluster, replace(job, overlap_grad_reduce=False), s).time_s["dp_comm"]
-    # all gradients (bf16) all-reduced over 32 ranks, 8 per node
-    grad_bytes = 2.0 * model.num_params
+    # all gradients all-reduced over 32 ranks, 8 per node, in fp32: Megatron-LM accumulates and
+    # reduces a bf16 model's gradients in fp32 (arguments.py: accumulate_allreduce_grads_in_fp32)
+    assert job.grad_reduce_bytes == 4.0
+    grad_bytes = 4.0 * model.num_params
     assert exposed == pytest.approx(float(collective_time_s(hw, "all_reduce", grad_bytes, 32, 1)), rel=0.01)
     assert hidden < exposed

@@ -49,6 +49,7 @@ BROKEN = {
     "zero stage": (DENSE, replace(BASE, zero_stage=4)),
     "offload needs zero": (DENSE, replace(BASE, offload_optimizer=True)),
     "recompute layers": (DENSE, replace(BASE, recompute="selective", recompute_layers=2)),
+    "ulysses heads": (DENSE, replace(BASE, cp_comm="a2a")),                              # cp = 1
 }
 ODD_SEQ_RULES = {"sequence parallel divides seq", "cp divides seq"}
 
@@ -90,10 +91,31 @@ def test_each_rule_rejects_its_case_and_only_that_rule_fires(rule):
     ("offload needs zero", replace(BASE, zero_stage=1, offload_optimizer=True)),
     ("recompute layers", replace(BASE, recompute="full", recompute_layers=2)),
     ("cp divides seq", replace(BASE, dp=1, cp=2, num_micro_batches=8)),               # 1024 = 2 x 2 x 256
+    ("ulysses heads", replace(BASE, dp=1, cp=2, num_micro_batches=8, cp_comm="a2a")),  # tp x cp = 4 divides 12 and 4
 ])
 def test_the_legal_side_of_each_rule(rule, ok):
     model = MOE if rule == "expert parallel" else DENSE
     assert violations(model, CLUSTER, JOB, ok) == []
+
+
+def test_ulysses_needs_whole_heads_per_rank():
+    # tp x cp = 8 does not divide the 4 key/value heads (nor the 12 query heads)
+    s = Strategy(dp=1, tp=4, pp=1, cp=2, micro_batch_size=2, num_micro_batches=8, cp_comm="a2a")
+    assert _masks(DENSE, JOB, s)["ulysses heads"]
+    assert not _masks(DENSE, JOB, replace(s, cp_comm="p2p"))["ulysses heads"]
+
+
+def test_recompute_layer_counts_per_stage():
+    """MindFormers recomputes a count of layers per stage, fully or selectively; Megatron's count
+    goes with full recomputation only."""
+    mindspore = replace(JOB, framework="mindspore")
+    per_stage = replace(BASE, recompute="selective", recompute_layers=(2, 1))
+    assert violations(DENSE, CLUSTER, mindspore, per_stage) == []
+    assert violations(DENSE, CLUSTER, mindspore, replace(per_stage, recompute="full")) == []
+    assert _masks(DENSE, JOB, per_stage)["recompute layers"]                      # megatron: full only
+    assert _masks(DENSE, mindspore, replace(per_stage, recompute_layers=(0, 0)))["recompute layers"]
+    assert _masks(DENSE, mindspore, replace(per_stage, recompute_layers=(5, 1)))["recompute layers"]
+    assert "entries but pp = 2" in violations(DENSE, CLUSTER, mindspore, replace(per_stage, recompute_layers=(1, 1, 1)))[0]
 
 
 def test_interleaving_needs_micro_batches_divisible_by_pp():

@@ -1,13 +1,13 @@
 """Communication: alpha-beta collective times on the link tiers a group actually spans.
 
-A group is ``n`` ranks at ``stride`` apart in the global rank order (ranks fill a node first, then
-the next). Its members are split over up to three tiers (see advisor.specs.hardware): ``c0`` of them
-share one fast group (HCCS group, or the whole node on switch topologies), ``c1 / c0`` such groups share
-a node, and ``n / c1`` nodes take part. Collectives run hierarchically, the way NCCL/HCCL do on
-multi-tier machines (Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", 2019; Thakur,
-Rabenseifner and Gropp, "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005):
-reduce-scatter up the tiers, all-reduce at the top, all-gather back down, each tier at its own
-bandwidth. A flat ring over the slowest tier is also priced and the cheaper of the two is used.
+Where a group's members sit comes from advisor.cost.placement: for each kind of group (tp, cp, dp,
+dp x cp, ep, expert dp) the worst group's members per fast group (HCCS group, or the whole node on
+switch topologies), fast groups per node and nodes, derived exactly from the mesh order. Collectives
+run hierarchically, the way NCCL/HCCL do on multi-tier machines (Jeaugey, "Massively Scale Your
+Deep Learning Training with NCCL 2.4", 2019; Thakur, Rabenseifner and Gropp, "Optimization of
+Collective Communication Operations in MPICH", IJHPCA 2005): reduce-scatter up the tiers, all-reduce
+at the top, all-gather back down, each tier at its own bandwidth. A flat ring over the slowest tier
+is also priced and the cheaper of the two is used.
 
 Cost per ring stage (Thakur et al.): all-reduce 2(g-1)/g * S/B + 2(g-1) * alpha; all-gather and
 reduce-scatter (g-1)/g * S/B + (g-1) * alpha, where S is the full (unsharded) buffer; all-to-all
@@ -16,6 +16,8 @@ bandwidth times its collective efficiency (bus bandwidth over peak, from NCCL-te
 carry measured per-operation alpha and B (``collectives:`` in a profile, written by ``advisor
 calibrate``); each operation then uses its own.
 
+``collective_time_s(hw, op, bytes, n, stride)`` keeps the older description of a group as n members
+at one stride (aligned layouts), for callers without a mesh (the operator-level searchers).
 Every function takes numpy arrays (or scalars) and broadcasts, so the search prices many
 candidates at once.
 """
@@ -70,22 +72,35 @@ def _tier_time(op: str, message_bytes, g, link: Link):
 
 
 def collective_time_s(hw: HardwareProfile, op: str, message_bytes, n, stride):
-    """Seconds for one collective over groups of n ranks at `stride`; message_bytes is the full buffer.
+    """Seconds for one collective over groups of n ranks at `stride` (aligned); message_bytes is the
+    full buffer."""
+    if op == "p2p":
+        return p2p_time_s(hw, message_bytes, stride)
+    g0, g1, g2 = tier_fanouts(hw, n, stride)
+    return fanout_time_s(hw, op, message_bytes, g0, g1, g2)
+
+
+def group_time_s(hw: HardwareProfile, op: str, message_bytes, group) -> np.ndarray:
+    """Seconds for one collective over a placed group (advisor.cost.placement.GroupPlacement)."""
+    return fanout_time_s(hw, op, message_bytes, group.g0, group.g1, group.g2)
+
+
+def fanout_time_s(hw: HardwareProfile, op: str, message_bytes, g0, g1, g2):
+    """Seconds for one collective whose group has g0 members per fast group, g1 fast groups per node
+    and g2 nodes (may be fractional where groups straddle blocks unevenly).
 
     Groups of one member cost nothing. Under contention-free assumptions every member uses its own
     links (rail-optimised fat tree: one NIC per device), so parallel groups do not slow each other.
     """
     message_bytes = np.asarray(message_bytes, dtype=float)
-    n = np.asarray(n, dtype=np.int64)
-    if op == "p2p":
-        return p2p_time_s(hw, message_bytes, stride)
+    g0, g1, g2 = (np.asarray(g, dtype=float) for g in (g0, g1, g2))
+    n = g0 * g1 * g2
     l0, l1, l2 = _tier_links(hw)
-    g0, g1, g2 = tier_fanouts(hw, n, stride)
     if op == "all_to_all":
         l0, l1, l2 = l0.for_op(op), l1.for_op(op), l2.for_op(op)
         # Each member sends (n-1)/n of its buffer; the part bound for other nodes crosses the NIC,
         # the part for other fast groups the cross link; tiers run concurrently (max), latency per peer.
-        nf = np.maximum(n.astype(float), 1.0)
+        nf = np.maximum(n, 1.0)
         inside0 = (g0 - 1.0) / nf
         inside1 = g0 * (g1 - 1.0) / nf
         outside = (nf - g0 * g1) / nf
@@ -95,7 +110,7 @@ def collective_time_s(hw: HardwareProfile, op: str, message_bytes, n, stride):
             outside * message_bytes / l2.effective_bandwidth_bytes_per_s,
         ])
         lat = np.where(g2 > 1, l2.latency_s, np.where(g1 > 1, l1.latency_s, l0.latency_s))
-        return np.where(n > 1, t + (nf - 1.0) * lat, 0.0)
+        return np.where(n > 1.0 + 1e-9, t + (nf - 1.0) * lat, 0.0)
     # Hierarchical: the message shrinks by each lower tier's fan-out before the next tier.
     # (All-reduce: reduce-scatter up, all-reduce at the top, all-gather down; in the ring formulas a
     # reduce-scatter plus an all-gather at one tier cost exactly that tier's all-reduce.)
@@ -111,20 +126,24 @@ def collective_time_s(hw: HardwareProfile, op: str, message_bytes, n, stride):
         [_tier_time(op, message_bytes, n, l2), _tier_time(op, message_bytes, n, l1)],
         _tier_time(op, message_bytes, n, l0),
     )
-    return np.where(n > 1, np.minimum(t, flat), 0.0)
+    return np.where(n > 1.0 + 1e-9, np.minimum(t, flat), 0.0)
 
 
 def p2p_time_s(hw: HardwareProfile, message_bytes, stride):
-    """One point-to-point transfer between ranks `stride` apart (pipeline neighbours)."""
-    message_bytes = np.asarray(message_bytes, dtype=float)
+    """One point-to-point transfer between ranks `stride` apart (aligned neighbours)."""
     stride = np.asarray(stride, dtype=np.int64)
-    l0, l1, l2 = _tier_links(hw)
-    same_group = stride < hw.node.group_size
-    same_node = stride < hw.node.devices_per_node
-    l0, l1, l2 = l0.for_op("p2p"), l1.for_op("p2p"), l2.for_op("p2p")
-    bw = np.where(same_group, l0.effective_bandwidth_bytes_per_s,
-                  np.where(same_node, l1.effective_bandwidth_bytes_per_s, l2.effective_bandwidth_bytes_per_s))
-    lat = np.where(same_group, l0.latency_s, np.where(same_node, l1.latency_s, l2.latency_s))
+    tier = np.where(stride < hw.node.group_size, 0, np.where(stride < hw.node.devices_per_node, 1, 2))
+    return tier_p2p_time_s(hw, message_bytes, tier)
+
+
+def tier_p2p_time_s(hw: HardwareProfile, message_bytes, tier):
+    """One point-to-point transfer over tier 0 (fast group), 1 (node) or 2 (between nodes)."""
+    message_bytes = np.asarray(message_bytes, dtype=float)
+    tier = np.asarray(tier)
+    l0, l1, l2 = (link.for_op("p2p") for link in _tier_links(hw))
+    bw = np.select([tier == 0, tier == 1], [l0.effective_bandwidth_bytes_per_s, l1.effective_bandwidth_bytes_per_s],
+                   l2.effective_bandwidth_bytes_per_s)
+    lat = np.select([tier == 0, tier == 1], [l0.latency_s, l1.latency_s], l2.latency_s)
     return lat + message_bytes / bw
 
 

@@ -1,15 +1,20 @@
-"""Compute time per layer and micro-batch on one device: GEMMs and memory-bound kernels.
+"""Compute time per layer and micro-batch on one device: linear GEMMs, the attention core,
+memory-bound kernels and FP8 casts, forward and backward.
 
-* GEMM FLOPs: 2mnk per matmul (Narayanan et al. SC'21, appendix); the backward pass costs twice
-  the forward (one GEMM for the input gradient, one for the weight gradient). Attention's score and
-  context batched matmuls cost 2 * b * s_q * s_k * h each (Megatron counts the whole s x s product).
-* GEMM throughput: peak FLOP/s of the compute dtype times the profile's achievable efficiency at the
-  GEMM's size (work per call), so tensor parallelism's smaller GEMMs run less efficiently
-  (the effect measured in SC'21 Fig. 7 and in vendor GEMM benchmarks).
-* Memory-bound kernels (norms, activation functions, softmax, dropout, residual adds): their traffic
-  is taken as twice the bytes of the activations the layer saves without recomputation (each saved
-  tensor is written by one kernel and read by the next; Korthikanti et al. 2022 section 4.1 lists
-  exactly those tensors), at the profile's achievable memory bandwidth; backward moves twice that.
+* GEMM FLOPs: 2mnk per matmul (Narayanan et al. SC'21, appendix). Each linear layer's backward
+  runs two GEMMs of its forward's size (input gradient, weight gradient). The calls are the
+  framework's: Megatron-Core fuses Q, K and V into one GEMM (linear_qkv) and the SwiGLU gate and up
+  projections into one (linear_fc1); PyTorch models (torchtitan) keep them apart. Routed experts
+  are priced per local expert (the tokens one expert sees), shared experts as a dense MLP.
+* GEMM throughput: the peak of the GEMM's dtype times the profile's achievable efficiency at the
+  call's work (its curve for that dtype), so tensor parallelism's smaller GEMMs run less
+  efficiently (SC'21 Fig. 7; vendor GEMM benchmarks). With FP8 only the linear layers' GEMMs use
+  the FP8 peak and curve, and each pays for casting its inputs (advisor.cost.fp8).
+* Attention core: advisor.cost.attention (its own efficiency; causal masking halves the work).
+* Memory-bound kernels (norms, activation functions, rotary, residual adds, dropout, MoE
+  permutation): their traffic, fused or eager (advisor.cost.kernels), at the profile's achievable
+  memory bandwidth; backward moves twice that. Unfused attention's softmax, mask and dropout pass
+  over the score tensors (twice their saved bytes).
 * Optimizer step (Adam): memory-bound; per local parameter it reads the gradient, reads and writes
   fp32 master weights, momentum and variance, and writes the 16-bit weights (ZeRO section 3.1 states).
 """
@@ -20,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from advisor.cost import fp8, kernels
+from advisor.cost.attention import attention_core
 from advisor.cost.memory import layer_activation_terms
 from advisor.space.strategy import StrategyBatch
 from advisor.specs.hardware import HardwareProfile, interpolate_efficiency
@@ -50,11 +57,11 @@ def layer_ops_factor(model: ModelSpec, job: TrainingJob) -> float:
     return ops / REFERENCE_LAYER_OPS
 
 
-def gemm_time_s(hw: HardwareProfile, job: TrainingJob, flops):
-    """Seconds for GEMM calls of the given FLOPs each (array), at the size-dependent efficiency."""
+def gemm_time_s(hw: HardwareProfile, dtype: str, flops):
+    """Seconds for GEMM calls of the given FLOPs each (array), at the dtype's size-dependent efficiency."""
     flops = np.asarray(flops, dtype=float)
-    eff = interpolate_efficiency(hw.device.matmul_efficiency, flops / 1e9)
-    return np.where(flops > 0, flops / (hw.device.peak_flops(job.dtype) * eff), 0.0)
+    eff = interpolate_efficiency(hw.device.gemm_curve(dtype), flops / 1e9)
+    return np.where(flops > 0, flops / (hw.device.peak_flops(dtype) * eff), 0.0)
 
 
 def memory_time_s(hw: HardwareProfile, nbytes):
@@ -63,62 +70,131 @@ def memory_time_s(hw: HardwareProfile, nbytes):
 
 @dataclass(frozen=True)
 class LayerCompute:
-    """One layer, one micro-batch, one device: forward seconds and FLOPs (arrays)."""
+    """One layer, one micro-batch, one device: seconds and FLOPs (arrays)."""
 
-    forward_s: np.ndarray           # all GEMMs and memory-bound kernels of the forward
-    attention_core_s: np.ndarray    # the part selective recomputation replays (scores, softmax, context)
-    forward_flops: np.ndarray       # GEMM FLOPs of the forward
-    attention_core_flops: np.ndarray
+    forward_s: np.ndarray           # everything of the forward
+    backward_s: np.ndarray          # everything of the backward
+    linear_forward_s: np.ndarray    # the forward's linear GEMMs (what overlapped TP collectives hide behind)
+    core_forward_s: np.ndarray      # the attention core, forward and backward (what ring CP hides behind)
+    core_backward_s: np.ndarray
+    attention_core_s: np.ndarray    # forward attention core (what Megatron's selective recompute replays)
+    alternate_linear_s: np.ndarray  # forward of every other linear call (torchtitan's op-level SAC replays them)
+    expert_forward_s: np.ndarray    # an MoE layer's router, expert and shared-expert GEMMs, forward
+    elementwise_s: np.ndarray       # forward memory-bound kernels
+    activation_s: np.ndarray        # of those, the MLP activation function's (reads its inputs, writes the FC2 input)
+    forward_flops: np.ndarray       # GEMM and attention FLOPs of the forward
+    attention_core_flops: np.ndarray  # of those, what selective recomputation replays
+    alternate_linear_flops: np.ndarray
+    up_projection_s: np.ndarray     # MLA's Q and KV up-projections, forward (Megatron's mla_up_proj recompute)
+    up_projection_flops: np.ndarray
+    mlp_forward_s: np.ndarray       # a dense layer's MLP GEMMs and activation, forward (Megatron's mlp recompute)
+    mlp_forward_flops: np.ndarray
+
+
+def _linear_calls(model: ModelSpec, job: TrainingJob, moe_layer: bool):
+    """((fan_in, fan_out, tp-split, calls, token share) of each linear call in execution order, how
+    many of them are the attention block's). Token share is the fraction of the micro-batch's tokens
+    the call sees (routed experts: top-k copies spread over the experts); calls is how many such
+    calls run (None: one per local expert)."""
+    fused = job.framework not in ("pytorch", "torchtitan")
+    h = model.hidden_size
+    attn = model.attention_linears()
+    calls = []
+    if fused and model.mla is None:
+        q, k, v, out = attn
+        calls.append((h, q.fan_out + k.fan_out + v.fan_out, True, 1.0, 1.0))
+        calls.append((out.fan_in, out.fan_out, True, 1.0, 1.0))
+    else:
+        calls += [(x.fan_in, x.fan_out, x.tp is not None, 1.0, 1.0) for x in attn]
+    attention_calls = len(calls)
+    up = model.ffn_matrices - 1
+
+    def mlp(ff, share, count):
+        if fused or up == 1:
+            return [(h, up * ff, True, count, share), (ff, h, True, count, share)]
+        return [(h, ff, True, count, share)] * up + [(ff, h, True, count, share)]
+
+    if moe_layer and model.moe is not None:
+        moe = model.moe
+        calls.append((h, moe.num_experts, False, 1.0, 1.0))                        # router
+        calls += mlp(moe.expert_ffn_hidden_size, moe.top_k / moe.num_experts, None)  # per local expert
+        if moe.shared_ffn:
+            calls += mlp(moe.shared_ffn, 1.0, 1.0)
+    else:
+        calls += mlp(model.ffn_hidden_size, 1.0, 1.0)
+    return calls, attention_calls
 
 
 def layer_compute(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, moe_layer: bool) -> LayerCompute:
     t = b.tp.astype(float)
     tokens = b.micro_batch_size * job.seq_length / b.cp          # tokens of the micro-batch on this rank
-    h, kv = model.hidden_size, model.kv_hidden_size
-    qkv = 2.0 * tokens * h * (h + 2 * kv) / t
-    proj = 2.0 * tokens * h * h / t
-    score = 2.0 * tokens * job.seq_length * h / t                # QK^T; the context matmul is the same size
-    gemm_s = gemm_time_s(hw, job, qkv) + gemm_time_s(hw, job, proj)
-    core_s = 2.0 * gemm_time_s(hw, job, score)
-    flops = qkv + proj
-    core_flops = 2.0 * score
-    if moe_layer and model.moe is not None:
-        moe = model.moe
-        router = 2.0 * tokens * h * moe.num_experts
-        routed = tokens * moe.top_k                               # token copies processed per rank
-        per_expert = routed * b.ep / moe.num_experts              # tokens one local expert sees
-        up = 2.0 * per_expert * h * moe.expert_ffn_hidden_size * (model.ffn_matrices - 1) / t
-        down = 2.0 * per_expert * moe.expert_ffn_hidden_size * h / t
-        local_experts = moe.num_experts / b.ep
-        gemm_s = gemm_s + gemm_time_s(hw, job, router) + local_experts * (gemm_time_s(hw, job, up) + gemm_time_s(hw, job, down))
-        flops = flops + router + local_experts * (up + down)
-    else:
-        up = 2.0 * tokens * h * model.ffn_hidden_size * (model.ffn_matrices - 1) / t
-        down = 2.0 * tokens * model.ffn_hidden_size * h / t
-        gemm_s = gemm_s + gemm_time_s(hw, job, up) + gemm_time_s(hw, job, down)
-        flops = flops + up + down
-    terms = layer_activation_terms(model, job, b, moe_layer)
-    elementwise_s = memory_time_s(hw, 2.0 * (terms.replicated + terms.sharded))
+    gemm = job.gemm_dtype
+    linear_s = np.zeros(len(b))
+    linear_flops = np.zeros(len(b))
+    alternate_s = np.zeros(len(b))
+    alternate_flops = np.zeros(len(b))
+    cast_elements = np.zeros(len(b))       # forward inputs + backward output gradients, per micro-batch
+    expert_s = np.zeros(len(b))
+    up_s, up_flops = np.zeros(len(b)), np.zeros(len(b))
+    mlp_s, mlp_flops = np.zeros(len(b)), np.zeros(len(b))
+    latent = {model.mla.q_lora_rank, model.mla.kv_lora_rank} if model.mla is not None else set()
+    calls, first_mlp = _linear_calls(model, job, moe_layer)
+    for position, (fan_in, fan_out, split, count, share) in enumerate(calls):
+        div = t if split else 1.0
+        rows = tokens * share * (b.ep if count is None else 1.0)   # a local expert sees ep x its share
+        n_calls = model.moe.num_experts / b.ep if count is None else count
+        flops = 2.0 * rows * fan_in * fan_out / div
+        seconds = n_calls * gemm_time_s(hw, gemm, flops)
+        linear_s = linear_s + seconds
+        linear_flops = linear_flops + n_calls * flops
+        if position >= first_mlp:
+            expert_s = expert_s + seconds
+            mlp_s, mlp_flops = mlp_s + seconds, mlp_flops + n_calls * flops
+        elif fan_in in latent:
+            up_s, up_flops = up_s + seconds, up_flops + n_calls * flops
+        if position % 2 == 1:
+            alternate_s, alternate_flops = alternate_s + seconds, alternate_flops + n_calls * flops
+        cast_elements = cast_elements + n_calls * rows * (fan_in + fan_out) / div
+    cast_s = memory_time_s(hw, fp8.cast_bytes(job, cast_elements, kernels.fused(job)))
+    core = attention_core(model, hw, job, b, lambda f, dtype: gemm_time_s(hw, dtype, f))
+    terms = layer_activation_terms(model, job, b, moe_layer, stored=False)
+    elementwise_s = memory_time_s(hw, kernels.layer_forward_bytes(model, job, b, moe_layer))
     core_elementwise_s = memory_time_s(hw, 2.0 * terms.attention_core)
-    # Selective recomputation replays the attention core only where it was not kept: with flash
-    # attention nothing of it is stored, so there is nothing to replay.
-    replay = 1.0 if job.attention == "math" else 0.0
+    activation_s = memory_time_s(hw, terms.parts["mlp_inner"] + terms.parts["fc2_input"])
+    # casts: activation inputs in the forward, output gradients in the backward (about half each)
+    forward = linear_s + core.forward_s + elementwise_s + core_elementwise_s + 0.5 * cast_s
+    backward = 2.0 * linear_s + core.backward_s + 2.0 * (elementwise_s + core_elementwise_s) + 0.5 * cast_s
+    # Selective recomputation replays the attention core: unfused attention's score tensors, and with
+    # fused attention its kernel's forward (Megatron-Core checkpoints the core_attn call either way;
+    # the fused kernel stores no scores, so nothing is saved by it).
     return LayerCompute(
-        forward_s=gemm_s + core_s + elementwise_s + core_elementwise_s,
-        attention_core_s=replay * (core_s + core_elementwise_s),
-        forward_flops=flops + core_flops,
-        attention_core_flops=replay * core_flops,
+        forward_s=forward, backward_s=backward, linear_forward_s=linear_s,
+        core_forward_s=core.forward_s, core_backward_s=core.backward_s,
+        attention_core_s=core.forward_s + core_elementwise_s,
+        alternate_linear_s=alternate_s, elementwise_s=elementwise_s + core_elementwise_s, activation_s=activation_s,
+        expert_forward_s=expert_s if (moe_layer and model.moe is not None) else np.zeros(len(b)),
+        forward_flops=linear_flops + core.forward_flops,
+        attention_core_flops=core.forward_flops,
+        alternate_linear_flops=alternate_flops, up_projection_s=up_s, up_projection_flops=up_flops,
+        mlp_forward_s=mlp_s + activation_s, mlp_forward_flops=mlp_flops,
     )
 
 
+def weight_cast_s(hw: HardwareProfile, job: TrainingJob, linear_params):
+    """Casting the local linear-layer weights to FP8 once per step (0 without FP8)."""
+    return memory_time_s(hw, fp8.cast_bytes(job, linear_params))
+
+
 def head_compute_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch):
-    """(forward seconds, forward FLOPs) of the LM head and loss on the last stage, per micro-batch."""
+    """(forward seconds, forward FLOPs) of the LM head and loss on the last stage, per micro-batch.
+    The output layer stays in the compute dtype under FP8 (Megatron-Core's output_layer is not a
+    Transformer Engine module)."""
     t = b.tp.astype(float)
     tokens = b.micro_batch_size * job.seq_length / b.cp
     flops = 2.0 * tokens * model.hidden_size * model.vocab_size / t
-    # Cross entropy in fp32 over the vocabulary shard: logits written, read for max/sum, gradient written.
-    loss_bytes = 3.0 * 4.0 * tokens * model.vocab_size / t
-    return gemm_time_s(hw, job, flops) + memory_time_s(hw, loss_bytes), flops
+    # Cross entropy in fp32 over the vocabulary shard (advisor.cost.kernels: fused or eager)
+    loss_bytes = kernels.loss_bytes_per_logit(job) * tokens * model.vocab_size / t
+    return gemm_time_s(hw, job.compute_dtype, flops) + memory_time_s(hw, loss_bytes), flops
 
 
 def optimizer_step_s(hw: HardwareProfile, local_params):

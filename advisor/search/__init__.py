@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
 
 from advisor.errors import AdvisorError
-from advisor.space.strategy import RECOMPUTE, SCHEDULES, StrategyBatch
+from advisor.space.strategy import CP_COMM, RECOMPUTE, SCHEDULES, StrategyBatch
 
 # progress(done, total): called by long searches as work completes (units are the searcher's own).
 Progress = Optional[Callable[[float, float], None]]
@@ -21,7 +21,7 @@ PIN_FLAGS = {
     "dp": "--dp", "tp": "--tp", "pp": "--pp", "cp": "--cp", "ep": "--ep",
     "zero_stage": "--zero", "recompute": "--recompute", "micro_batch_size": "--mbs",
     "virtual_pipeline_stages": "--vpp", "pipeline_schedule": "--schedule",
-    "sequence_parallel": "--sequence-parallel", "offload_optimizer": "--offload",
+    "sequence_parallel": "--sequence-parallel", "offload_optimizer": "--offload", "cp_comm": "--cp-comm",
 }
 
 
@@ -41,6 +41,7 @@ class Pins:
     pipeline_schedule: str | None = None
     sequence_parallel: bool | None = None
     offload_optimizer: bool | None = None
+    cp_comm: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "virtual_pipeline_stages"):
@@ -51,6 +52,8 @@ class Pins:
             raise AdvisorError(f"--zero must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.recompute is not None and self.recompute not in RECOMPUTE:
             raise AdvisorError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.cp_comm is not None and self.cp_comm not in CP_COMM:
+            raise AdvisorError(f"--cp-comm must be one of {', '.join(CP_COMM)}, got {self.cp_comm!r}")
         if self.pipeline_schedule is not None and self.pipeline_schedule not in SCHEDULES:
             raise AdvisorError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.pipeline_schedule!r}")
 

@@ -180,7 +180,7 @@ def _concat(parts: list[Rows], like: Rows) -> Rows:
 
 
 _DEFAULTS = {"ep": 1, "mbs": 1, "vpp": 1, "schedule": ONE_F_ONE_B, "sp": 0, "recompute": 0,
-             "zero": 0, "offload": 0, "mesh": DEFAULT_ORDER_INDEX}
+             "zero": 0, "offload": 0, "mesh": DEFAULT_ORDER_INDEX, "cp_comm": 0}
 
 
 def to_batch(model: ModelSpec, job: TrainingJob, rows: Rows) -> StrategyBatch:
@@ -192,9 +192,10 @@ def to_batch(model: ModelSpec, job: TrainingJob, rows: Rows) -> StrategyBatch:
         dp=rows["dp"], tp=rows["tp"], pp=rows["pp"], cp=rows["cp"], ep=col["ep"],
         sequence_parallel=col["sp"].astype(bool), virtual_pipeline_stages=col["vpp"],
         micro_batch_size=col["mbs"], num_micro_batches=m, zero_stage=col["zero"],
-        recompute=col["recompute"], recompute_layers=np.full(n, -1, dtype=np.int64),
+        recompute=col["recompute"], recompute_layers=np.full((n, int(rows["pp"].max()) if n else 1), -1, dtype=np.int64),
         pipeline_schedule=col["schedule"], offload_optimizer=col["offload"].astype(bool),
         stage_layers=stage_layers_for(model, rows["pp"], col["vpp"]),
+        cp_comm=col["cp_comm"],
         **mesh_strides(rows, col["mesh"]),
     )
 
@@ -349,7 +350,19 @@ def zero_variants(rows: Rows, options: list[tuple[int, int]]) -> Rows:
     return _take(out, keep)
 
 
-def mesh_variants(rows: Rows, hw: HardwareProfile, pins: Pins) -> Rows:
+def cp_comm_options(model: ModelSpec, rows: Rows, pins: Pins) -> np.ndarray:
+    """(rows, 2) bool: whether each row can use ring (p2p) and Ulysses (a2a) context parallelism.
+    Without context parallelism only p2p is generated (the choice changes nothing)."""
+    split = rows["tp"] * rows["cp"]
+    a2a = (rows["cp"] > 1) & (model.num_attention_heads % split == 0) & (model.num_kv_heads % split == 0)
+    p2p = np.ones_like(a2a)
+    if pins.cp_comm is not None:
+        a2a &= pins.cp_comm == "a2a"
+        p2p &= (pins.cp_comm == "p2p") | (rows["cp"] == 1)
+    return np.stack([p2p, a2a], axis=1)
+
+
+def order_variants(rows: Rows, hw: HardwareProfile, pins: Pins) -> Rows:
     """Each row with each mesh order that gives distinct strides and, on HCCS nodes, keeps TP in one
     group (unless TP is pinned)."""
     out = _cross(rows, {"mesh": np.arange(len(MESH_ORDERS))})
@@ -359,10 +372,19 @@ def mesh_variants(rows: Rows, hw: HardwareProfile, pins: Pins) -> Rows:
     return _take(out, keep)
 
 
-def mesh_counts(skel: Rows, hw: HardwareProfile, pins: Pins, options, pruned: Counter, dedup: Counter) -> np.ndarray:
-    """How many mesh orders each skeleton keeps (they depend on the degrees only, so they are worked
-    out once per (tp, pp, cp, ep)); counts, in complete candidates, the de-duplications and HCCS prunes
-    of crossing the skeletons with their ZeRO/offload pairs and mesh orders."""
+def mesh_variants(rows: Rows, hw: HardwareProfile, pins: Pins, model: ModelSpec) -> Rows:
+    """order_variants, each with each context-parallel communication it can use."""
+    out = _cross(order_variants(rows, hw, pins), {"cp_comm": [0, 1]})
+    allowed = cp_comm_options(model, out, pins)
+    return _take(out, allowed[np.arange(_count(out)), out["cp_comm"]])
+
+
+def mesh_counts(skel: Rows, hw: HardwareProfile, pins: Pins, options, pruned: Counter, dedup: Counter,
+                model: ModelSpec) -> np.ndarray:
+    """How many (mesh order, context-parallel communication) variants each skeleton keeps (they depend
+    on the degrees only, so the orders are worked out once per (tp, pp, cp, ep)); counts, in complete
+    candidates, the de-duplications and HCCS prunes of crossing the skeletons with their ZeRO/offload
+    pairs and mesh orders."""
     n = _count(skel)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -371,14 +393,15 @@ def mesh_counts(skel: Rows, hw: HardwareProfile, pins: Pins, options, pruned: Co
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     tagged = {d: skel[d][first] for d in (*MESH_DIMS, "ep")}
     tagged["row"] = np.arange(len(first))
-    kept = mesh_variants(tagged, hw, pins)
-    meshes = np.bincount(kept["row"], minlength=len(first))[inverse]
+    kept = order_variants(tagged, hw, pins)
+    orders = np.bincount(kept["row"], minlength=len(first))[inverse]
+    kinds = cp_comm_options(model, skel, pins).sum(axis=1)
     reps = _IS_REPRESENTATIVE.sum(axis=1)[_active_code(skel)]
     zeros = np.where(skel["dp"] * skel["cp"] == 1, len(_lone_options(options)), len(options))
-    _add(dedup, "ZeRO stage without data parallelism", int(((len(options) - zeros) * meshes).sum()))
+    _add(dedup, "ZeRO stage without data parallelism", int(((len(options) - zeros) * orders * kinds).sum()))
     _add(dedup, "mesh orders with identical strides", int((zeros * (len(MESH_ORDERS) - reps)).sum()))
-    _add(pruned, HCCS_REASON, int((zeros * (reps - meshes)).sum()))
-    return meshes
+    _add(pruned, HCCS_REASON, int((zeros * (reps - orders)).sum()))
+    return orders * kinds
 
 
 def _add(counter: Counter, key: str, value: int) -> None:
@@ -502,7 +525,7 @@ def _space(model, hw, cluster, job, pins: Pins, pruned: Counter, dedup: Counter)
     """(skeletons with their mesh-order counts, complete candidates per skeleton, ZeRO/offload pairs)."""
     options = zero_offload_options(pins)
     skel = skeleton_rows(model, hw, cluster, job, pins, pruned, dedup)
-    skel["meshes"] = mesh_counts(skel, hw, pins, options, pruned, dedup)
+    skel["meshes"] = mesh_counts(skel, hw, pins, options, pruned, dedup, model)
     variants = np.where(skel["dp"] * skel["cp"] == 1, len(_lone_options(options)), len(options)) * skel["meshes"]
     return skel, variants, options
 
@@ -637,7 +660,7 @@ class _Scoring:
 
     def _exact(self, pairs: Rows) -> None:
         model, hw, cluster, job = self.args
-        rows = mesh_variants(pairs, hw, self.pins)
+        rows = mesh_variants(pairs, hw, self.pins, model)
         for idx in chunks_by_pp(rows):
             part = _take(rows, idx)
             e = estimate_batch(model, hw, cluster, job, to_batch(model, job, part))
@@ -659,8 +682,13 @@ class _Scoring:
             part = _take(pairs, idx)
             e = estimate_batch(model, self.fast, cluster, job, to_batch(model, job, part))
             self.bounded += len(idx)
+            step = e.step_time_s
+            a2a = cp_comm_options(model, part, self.pins)[:, 1]
+            if a2a.any():   # the bound covers both context-parallel kinds: the faster of the two
+                ulysses = estimate_batch(model, self.fast, cluster, job, to_batch(model, job, {**part, "cp_comm": a2a.astype(np.int64)}))
+                step = np.where(a2a, np.minimum(step, ulysses.step_time_s), step)
             host = e.memory.host_optimizer * hw.node.devices_per_node <= hw.host.memory_gib * GIB
-            upper[idx] = job.tokens_per_step / e.step_time_s
+            upper[idx] = job.tokens_per_step / step
             reach = upper[idx] >= limit
             meshes = part["meshes"]
             _add(self.pruned, DEVICE_MEMORY_REASON, int(meshes[~e.fits].sum()))

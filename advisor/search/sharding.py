@@ -412,7 +412,7 @@ class ShardingProblem:
                 else:  # FSDP: gather weights for forward and backward, reduce-scatter gradients, per micro-batch
                     per_mb.add("all_gather", row, replicas, numel * wb, 2.0)
                     per_mb.add("reduce_scatter", row, replicas, numel * gb)
-        compute = 3.0 * (np.asarray(gemm_time_s(hw, job, flops)) + np.asarray(memory_time_s(hw, traffic)))
+        compute = 3.0 * (np.asarray(gemm_time_s(hw, job.gemm_dtype, flops)) + np.asarray(memory_time_s(hw, traffic)))
         step = per_step.total(hw, self.mesh) + np.asarray(optimizer_step_s(hw, updated))
         cost = op.count * (m * (compute + per_mb.total(hw, self.mesh)) + step)
         return cost, mem * op.count

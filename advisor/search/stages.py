@@ -257,7 +257,7 @@ def _min_sum(costs, p: int, units: int) -> list[int]:
 def _hw_key(hw: HardwareProfile) -> tuple:
     d = hw.device
     return (hw.name, d.name, d.memory_gib, d.memory_bandwidth_gbps, tuple(sorted(d.peak_tflops.items())),
-            d.matmul_efficiency, d.memory_efficiency, hw.node, hw.inter, hw.inter_topology, hw.host,
+            d.matmul_efficiency, d.matmul_efficiency_by_dtype, d.attention_efficiency, d.memory_efficiency, hw.node, hw.inter, hw.inter_topology, hw.host,
             getattr(d, "launch_overhead_us", None))
 
 

@@ -21,7 +21,7 @@ from advisor.specs.model import ModelSpec
 Rule = Callable[[ModelSpec, Cluster, TrainingJob, StrategyBatch], np.ndarray]
 
 INTERLEAVED = SCHEDULES.index("interleaved-1f1b")
-FULL = 2
+SELECTIVE, FULL = 1, 2
 
 
 def _device_count(m, c, j, b):
@@ -56,6 +56,13 @@ def _cp_seq(m, c, j, b):
     return (b.cp > 1) & (j.seq_length % (2 * b.cp) != 0)
 
 
+def _cp_a2a(m, c, j, b):
+    # Ulysses gives each cp rank whole heads: tp x cp must divide the query and key/value heads
+    # (Megatron-Core's a2a context parallelism; DeepSpeed-Ulysses, Jacobs et al. 2023, section 3).
+    split = b.tp * b.cp
+    return (b.cp_comm == 1) & ((b.cp == 1) | (m.num_attention_heads % split != 0) | (m.num_kv_heads % split != 0))
+
+
 def _expert_parallel(m, c, j, b):
     if m.moe is None:
         return b.ep != 1
@@ -87,9 +94,16 @@ def _offload(m, c, j, b):
 
 
 def _recompute_layers(m, c, j, b):
-    given = b.recompute_layers >= 0
+    """Layer counts go with full recomputation (Megatron's block method, MindFormers' recompute
+    list) or, in MindFormers, with selective recomputation (its select_recompute list)."""
+    active = np.arange(b.stage_layers.shape[1])[None, :] < b.pp[:, None]
+    counts = np.where(active, b.recompute_layers, -1)
+    given = (counts >= 0).any(axis=1)
     per_stage_max = np.max(b.stage_layers, axis=1)
-    return given & ((b.recompute != FULL) | (b.recompute_layers < 1) | (b.recompute_layers > per_stage_max))
+    kind_ok = (b.recompute == FULL) | ((b.recompute == SELECTIVE) & (j.framework == "mindspore"))
+    bad_count = (np.where(active, counts < 0, False).any(axis=1) | (counts.max(axis=1) < 1)
+                 | (counts > per_stage_max[:, None]).any(axis=1))
+    return given & (~kind_ok | bad_count)
 
 
 def _positive(m, c, j, b):
@@ -108,12 +122,15 @@ RULES: dict[str, tuple[Rule, str]] = {
     "sequence parallel needs tp": (_sequence_parallel, "sequence parallelism needs tp > 1"),
     "sequence parallel divides seq": (_sp_seq, "sequence parallelism needs tp to divide the sequence (per cp rank)"),
     "cp divides seq": (_cp_seq, "context parallelism needs the sequence length divisible by 2 x cp"),
+    "ulysses heads": (_cp_a2a, "all-to-all (Ulysses) context parallelism needs cp > 1 and tp x cp dividing the "
+                      "attention and key/value heads"),
     "expert parallel": (_expert_parallel, "ep must be 1 for dense models, and for MoE divide dp x cp and the expert count"),
     "stage layers": (_stage_layers, "stage layers must sum to the layer count, one entry per stage, each a multiple of the virtual stages"),
     "interleaving": (_interleaving, "the interleaved schedule goes with virtual stages > 1, pp > 1 and micro-batches divisible by pp"),
     "zero stage": (_zero, "the ZeRO stage must be 0, 1, 2 or 3"),
     "offload needs zero": (_offload, "optimizer offload needs ZeRO stage 1 or more"),
-    "recompute layers": (_recompute_layers, "a recomputed-layer count needs full recomputation and at most the layers of a stage"),
+    "recompute layers": (_recompute_layers, "recomputed-layer counts need full recomputation (or selective with "
+                         "framework mindspore), at least one layer, and at most the layers of a stage"),
 }
 
 
@@ -131,6 +148,8 @@ def violations(model: ModelSpec, cluster: Cluster, job: TrainingJob, strategy: S
     """Sentences for every rule a single strategy breaks (empty when legal)."""
     if strategy.stage_layers is not None and len(strategy.stage_layers) != strategy.pp:
         return [f"stage_layers has {len(strategy.stage_layers)} entries but pp = {strategy.pp}"]
+    if isinstance(strategy.recompute_layers, tuple) and len(strategy.recompute_layers) != strategy.pp:
+        return [f"recompute_layers has {len(strategy.recompute_layers)} entries but pp = {strategy.pp}"]
     if min(strategy.dp, strategy.tp, strategy.pp, strategy.cp) < 1:
         return [RULES["positive degrees"][1]]
     batch = StrategyBatch.from_strategies([strategy], model.num_layers)
@@ -149,6 +168,7 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "tp divides ffn": f"tp = {s.tp}, ffn = {m.ffn_hidden_size}",
         "global batch": f"{s.dp} x {s.micro_batch_size} x {s.num_micro_batches} = {s.dp * s.micro_batch_size * s.num_micro_batches}, global batch = {j.global_batch_size}",
         "cp divides seq": f"cp = {s.cp}, seq = {j.seq_length}",
+        "ulysses heads": f"cp = {s.cp}, tp = {s.tp}, heads = {m.num_attention_heads}, kv heads = {m.num_kv_heads}",
         "sequence parallel divides seq": f"tp = {s.tp}, seq = {j.seq_length}, cp = {s.cp}",
         "expert parallel": f"ep = {s.ep}, dp x cp = {s.dp * s.cp}" + (f", experts = {m.moe.num_experts}" if m.moe else ", dense model"),
         "stage layers": f"stage_layers = {list(s.resolved_stage_layers(m.num_layers))}, layers = {m.num_layers}, vpp = {s.virtual_pipeline_stages}",

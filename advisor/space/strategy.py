@@ -15,6 +15,10 @@ from typing import Sequence
 import numpy as np
 
 RECOMPUTE = ("none", "selective", "full")
+# Context-parallel communication, named as Megatron-Core's --cp-comm-type: p2p = ring attention (K/V
+# blocks passed around the ring, overlapped with attention; Liu et al. 2023), a2a = Ulysses
+# (all-to-alls that trade the sequence split for a head split; Jacobs et al. 2023, DeepSpeed-Ulysses).
+CP_COMM = ("p2p", "a2a")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 MESH_DIMS = ("pp", "dp", "cp", "tp")
 DEFAULT_MESH_ORDER = ("pp", "dp", "cp", "tp")
@@ -33,11 +37,14 @@ class Strategy:
     num_micro_batches: int = 1
     zero_stage: int = 0
     recompute: str = "none"
-    recompute_layers: int | None = None   # full recompute of only this many layers per stage (None: all)
+    # Recompute only this many layers per stage (None: all): one count for every stage (Megatron's
+    # --recompute-num-layers) or one per stage (MindFormers' recompute / select_recompute lists).
+    recompute_layers: int | tuple[int, ...] | None = None
     pipeline_schedule: str = "1f1b"
     stage_layers: tuple[int, ...] | None = None   # None: even split
     offload_optimizer: bool = False
     mesh_order: tuple[str, ...] = DEFAULT_MESH_ORDER
+    cp_comm: str = "p2p"
 
     @property
     def devices(self) -> int:
@@ -51,6 +58,13 @@ class Strategy:
         order = list(self.mesh_order)
         inner = order[order.index(dim) + 1:]
         return int(np.prod([self.degree(d) for d in inner], dtype=np.int64))
+
+    def recompute_counts(self) -> tuple[int, ...] | None:
+        """Recomputed layers per stage, one entry per stage (None: every layer of every stage); a
+        stage recomputes at most the layers it has."""
+        if self.recompute_layers is None or isinstance(self.recompute_layers, tuple):
+            return self.recompute_layers
+        return (self.recompute_layers,) * self.pp
 
     def resolved_stage_layers(self, num_layers: int) -> tuple[int, ...]:
         if self.stage_layers is not None:
@@ -77,8 +91,9 @@ class StrategyBatch:
     """N candidates as parallel numpy arrays (the cost model's vectorized input).
 
     Enumerated fields are integer codes: recompute indexes RECOMPUTE, schedule indexes SCHEDULES.
-    ``recompute_layers`` is -1 for "all layers". ``stage_layers`` is an (N, P) integer array, P the
-    largest pp of the batch, zero-padded past each candidate's pp. Strides give the rank distance of
+    ``stage_layers`` is an (N, P) integer array, P the largest pp of the batch, zero-padded past each
+    candidate's pp; ``recompute_layers`` is (N, P) too: the recomputed layers of each stage, -1 for
+    "all of them". Strides give the rank distance of
     each mesh dimension's groups (from the mesh order).
     """
 
@@ -102,6 +117,11 @@ class StrategyBatch:
     cp_stride: np.ndarray
     pp_stride: np.ndarray
     mesh_order: tuple[tuple[str, ...], ...] = field(default=(), compare=False)
+    cp_comm: np.ndarray | None = None          # index into CP_COMM; None: all p2p
+
+    def __post_init__(self) -> None:
+        if self.cp_comm is None:
+            object.__setattr__(self, "cp_comm", np.zeros(len(self.dp), dtype=np.int64))
 
     def __len__(self) -> int:
         return int(self.dp.shape[0])
@@ -111,15 +131,19 @@ class StrategyBatch:
         n = len(strategies)
         width = max((s.pp for s in strategies), default=1)
         stage = np.zeros((n, width), dtype=np.int64)
+        recomputed = np.full((n, width), -1, dtype=np.int64)
         for i, s in enumerate(strategies):
             layers = s.resolved_stage_layers(num_layers)
             stage[i, : len(layers)] = layers
+            counts = s.recompute_counts()
+            if counts is not None:
+                recomputed[i, : min(len(counts), width)] = counts[:width]
         arr = {k: np.array([getattr(s, k) for s in strategies], dtype=np.int64) for k in _INT_FIELDS}
         return StrategyBatch(
             **arr,
             sequence_parallel=np.array([s.sequence_parallel for s in strategies], dtype=bool),
             recompute=np.array([RECOMPUTE.index(s.recompute) for s in strategies], dtype=np.int64),
-            recompute_layers=np.array([-1 if s.recompute_layers is None else s.recompute_layers for s in strategies], dtype=np.int64),
+            recompute_layers=recomputed,
             pipeline_schedule=np.array([SCHEDULES.index(s.pipeline_schedule) for s in strategies], dtype=np.int64),
             offload_optimizer=np.array([s.offload_optimizer for s in strategies], dtype=bool),
             stage_layers=stage,
@@ -128,6 +152,7 @@ class StrategyBatch:
             cp_stride=np.array([s.stride("cp") for s in strategies], dtype=np.int64),
             pp_stride=np.array([s.stride("pp") for s in strategies], dtype=np.int64),
             mesh_order=tuple(tuple(s.mesh_order) for s in strategies),
+            cp_comm=np.array([CP_COMM.index(s.cp_comm) for s in strategies], dtype=np.int64),
         )
 
     def take(self, index) -> "StrategyBatch":
@@ -146,16 +171,17 @@ class StrategyBatch:
     def strategy(self, i: int) -> Strategy:
         """Candidate i as a Strategy."""
         pp = int(self.pp[i])
-        rl = int(self.recompute_layers[i])
+        rl = tuple(int(x) for x in self.recompute_layers[i, :pp])
         return Strategy(
             dp=int(self.dp[i]), tp=int(self.tp[i]), pp=pp, cp=int(self.cp[i]), ep=int(self.ep[i]),
             sequence_parallel=bool(self.sequence_parallel[i]),
             virtual_pipeline_stages=int(self.virtual_pipeline_stages[i]),
             micro_batch_size=int(self.micro_batch_size[i]), num_micro_batches=int(self.num_micro_batches[i]),
             zero_stage=int(self.zero_stage[i]), recompute=RECOMPUTE[int(self.recompute[i])],
-            recompute_layers=None if rl < 0 else rl,
+            recompute_layers=None if min(rl) < 0 else (rl[0] if len(set(rl)) == 1 else rl),
             pipeline_schedule=SCHEDULES[int(self.pipeline_schedule[i])],
             stage_layers=tuple(int(x) for x in self.stage_layers[i, :pp]),
             offload_optimizer=bool(self.offload_optimizer[i]),
             mesh_order=self.mesh_order[i] if self.mesh_order else DEFAULT_MESH_ORDER,
+            cp_comm=CP_COMM[int(self.cp_comm[i])],
         )

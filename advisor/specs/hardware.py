@@ -14,6 +14,7 @@ Link tiers, fastest first:
 from __future__ import annotations
 
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,9 @@ class DeviceSpec:
     memory_bandwidth_gbps: float
     peak_tflops: dict[str, float]
     # Achievable fraction of peak by GEMM work per call: ((gflop, efficiency), ...) ascending,
-    # interpolated linearly in log10(gflop) and clamped at the ends.
+    # interpolated linearly in log10(gflop) and clamped at the ends. A profile may give one curve
+    # per dtype (``matmul_efficiency: {bf16: [...], fp8: [...]}``): FP8 GEMMs reach a different
+    # fraction of their own peak; the first curve given stands for dtypes without their own.
     matmul_efficiency: tuple[tuple[float, float], ...]
     memory_efficiency: float = 0.8  # achievable fraction of memory bandwidth for element-wise kernels
     # Host time to issue one kernel (framework dispatch + driver launch). Small layers finish on the
@@ -89,6 +92,22 @@ class DeviceSpec:
     # torch.distributed.pipelining on CPU ranks, where it is paid in line; 0 when not given
     # (GPUs hide it behind device time).
     pipeline_action_overhead_us: tuple[tuple[str, float], ...] = ()
+    # Per-dtype GEMM curves, ((dtype, curve), ...), from a mapping-valued matmul_efficiency.
+    matmul_efficiency_by_dtype: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
+    # Fused (flash) attention: achievable fraction of the BF16/FP16 peak by sequence length,
+    # ((tokens, efficiency), ...) ascending, log-linear like the GEMM curve (advisor.cost.attention),
+    # one curve per kernel: ((kernel, curve), ...) from ``attention_efficiency: {te: [...], ...}``.
+    attention_efficiency: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
+
+    def gemm_curve(self, dtype: str) -> tuple[tuple[float, float], ...]:
+        """The GEMM efficiency curve for a dtype (the default curve when it has none of its own)."""
+        return dict(self.matmul_efficiency_by_dtype).get(dtype, self.matmul_efficiency)
+
+    def attention_curve(self, kernel: str) -> tuple[tuple[float, float], ...]:
+        """The kernel's attention curve; the profile's first one when it has none for this kernel
+        (flagged as extrapolated by advisor.cost.confidence); () without any."""
+        curves = dict(self.attention_efficiency)
+        return curves.get(kernel, self.attention_efficiency[0][1] if self.attention_efficiency else ())
 
     def action_overhead_us(self, schedule: str) -> float:
         return dict(self.pipeline_action_overhead_us).get(schedule, 0.0)
@@ -217,32 +236,67 @@ def _action_overheads(value: Any, origin: str) -> tuple[tuple[str, float], ...]:
     return tuple((k, f.non_negative_float(value, k, origin)) for k in value)
 
 
-def _efficiency_curve(value: Any, origin: str) -> tuple[tuple[float, float], ...]:
-    key = f"{origin}: key 'matmul_efficiency'"
+def _efficiency_curve(value: Any, origin: str, name: str = "matmul_efficiency",
+                      unit: str = "gflop") -> tuple[tuple[float, float], ...]:
+    key = f"{origin}: key '{name}'"
     if not isinstance(value, list) or not value:
-        raise AdvisorError(f"{key} must be a non-empty list of [gflop, efficiency] pairs, got {value!r}")
+        raise AdvisorError(f"{key} must be a non-empty list of [{unit}, efficiency] pairs, got {value!r}")
     points = []
     for item in value:
         ok = isinstance(item, (list, tuple)) and len(item) == 2 and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in item
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in item
         )
         if not ok or item[0] <= 0 or not 0 < item[1] <= 1:
-            raise AdvisorError(f"{key} has a bad point {item!r}: want [gflop > 0, 0 < efficiency <= 1]")
+            raise AdvisorError(f"{key} has a bad point {item!r}: want [{unit} > 0, 0 < efficiency <= 1]")
         points.append((float(item[0]), float(item[1])))
     if any(b[0] <= a[0] for a, b in zip(points, points[1:])):
-        raise AdvisorError(f"{key} must list gflop in increasing order, got {value!r}")
+        raise AdvisorError(f"{key} must list {unit} in increasing order, got {value!r}")
     return tuple(points)
+
+
+def _attention_curves(value: Any, origin: str):
+    """((kernel, curve), ...) from a kernel -> [[tokens, efficiency], ...] mapping (optional)."""
+    from advisor.specs.job import ATTENTION_KERNELS
+
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not value:
+        raise AdvisorError(f"{origin}: key 'attention_efficiency' must map attention kernels "
+                           f"({', '.join(ATTENTION_KERNELS)}) to [[tokens, efficiency], ...] curves, got {value!r}")
+    out = []
+    for kernel, curve in value.items():
+        if kernel not in ATTENTION_KERNELS:
+            raise AdvisorError(f"{origin}: attention_efficiency has unknown kernel '{kernel}' (known: {', '.join(ATTENTION_KERNELS)})")
+        out.append((kernel, _efficiency_curve(curve, origin, f"attention_efficiency: {kernel}", "tokens")))
+    return tuple(out)
+
+
+def _gemm_curves(value: Any, origin: str):
+    """(default curve, ((dtype, curve), ...)) from a list or a dtype -> list mapping."""
+    if not isinstance(value, dict):
+        return _efficiency_curve(value, origin), ()
+    if not value:
+        raise AdvisorError(f"{origin}: key 'matmul_efficiency' must not be an empty mapping")
+    curves = []
+    for dtype, curve in value.items():
+        if dtype not in DTYPES:
+            raise AdvisorError(f"{origin}: matmul_efficiency has unknown dtype '{dtype}' (known: {', '.join(DTYPES)})")
+        curves.append((dtype, _efficiency_curve(curve, origin, f"matmul_efficiency: {dtype}")))
+    return curves[0][1], tuple(curves)
 
 
 def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
     f.check_keys(data, origin, ("name", "source", "device", "node", "inter_node", "host"),
-                 ("price_per_device_hour_usd", "power_watts", "notes"))
+                 ("price_per_device_hour_usd", "power_watts", "notes", "calibration"))
+    if data.get("calibration") is not None and not isinstance(data["calibration"], dict):
+        raise AdvisorError(f"{origin}: key 'calibration' must be a mapping (written by benchmarks/fit_profiles.py), "
+                           f"got {data['calibration']!r}")
     do = f"{origin}: device"
     dev = data["device"]
     f.check_keys(dev, do, ("name", "memory_gib", "memory_bandwidth_gbps", "peak_tflops", "matmul_efficiency"),
                  ("memory_efficiency", "launch_overhead_us", "asynchronous_launch",
                   "optimizer_overhead_us_per_tensor", "optimizer_bytes_per_param", "pipeline_action_overhead_us",
-                  "overlaps_communication", "notes"))
+                  "overlaps_communication", "attention_efficiency", "notes"))
     peaks = dev["peak_tflops"]
     if not isinstance(peaks, dict) or not peaks:
         raise AdvisorError(f"{do}: key 'peak_tflops' must map dtypes to TFLOP/s, got {peaks!r}")
@@ -250,12 +304,15 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         if dtype not in DTYPES:
             raise AdvisorError(f"{do}: peak_tflops has unknown dtype '{dtype}' (known: {', '.join(DTYPES)})")
         f.positive_float(peaks, dtype, f"{do}: peak_tflops")
+    gemm_default, gemm_by_dtype = _gemm_curves(dev["matmul_efficiency"], do)
     device = DeviceSpec(
         name=f.text(dev, "name", do),
         memory_gib=f.positive_float(dev, "memory_gib", do),
         memory_bandwidth_gbps=f.positive_float(dev, "memory_bandwidth_gbps", do),
         peak_tflops={k: float(v) for k, v in peaks.items()},
-        matmul_efficiency=_efficiency_curve(dev["matmul_efficiency"], do),
+        matmul_efficiency=gemm_default,
+        matmul_efficiency_by_dtype=gemm_by_dtype,
+        attention_efficiency=_attention_curves(dev.get("attention_efficiency"), do),
         memory_efficiency=f.fraction(dev, "memory_efficiency", do, default=0.8),
         launch_overhead_us=f.non_negative_float(dev, "launch_overhead_us", do, default=0.0),
         asynchronous_launch=f.boolean(dev, "asynchronous_launch", do, default=True),

@@ -7,10 +7,34 @@ from dataclasses import dataclass
 from advisor.errors import AdvisorError
 from advisor.specs.hardware import HardwareProfile
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+# Bytes per element of weights, gradients and activations as stored. FP8 training keeps them in
+# BF16 and runs only the linear layers' GEMMs in FP8 (Transformer Engine, torchao float8;
+# Micikevicius et al. 2022, "FP8 Formats for Deep Learning", section 4).
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
 OPTIMIZERS = ("adamw", "adam", "sgd")
 ATTENTION = ("flash", "math")
-FRAMEWORKS = ("megatron", "pytorch")
+# Whose implementation runs the plan; it decides what "selective" recomputation keeps and what
+# sequence parallelism saves (see advisor.cost.recompute and advisor.cost.memory).
+FRAMEWORKS = ("megatron", "pytorch", "torchtitan", "mindspore")
+# FP8 scaling recipes, named as Megatron-LM's --fp8-recipe: delayed (amax history, Transformer
+# Engine's DelayedScaling), tensorwise (per-tensor current scaling, TE Float8CurrentScaling, torchao
+# tensorwise), mxfp8 (1x32 blocks with E8M0 scales, TE MXFP8BlockScaling; Blackwell), blockwise
+# (1x128 / 128x128 blocks, TE Float8BlockScaling, DeepSeek-V3's recipe).
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+DEFAULT_FP8_RECIPE = "delayed"   # Megatron-LM's --fp8-recipe default
+GRAD_DTYPES = ("fp32", "bf16", "fp16")
+# Fused attention kernels, each with its own efficiency curve in a profile (advisor.cost.attention):
+# te = Transformer Engine's fused attention (cuDNN; FlashAttention-3-class on Hopper and later),
+# sdpa = PyTorch scaled_dot_product_attention's flash backend (FlashAttention-2), triton = the
+# Triton FlashAttention of flash-attn 1.x that llm-foundry's attn_impl "triton" ran, npu = Ascend's
+# FlashAttentionScore (MindSpore).
+ATTENTION_KERNELS = ("te", "sdpa", "triton", "npu")
+DEFAULT_KERNEL = {"megatron": "te", "pytorch": "sdpa", "torchtitan": "sdpa", "mindspore": "npu"}
+# Megatron-Core's selective recomputation modules (--recompute-modules) that the cost model prices
+# (advisor.cost.recompute): the attention core (the default), the two norms, the MoE experts'
+# activation function, MLA's up-projections and the dense layers' MLP.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp")
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 
 
 @dataclass(frozen=True)
@@ -27,14 +51,50 @@ class TrainingJob:
     # Dropout on attention probabilities and hidden states (Megatron GPT's default 0.1/0.1, used in
     # the Korthikanti and SC'21 runs); Llama-style pre-training runs without it, saving its masks.
     dropout: bool = False
-    # Whose tensor/sequence-parallel layers: "megatron" (Megatron-LM/Core re-gathers the sequence-
+    # Whose implementation runs the plan: "megatron" (Megatron-LM/Core: re-gathers the sequence-
     # parallel inputs of the column-parallel matmuls in backward, Korthikanti et al. 2022 section
-    # 4.2.2) or "pytorch" (torch.distributed.tensor.parallel, as in torchtitan and advisor's executor:
-    # autograd keeps the all-gathered QKV/FC1/LM-head inputs; verified in shared/notes).
+    # 4.2.2), "pytorch" (torch.distributed with FSDP and DTensor tensor parallelism, as llm-foundry
+    # and advisor's executor run: autograd keeps the all-gathered QKV/FC1/LM-head inputs, verified in
+    # shared/notes; selective recomputation wraps the attention core), "torchtitan" (the same stack
+    # with torchtitan's policies: op-level selective activation checkpointing, no FSDP resharding
+    # under pipeline parallelism) or "mindspore" (MindFormers). It decides what "selective"
+    # recomputation means (advisor.cost.recompute), the default attention kernel and fusion.
     framework: str = "megatron"
     # Gradient reduction overlapped with the last micro-batch's backward (PyTorch DDP/FSDP buckets,
     # Megatron-Core --overlap-grad-reduce, DeepSpeed overlap_comm); False reduces after backward.
     overlap_grad_reduce: bool = True
+    # FP8 scaling recipe (dtype fp8 only); None: DEFAULT_FP8_RECIPE.
+    fp8_recipe: str | None = None
+    # Tensor-parallel collectives overlapped with the GEMMs they feed (Megatron --tp-comm-overlap with
+    # Transformer Engine userbuffers; MindFormers' fine_grain_interleave; torchtitan's async TP).
+    tp_comm_overlap: bool = False
+    # Expert-parallel all-to-alls overlapped with another micro-batch's compute (Megatron-Core
+    # overlap_moe_expert_parallel_comm).
+    ep_comm_overlap: bool = False
+    # dtype gradients are reduced (and, in Megatron, accumulated) in; None: the framework's default
+    # (Megatron-LM: fp32 for bf16 models, --accumulate-allreduce-grads-in-fp32; PyTorch FSDP in
+    # torchtitan: reduce_dtype fp32; MindSpore: fp32 parameters, fp32 gradients).
+    grad_reduce_dtype: str | None = None
+    # Fused attention kernel (ATTENTION_KERNELS); None: the framework's (DEFAULT_KERNEL).
+    attention_kernel: str | None = None
+    # FP8 primary weights (Megatron --fp8-param-gather, Transformer Engine fp8_model_init): the
+    # linear layers' weights live in FP8 (no BF16 copy, no separate FP8 cache) and are gathered in FP8.
+    fp8_param_gather: bool = False
+    # FSDP's backward prefetch: "pre" issues the next unit's all-gather before the current unit's
+    # gradient computation (FSDP1 BACKWARD_PRE, FSDP2's implicit prefetch, Megatron-FSDP), "post"
+    # after it, so that the next unit waits for it (FSDP1 BACKWARD_POST).
+    fsdp_backward_prefetch: str = "pre"
+    # Memory-bound kernels fused (Transformer Engine, MindSpore graph mode, torch.compile) or run
+    # operator by operator (eager PyTorch); None: the framework's default (fused except "pytorch").
+    fused_kernels: bool | None = None
+    # Dropless MoE (every routed token computed; Megatron-Core's default without a capacity factor):
+    # the tokens per expert are copied to the host before the grouped GEMMs and all-to-alls can be
+    # sized, a device-to-host synchronization per MoE layer and pass. False: a capacity factor with
+    # padding keeps shapes static (no synchronization; advisor.cost.step prices both).
+    moe_dropless: bool = True
+    # What Megatron's selective recomputation replays (--recompute-modules, RECOMPUTE_MODULES; framework
+    # megatron only); None: Megatron-Core's default, the attention core.
+    recompute_modules: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for key in ("global_batch_size", "seq_length"):
@@ -49,12 +109,67 @@ class TrainingJob:
             raise AdvisorError(f"training: 'attention' must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
         if self.framework not in FRAMEWORKS:
             raise AdvisorError(f"training: 'framework' must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
+        if self.fp8_recipe is not None and (self.fp8_recipe not in FP8_RECIPES or self.dtype != "fp8"):
+            raise AdvisorError(f"training: 'fp8_recipe' must be one of {', '.join(FP8_RECIPES)} with dtype fp8, "
+                               f"got {self.fp8_recipe!r} with dtype {self.dtype!r}")
+        if self.grad_reduce_dtype is not None and self.grad_reduce_dtype not in GRAD_DTYPES:
+            raise AdvisorError(f"training: 'grad_reduce_dtype' must be one of {', '.join(GRAD_DTYPES)}, got {self.grad_reduce_dtype!r}")
+        if self.attention_kernel is not None and self.attention_kernel not in ATTENTION_KERNELS:
+            raise AdvisorError(f"training: 'attention_kernel' must be one of {', '.join(ATTENTION_KERNELS)}, "
+                               f"got {self.attention_kernel!r}")
+        if self.fsdp_backward_prefetch not in ("pre", "post"):
+            raise AdvisorError(f"training: 'fsdp_backward_prefetch' must be pre or post, got {self.fsdp_backward_prefetch!r}")
+        if self.fp8_param_gather and self.dtype != "fp8":
+            raise AdvisorError("training: 'fp8_param_gather' needs dtype fp8")
+        if self.recompute_modules is not None:
+            bad = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+            if bad or not self.recompute_modules or not isinstance(self.recompute_modules, tuple):
+                raise AdvisorError(f"training: 'recompute_modules' must be a non-empty list of {', '.join(RECOMPUTE_MODULES)}, "
+                                   f"got {self.recompute_modules!r}"[:200])
+            if self.framework != "megatron":
+                raise AdvisorError(f"training: 'recompute_modules' is Megatron's setting; framework is {self.framework!r}")
         if self.train_tokens is not None and not self.train_tokens > 0:
             raise AdvisorError(f"training: 'train_tokens' must be positive, got {self.train_tokens!r}")
 
     @property
+    def selective_modules(self) -> tuple[str, ...]:
+        """Megatron's recompute modules in force."""
+        return self.recompute_modules or DEFAULT_RECOMPUTE_MODULES
+
+    @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def gemm_dtype(self) -> str:
+        """The dtype the linear layers' GEMMs run in (the peak and efficiency curve they use)."""
+        return self.dtype
+
+    @property
+    def recipe(self) -> str | None:
+        """The FP8 scaling recipe in force (None unless dtype is fp8)."""
+        return (self.fp8_recipe or DEFAULT_FP8_RECIPE) if self.dtype == "fp8" else None
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype of everything that is not a linear layer's GEMM (attention, LM head, kernels)."""
+        return "bf16" if self.dtype == "fp8" else self.dtype
+
+    @property
+    def kernel(self) -> str:
+        """The fused attention kernel in force."""
+        return self.attention_kernel or DEFAULT_KERNEL[self.framework]
+
+    @property
+    def grad_reduce_bytes(self) -> float:
+        """Bytes per gradient element as accumulated and reduced over data parallelism."""
+        if self.grad_reduce_dtype is not None:
+            return float(DTYPE_BYTES[self.grad_reduce_dtype])
+        if not self.mixed_precision:
+            return 4.0
+        if self.framework == "megatron" and self.compute_dtype == "fp16":
+            return 2.0     # Megatron-LM reduces fp16 gradients in fp16 unless asked otherwise
+        return 4.0
 
     @property
     def mixed_precision(self) -> bool:

@@ -1,12 +1,22 @@
 """Model descriptions (models/NAME.yaml): loading, validation and derived figures.
 
 Parameter counts follow the layer layout of Megatron-LM's GPT and Llama implementations:
-attention (Q, K, V, output projections; GQA shrinks K and V), the MLP (two matrices for GELU, three
-for SwiGLU), norms, token embeddings, optional learned position embeddings, and an untied LM head.
+attention (Q, K, V, output projections; GQA shrinks K and V; an explicit ``head_dim`` may make the
+query width differ from the hidden size, as in Qwen3 and gpt-oss; DeepSeek's multi-head latent
+attention replaces Q, K and V by low-rank down- and up-projections), the MLP (two matrices for GELU,
+three for SwiGLU), norms, token embeddings, optional learned position embeddings, and an untied LM
+head. MoE layers add a router, the routed experts and optional shared experts (always active, as in
+DeepSeek-V2/V3 and Qwen2-MoE); the first ``first_k_dense_layers`` layers keep a dense MLP.
+
 FLOP counts follow Narayanan et al. SC'21 (Megatron-LM), appendix: a matmul of an (m x k) by a
-(k x n) matrix costs 2mkn FLOPs; backward costs twice the forward; attention's score and context
-batched matmuls add 2 * 2 * s * h FLOPs per token and layer in the forward (the full s x s product is
-counted, as Megatron does, not only the causal half).
+(k x n) matrix costs 2mkn FLOPs; backward costs twice the forward. Attention's score and context
+batched matmuls cost 2 * s_k * (q_width + v_width) per query token and layer in the forward, where
+s_k is the number of keys a query attends to. Model FLOPs (the MFU numerator) count a causal
+model's attention over the keys it may see: on average half the sequence, as Megatron-LM's
+num_floating_point_operations and Megatron-Bridge's published TFLOP/s do (checked against every
+Megatron-Bridge row of shared/validation/calibration_runs.yaml in tests/test_models.py); SC'21's
+closed form counts the whole s x s product (``causal=False`` reproduces it). A sliding window of w
+keys caps s_k at w on the layers that use it (gpt-oss alternates windowed and full layers).
 """
 
 from __future__ import annotations
@@ -15,26 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from advisor.errors import AdvisorError
 from advisor.specs import _fields as f
+from advisor.specs.blocks import Linear, MLASpec, MoESpec, mla_from_dict, moe_from_dict
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 
 _REQUIRED = ("name", "source", "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
 _OPTIONAL = (
     "num_kv_heads", "ffn_hidden_size", "ffn_activation", "tie_embeddings", "norm", "moe",
-    "use_bias", "position_embedding", "published_params", "notes",
+    "use_bias", "position_embedding", "published_params", "notes", "head_dim", "mla", "causal",
+    "sliding_window", "sliding_window_every",
 )
-_MOE_REQUIRED = ("num_experts", "top_k", "expert_ffn_hidden_size")
-_MOE_OPTIONAL = ("layer_frequency",)
-
-
-@dataclass(frozen=True)
-class MoESpec:
-    num_experts: int
-    top_k: int
-    expert_ffn_hidden_size: int
-    layer_frequency: int = 1
 
 
 @dataclass(frozen=True)
@@ -56,60 +60,119 @@ class ModelSpec:
     position_embedding: str = "rotary"   # learned | rotary | none
     published_params: float | None = None  # as published, for the 1% check
     notes: str | None = None
+    head_dim_override: int | None = None   # the 'head_dim' key (None: hidden / heads)
+    mla: MLASpec | None = None
+    causal: bool = True          # decoder LM (False: bidirectional encoder such as BERT)
+    sliding_window: int | None = None      # keys per query on windowed layers
+    sliding_window_every: int = 1          # every Nth layer is windowed (gpt-oss: 2)
 
     # ---- shapes -------------------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        """Query/key width per head (MLA: the no-position and rotary parts together)."""
+        if self.mla is not None:
+            return self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim
+        return self.head_dim_override or self.hidden_size // self.num_attention_heads
+
+    @property
+    def v_head_dim(self) -> int:
+        return self.mla.v_head_dim if self.mla is not None else self.head_dim
+
+    @property
+    def q_size(self) -> int:
+        """Width of the queries of all heads."""
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def k_size(self) -> int:
+        """Width of the keys one token contributes (MLA: per head after the up-projection)."""
+        return (self.num_attention_heads if self.mla is not None else self.num_kv_heads) * self.head_dim
+
+    @property
+    def v_size(self) -> int:
+        return (self.num_attention_heads if self.mla is not None else self.num_kv_heads) * self.v_head_dim
 
     @property
     def kv_hidden_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
+        """Mean of the key and value widths (they differ only with MLA)."""
+        return (self.k_size + self.v_size) // 2
+
+    @property
+    def attention_out_size(self) -> int:
+        """Input width of the output projection (heads x value width)."""
+        return self.num_attention_heads * self.v_head_dim
 
     @property
     def ffn_matrices(self) -> int:
         """Weight matrices in one MLP: 3 for gated SwiGLU (gate, up, down), 2 for GELU."""
         return 3 if self.ffn_activation == "swiglu" else 2
 
+    def is_moe_layer(self, index: int) -> bool:
+        """Megatron's moe_layer_freq convention: layer i (0-based) is MoE when (i + 1) % freq == 0,
+        after the first_k_dense_layers dense ones (DeepSeek's first_k_dense_replace)."""
+        return self.moe is not None and index >= self.moe.first_k_dense_layers and (index + 1) % self.moe.layer_frequency == 0
+
+    def moe_layers_before(self, index):
+        """MoE layers among layers 0 .. index - 1 (numpy-friendly)."""
+        if self.moe is None:
+            return index * 0
+        freq, k = self.moe.layer_frequency, self.moe.first_k_dense_layers
+        return np.maximum(np.maximum(index, k) // freq - k // freq, 0)
+
     @property
     def num_moe_layers(self) -> int:
-        if self.moe is None:
-            return 0
-        return self.num_layers // self.moe.layer_frequency
+        return int(self.moe_layers_before(self.num_layers))
 
     @property
     def num_dense_layers(self) -> int:
         return self.num_layers - self.num_moe_layers
-
-    def is_moe_layer(self, index: int) -> bool:
-        """Megatron's moe_layer_freq convention: layer i (0-based) is MoE when (i + 1) % freq == 0."""
-        return self.moe is not None and (index + 1) % self.moe.layer_frequency == 0
 
     # ---- parameters ---------------------------------------------------------------------------
     @property
     def norm_params(self) -> int:
         return 2 * self.hidden_size if self.norm == "layernorm" else self.hidden_size
 
+    def attention_linears(self) -> tuple[Linear, ...]:
+        """The attention block's weight matrices (Q, K, V, output; MLA's down/up projections)."""
+        h, heads = self.hidden_size, self.num_attention_heads
+        if self.mla is None:
+            return (Linear(h, self.q_size, "column"), Linear(h, self.k_size, "column"),
+                    Linear(h, self.v_size, "column"), Linear(self.attention_out_size, h, "row"))
+        m = self.mla
+        queries = ((Linear(h, m.q_lora_rank, None), Linear(m.q_lora_rank, self.q_size, "column")) if m.q_lora_rank
+                   else (Linear(h, self.q_size, "column"),))
+        # Megatron-Core's MLA keeps the down-projections whole on every TP rank (parallel_mode duplicated)
+        return queries + (Linear(h, m.kv_lora_rank + m.qk_rope_head_dim, None),
+                          Linear(m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim), "column"),
+                          Linear(self.attention_out_size, h, "row"))
+
     @property
     def attention_params(self) -> int:
-        h, kv = self.hidden_size, self.kv_hidden_size
-        weights = 2 * h * h + 2 * h * kv
-        biases = (2 * h + 2 * kv) if self.use_bias else 0
-        return weights + biases
+        linears = self.attention_linears()
+        weights = sum(x.fan_in * x.fan_out for x in linears)
+        biases = sum(x.fan_out for x in linears) if self.use_bias else 0
+        latent_norms = (self.mla.q_lora_rank + self.mla.kv_lora_rank) if self.mla is not None else 0
+        return weights + biases + latent_norms
+
+    def _mlp(self, ff: int) -> int:
+        h = self.hidden_size
+        biases = ((self.ffn_matrices - 1) * ff + h) if self.use_bias else 0
+        return self.ffn_matrices * h * ff + biases
 
     @property
     def mlp_params(self) -> int:
-        h, ff = self.hidden_size, self.ffn_hidden_size
-        biases = ((self.ffn_matrices - 1) * ff + h) if self.use_bias else 0
-        return self.ffn_matrices * h * ff + biases
+        return self._mlp(self.ffn_hidden_size)
 
     @property
     def expert_params(self) -> int:
-        """One expert's MLP."""
+        """One routed expert's MLP."""
         assert self.moe is not None
-        h, ff = self.hidden_size, self.moe.expert_ffn_hidden_size
-        biases = ((self.ffn_matrices - 1) * ff + h) if self.use_bias else 0
-        return self.ffn_matrices * h * ff + biases
+        return self._mlp(self.moe.expert_ffn_hidden_size)
+
+    @property
+    def shared_expert_params(self) -> int:
+        """The shared experts of one MoE layer (replicated like a dense MLP, not expert-parallel)."""
+        return self._mlp(self.moe.shared_ffn) if self.moe is not None and self.moe.shared_ffn else 0
 
     @property
     def router_params(self) -> int:
@@ -121,10 +184,11 @@ class ModelSpec:
 
     @property
     def moe_layer_params(self) -> int:
-        """All experts of one MoE layer plus its attention, norms and router."""
+        """All experts of one MoE layer plus its attention, norms, router and shared experts."""
         if self.moe is None:
             return 0
-        return self.attention_params + 2 * self.norm_params + self.router_params + self.moe.num_experts * self.expert_params
+        return (self.attention_params + 2 * self.norm_params + self.router_params + self.shared_expert_params
+                + self.moe.num_experts * self.expert_params)
 
     @property
     def embedding_params(self) -> int:
@@ -160,30 +224,55 @@ class ModelSpec:
         models (torchtitan, advisor's executor) keep four attention projections."""
         bias = 2 if self.use_bias else 1
         norm = 2 if self.norm == "layernorm" else 1
-        attention = (2 if fused_qkv else 4) * bias
-        mlp = (self.ffn_matrices if self.moe is None else self.moe.num_experts * self.ffn_matrices + 1) * bias
-        return 2 * norm + attention + mlp
+        attention = (2 if fused_qkv else len(self.attention_linears())) * bias
+        if self.moe is None:
+            mlp = self.ffn_matrices
+        else:
+            mlp = (self.moe.num_experts + (1 if self.moe.num_shared_experts else 0)) * self.ffn_matrices + 1
+        return 2 * norm + attention + mlp * bias
 
     # ---- FLOPs --------------------------------------------------------------------------------
+    def attention_matmul_params(self) -> int:
+        """Attention weights a token multiplies through (every projection, replicated ones too)."""
+        return sum(x.fan_in * x.fan_out for x in self.attention_linears())
+
     def matmul_params_per_token(self) -> int:
         """Weights a token multiplies through (active experts, LM head; not the embedding lookup)."""
         h = self.hidden_size
-        attn = 2 * h * h + 2 * h * self.kv_hidden_size
+        attn = self.attention_matmul_params()
         dense = attn + self.ffn_matrices * h * self.ffn_hidden_size
         moe = 0
         if self.moe is not None:
-            moe = attn + self.moe.top_k * self.ffn_matrices * h * self.moe.expert_ffn_hidden_size + h * self.moe.num_experts
+            experts = self.moe.top_k * self.moe.expert_ffn_hidden_size + self.moe.shared_ffn
+            moe = attn + self.ffn_matrices * h * experts + h * self.moe.num_experts
         return self.num_dense_layers * dense + self.num_moe_layers * moe + self.vocab_size * h
 
-    def forward_flops_per_token(self, seq_length: int | None = None) -> float:
-        """Forward FLOPs per token: 2 per weight multiply-add plus attention's 4*s*h per layer (SC'21)."""
-        s = seq_length or self.seq_length
-        attention = 4.0 * s * self.hidden_size * self.num_layers
-        return 2.0 * self.matmul_params_per_token() + attention
+    def attended_keys(self, seq_length: int, causal: bool | None = None) -> float:
+        """Keys a query attends to, averaged over queries and layers (the attention work per query)."""
+        causal = self.causal if causal is None else causal
+        full = seq_length / 2.0 if causal else float(seq_length)
+        if self.sliding_window is None:
+            return full
+        w = min(self.sliding_window, seq_length)
+        # a causal window of w keys: the first w queries see up to w keys, the rest w each
+        windowed = w * (1.0 - w / (2.0 * seq_length)) if causal else float(w)
+        share = 1.0 / self.sliding_window_every
+        return share * windowed + (1.0 - share) * full
 
-    def training_flops_per_token(self, seq_length: int | None = None) -> float:
+    def attention_flops_per_token(self, seq_length: int | None = None, causal: bool | None = None) -> float:
+        """Forward score and context matmuls of all layers for one query token."""
+        s = seq_length or self.seq_length
+        keys = self.attended_keys(s, causal)
+        return 2.0 * keys * (self.q_size + self.attention_out_size) * self.num_layers
+
+    def forward_flops_per_token(self, seq_length: int | None = None, causal: bool | None = None) -> float:
+        """Forward FLOPs per token: 2 per weight multiply-add plus the attention matmuls (SC'21;
+        ``causal=False`` counts the full s x s product as SC'21's closed form does)."""
+        return 2.0 * self.matmul_params_per_token() + self.attention_flops_per_token(seq_length, causal)
+
+    def training_flops_per_token(self, seq_length: int | None = None, causal: bool | None = None) -> float:
         """Forward plus backward (backward = 2 x forward, SC'21 appendix): the MFU numerator."""
-        return 3.0 * self.forward_flops_per_token(seq_length)
+        return 3.0 * self.forward_flops_per_token(seq_length, causal)
 
 
 def model_from_dict(data: dict[str, Any], origin: str) -> ModelSpec:
@@ -194,28 +283,20 @@ def model_from_dict(data: dict[str, Any], origin: str) -> ModelSpec:
     hidden = f.positive_int(data, "hidden_size", origin)
     heads = f.positive_int(data, "num_attention_heads", origin)
     kv_heads = f.positive_int(data, "num_kv_heads", origin, default=heads)
-    if hidden % heads:
-        raise AdvisorError(f"{origin}: key 'num_attention_heads' = {heads} does not divide hidden_size = {hidden}")
+    head_dim = None if data.get("head_dim") is None else f.positive_int(data, "head_dim", origin)
+    if head_dim is None and hidden % heads:
+        raise AdvisorError(f"{origin}: key 'num_attention_heads' = {heads} does not divide hidden_size = {hidden} "
+                           f"(give 'head_dim' when the heads are not hidden_size / heads wide)")
     if heads % kv_heads:
         raise AdvisorError(f"{origin}: key 'num_kv_heads' = {kv_heads} does not divide num_attention_heads = {heads}")
-    moe = None
-    if data.get("moe") is not None:
-        mo = f"{origin}: moe"
-        raw = data["moe"]
-        f.check_keys(raw, mo, _MOE_REQUIRED, _MOE_OPTIONAL)
-        moe = MoESpec(
-            num_experts=f.positive_int(raw, "num_experts", mo),
-            top_k=f.positive_int(raw, "top_k", mo),
-            expert_ffn_hidden_size=f.positive_int(raw, "expert_ffn_hidden_size", mo),
-            layer_frequency=f.positive_int(raw, "layer_frequency", mo, default=1),
-        )
-        if moe.top_k > moe.num_experts:
-            raise AdvisorError(f"{mo}: key 'top_k' = {moe.top_k} exceeds num_experts = {moe.num_experts}")
-        if moe.layer_frequency > num_layers:
-            raise AdvisorError(f"{mo}: key 'layer_frequency' = {moe.layer_frequency} exceeds num_layers = {num_layers}")
+    moe = moe_from_dict(data["moe"], origin, num_layers) if data.get("moe") is not None else None
+    mla = mla_from_dict(data["mla"], origin) if data.get("mla") is not None else None
+    if mla is not None and head_dim is not None:
+        raise AdvisorError(f"{origin}: key 'head_dim' = {head_dim} conflicts with 'mla' (its head widths are given there)")
     published = data.get("published_params")
     if published is not None:
         published = f.positive_float(data, "published_params", origin)
+    window = None if data.get("sliding_window") is None else f.positive_int(data, "sliding_window", origin)
     return ModelSpec(
         name=name,
         source=source,
@@ -233,7 +314,12 @@ def model_from_dict(data: dict[str, Any], origin: str) -> ModelSpec:
         use_bias=f.boolean(data, "use_bias", origin, default=False),
         position_embedding=f.choice(data, "position_embedding", origin, ("learned", "rotary", "none"), default="rotary"),
         published_params=published,
-        notes=data.get("notes"),
+        notes=None if data.get("notes") is None else f.text(data, "notes", origin),
+        head_dim_override=head_dim,
+        mla=mla,
+        causal=f.boolean(data, "causal", origin, default=True),
+        sliding_window=window,
+        sliding_window_every=f.positive_int(data, "sliding_window_every", origin, default=1),
     )
 
 
@@ -247,12 +333,27 @@ def model_to_dict(model: ModelSpec) -> dict[str, Any]:
         "seq_length": model.seq_length, "tie_embeddings": model.tie_embeddings, "norm": model.norm,
         "use_bias": model.use_bias, "position_embedding": model.position_embedding,
     }
+    if not model.causal:
+        out["causal"] = False
+    if model.head_dim_override is not None:
+        out["head_dim"] = model.head_dim_override
+    if model.mla is not None:
+        out["mla"] = {"kv_lora_rank": model.mla.kv_lora_rank, "qk_nope_head_dim": model.mla.qk_nope_head_dim,
+                      "qk_rope_head_dim": model.mla.qk_rope_head_dim, "v_head_dim": model.mla.v_head_dim,
+                      "q_lora_rank": model.mla.q_lora_rank}
+    if model.sliding_window is not None:
+        out["sliding_window"] = model.sliding_window
+        out["sliding_window_every"] = model.sliding_window_every
     if model.moe is not None:
-        out["moe"] = {
-            "num_experts": model.moe.num_experts, "top_k": model.moe.top_k,
-            "expert_ffn_hidden_size": model.moe.expert_ffn_hidden_size,
-            "layer_frequency": model.moe.layer_frequency,
-        }
+        m = model.moe
+        out["moe"] = {"num_experts": m.num_experts, "top_k": m.top_k, "expert_ffn_hidden_size": m.expert_ffn_hidden_size,
+                      "layer_frequency": m.layer_frequency}
+        if m.first_k_dense_layers:
+            out["moe"]["first_k_dense_layers"] = m.first_k_dense_layers
+        if m.num_shared_experts:
+            out["moe"]["num_shared_experts"] = m.num_shared_experts
+        if m.shared_expert_ffn_hidden_size is not None:
+            out["moe"]["shared_expert_ffn_hidden_size"] = m.shared_expert_ffn_hidden_size
     if model.published_params is not None:
         out["published_params"] = model.published_params
     if model.notes is not None:

@@ -1,0 +1,81 @@
+"""The attention core (scores, softmax, context) of one layer and micro-batch on one device.
+
+* Fused ("flash") attention: FlashAttention (Dao et al. 2022; FlashAttention-2, Dao 2023, arXiv
+  2307.08691), cuDNN fused attention in Transformer Engine, torch SDPA and MindSpore's
+  FlashAttentionScore tile the s x s product and skip the tiles a causal mask removes, so a causal
+  query attends to s/2 keys on average (ModelSpec.attended_keys; a sliding window caps it). The
+  forward runs two matmuls (QK^T and PV); the backward recomputes the scores and runs five
+  (QK^T, dP = dO V^T, dV, dQ, dK): 2.5 times the forward FLOPs (FlashAttention-2, section 3.1).
+  Its throughput is not the GEMM curve's: the profile's ``attention_efficiency`` gives the
+  achievable fraction of the BF16 peak by sequence length (FlashAttention-2 Fig. 4-6 and
+  FlashAttention-3, Shah et al. 2024, arXiv 2407.08608, Fig. 5-7, measure it) for the job's kernel
+  (Transformer Engine/cuDNN, PyTorch SDPA, Triton, Ascend's FlashAttentionScore), fitted per device
+  (benchmarks/fit_profiles.py). A profile without one prices attention on the GEMM curve and is
+  flagged as extrapolating.
+* Unfused ("math") attention (Megatron-LM 2021-22, Korthikanti et al. 2022): two batched GEMMs over
+  the whole s x s product (the causal mask is applied to computed scores), backward twice the
+  forward; softmax, mask and dropout are memory-bound passes over the scores.
+* Context parallelism splits the queries of a sequence over cp ranks; with Megatron's load-balanced
+  causal split (2 x cp chunks) every rank does the same share, s/2 keys per query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from advisor.space.strategy import StrategyBatch
+from advisor.specs.hardware import HardwareProfile, interpolate_efficiency
+from advisor.specs.job import TrainingJob
+from advisor.specs.model import ModelSpec
+
+FLASH_BACKWARD_FLOPS = 2.5     # FlashAttention-2 section 3.1: 5 matmuls backward vs 2 forward
+
+
+@dataclass(frozen=True)
+class AttentionCore:
+    """Forward and backward seconds and FLOPs of one layer's attention core (arrays)."""
+
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    forward_flops: np.ndarray
+    backward_flops: np.ndarray
+
+
+def core_flops(model: ModelSpec, job: TrainingJob, b: StrategyBatch, causal_skip: bool) -> np.ndarray:
+    """Forward FLOPs of the score and context matmuls on one device (TP splits the heads)."""
+    tokens = b.micro_batch_size * job.seq_length / b.cp
+    keys = model.attended_keys(job.seq_length) if causal_skip else model.attended_keys(job.seq_length, causal=False)
+    return 2.0 * tokens * keys * (model.q_size + model.attention_out_size) / b.tp.astype(float)
+
+
+def attention_efficiency(hw: HardwareProfile, job: TrainingJob) -> float:
+    """Achievable fraction of peak of the job's fused attention kernel at its sequence length (NaN
+    when the profile has no attention curve)."""
+    curve = hw.device.attention_curve(job.kernel)
+    if not curve:
+        return float("nan")
+    return float(interpolate_efficiency(curve, job.seq_length))
+
+
+def attention_core(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, gemm_time_s) -> AttentionCore:
+    """`gemm_time_s(flops, dtype)` prices unfused matmuls (and fused ones where the profile has no
+    attention curve)."""
+    if job.attention == "flash":
+        fwd = core_flops(model, job, b, causal_skip=True)
+        bwd = FLASH_BACKWARD_FLOPS * fwd
+        eff = attention_efficiency(hw, job)
+        if np.isnan(eff):
+            # no attention curve: per-head-and-sequence work on the GEMM curve (flagged by confidence)
+            calls = b.micro_batch_size * model.num_attention_heads / b.tp.astype(float)
+            per_call = fwd / calls
+            return AttentionCore(calls * gemm_time_s(per_call, job.compute_dtype),
+                                 FLASH_BACKWARD_FLOPS * calls * gemm_time_s(per_call, job.compute_dtype), fwd, bwd)
+        peak = hw.device.peak_flops(job.compute_dtype) * eff
+        return AttentionCore(fwd / peak, bwd / peak, fwd, bwd)
+    fwd = core_flops(model, job, b, causal_skip=False)
+    # two batched GEMMs (scores, context), each half of the FLOPs, sized as Megatron's baddbmm calls
+    half = fwd / 2.0
+    t = 2.0 * gemm_time_s(half, job.compute_dtype)
+    return AttentionCore(t, 2.0 * t, fwd, 2.0 * fwd)

@@ -1,0 +1,88 @@
+"""Data-parallel gradient reduction and ZeRO/FSDP parameter gathers, per step on one device.
+
+Groups: dense parameters are reduced over the dp x cp group, expert parameters over the expert
+data-parallel group (advisor.cost.placement), each priced where its members actually sit.
+
+* ZeRO-0 (PyTorch DDP, Megatron without the distributed optimizer): one all-reduce of the gradients,
+  bucketed and overlapped with the last micro-batch's backward (DDP buckets; Megatron-Core
+  --overlap-grad-reduce).
+* ZeRO-1 (Megatron's distributed optimizer, MindSpore's optimizer parallel): a reduce-scatter
+  overlapped the same way, then an all-gather of the updated weights; Megatron overlaps that gather
+  with the next step's first forward (--overlap-param-gather), other frameworks wait for it.
+* ZeRO-2 (DeepSpeed stage 2, FSDP SHARD_GRAD_OP): every micro-batch's backward reduce-scatters its
+  gradients unit by unit, hidden behind that backward where collectives overlap; the updated
+  weights are gathered once per step.
+* ZeRO-3 (FSDP FULL_SHARD, FSDP2 fully_shard, Megatron-FSDP optim_grads_params, DeepSpeed stage 3):
+  one unit (a layer) at a time. Forward: each unit's all-gather is prefetched during the previous
+  unit's compute (FSDP2 and FSDP1 prefetch one unit ahead; PyTorch fully_shard docs), so a unit
+  exposes only what its compute cannot hide, and the first unit's gather is never hidden. Backward:
+  with reshard-after-forward (the default for every unit but the root) the weights are gathered
+  again; each unit's reduce-scatter overlaps the next unit's backward; the last one is exposed.
+  With FSDP1's BACKWARD_POST prefetch the next unit's gather is issued only after the current
+  unit's gradients are computed, so every backward gather is exposed (PyTorch FSDP docs,
+  BackwardPrefetch).
+  Under pipeline parallelism torchtitan keeps the weights unsharded after the forward (its
+  reshard_after_forward policy "default" = not pp_enabled) and reduces once per step: one gather
+  and one reduce-scatter per step instead of per micro-batch (advisor.cost.memory holds the
+  unsharded weights). Each collective pays its start-up latency once per unit: time is affine in
+  bytes, hence n x t(bytes / n) = the bandwidth term plus n latencies.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from advisor.cost import comm
+from advisor.cost.memory import resharding
+from advisor.cost.placement import GroupPlacement
+from advisor.space.strategy import StrategyBatch
+from advisor.specs.hardware import HardwareProfile
+from advisor.specs.job import TrainingJob
+
+
+def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_params, expert_params,
+              dp_group: GroupPlacement, edp_group: GroupPlacement, units, mb_forward_s, mb_backward_s,
+              weight_bytes: float) -> np.ndarray:
+    """Exposed data-parallel communication per step (seconds, (N,) arrays). dense/expert_params: the
+    largest stage's per-device parameters; units: its layers (FSDP wrapping units); mb_forward_s /
+    mb_backward_s: that stage's compute per micro-batch."""
+    grad_bytes = job.grad_reduce_bytes
+    units = np.maximum(units, 1).astype(float)
+    m = b.num_micro_batches.astype(float)
+    overlap = hw.device.overlaps_communication
+
+    def coll(op, per_param_bytes, share=1.0):
+        return (comm.group_time_s(hw, op, dense_params * per_param_bytes * share, dp_group)
+                + comm.group_time_s(hw, op, expert_params * per_param_bytes * share, edp_group))
+
+    def per_unit(op, per_param_bytes):
+        return coll(op, per_param_bytes, 1.0 / units)
+
+    hide_last = mb_backward_s if (job.overlap_grad_reduce and overlap) else 0.0
+    z = b.zero_stage
+    zero0 = np.maximum(coll("all_reduce", grad_bytes) - hide_last, 0.0)
+    gather = coll("all_gather", weight_bytes)
+    first_forward = mb_forward_s if (job.framework == "megatron" and overlap) else 0.0
+    zero1 = np.maximum(coll("reduce_scatter", grad_bytes) - hide_last, 0.0) + np.maximum(gather - first_forward, 0.0)
+    rs_unit = per_unit("reduce_scatter", grad_bytes)
+    ag_unit = per_unit("all_gather", weight_bytes)
+    fwd_unit, bwd_unit = mb_forward_s / units, mb_backward_s / units
+    if overlap:
+        zero2 = m * (np.maximum(rs_unit - bwd_unit, 0.0) * units) + gather
+        forward = ag_unit + np.maximum(ag_unit - fwd_unit, 0.0) * (units - 1.0)
+        reshard = resharding(job, b)
+        if job.fsdp_backward_prefetch == "post":
+            # the next unit's gather is issued after this unit's gradients: it waits for it
+            backward = (np.where(reshard, ag_unit, 0.0) + np.maximum(rs_unit - bwd_unit, 0.0)) * (units - 1.0) + rs_unit
+        else:
+            backward_comm = np.where(reshard, ag_unit + rs_unit, rs_unit)
+            backward = np.maximum(backward_comm - bwd_unit, 0.0) * (units - 1.0) + rs_unit
+        per_mb = forward + backward
+        # without resharding, one gather and one reduce-scatter per step (the weights stay gathered)
+        once = ag_unit * units + rs_unit * units
+        hidden_once = np.maximum(once - m * (mb_forward_s + mb_backward_s), 0.0) + ag_unit + rs_unit
+        zero3 = np.where(reshard, m * per_mb, hidden_once)
+    else:
+        zero2 = m * rs_unit * units + gather
+        zero3 = np.where(resharding(job, b), m * (2.0 * ag_unit + rs_unit) * units, (ag_unit + rs_unit) * units)
+    return np.select([z == 0, z == 1, z == 2], [zero0, zero1, zero2], zero3)

@@ -1,0 +1,286 @@
+"""Placement: which nodes and fast groups each collective group occupies, from the mesh layout.
+
+Ranks. The mesh coordinates (i_pp, i_dp, i_cp, i_tp) of a device give its global rank
+``r = sum_d i_d * stride_d`` (advisor.space.strategy: the last dim of ``mesh_order`` gets consecutive
+ranks). Ranks fill nodes in order: node(r) = r // devices_per_node and fast group(r) = r // group_size
+(the whole node on switch topologies, one HCCS group on Ascend ``mesh-groups`` nodes). The last node
+may be partial.
+
+Groups. A group kind is a list of mixed-radix *factors* (degree, stride): the coordinate of rank r in
+a factor is (r // stride) % degree, and the group holding r is {r - own offset + sum_k j_k * stride_k}.
+"tp", "cp", "dp", "pp" are one mesh dim each; "dp_cp" (the ZeRO/FSDP data-parallel group) is dp x cp,
+whose members are not evenly strided when tp or pp sits between dp and cp in the order. Expert groups
+follow Megatron-Core's parallel_state.RankGenerator order "tp-cp-ep-dp-pp": the dp x cp ranks of one
+(tp, pp) position are numbered by q, running over the inner of {dp, cp} (smaller stride) first; the
+"ep" group is a block of ep consecutive q, the "edp" (expert data parallel) group the ranks with equal
+q mod ep. That splits a dim into a finer radix, e.g. ep = 4 over cp = 2 (inner, stride s_c) and
+dp = 8 (stride s_d): ep = [(2, s_c), (2, s_d)], edp = [(4, 2 s_d)].
+
+What is priced. All groups of a kind run their collective in lock step and the step waits for the
+slowest, so each kind is described by its worst group: the one spanning the most nodes (ties: the
+most fast groups). ``GroupPlacement`` holds its members n, nodes and fast groups; per_node = n / nodes
+(c1) and per_fast_group = n / fast_groups (c0) are exact integers in aligned layouts, where every
+group of a kind is placed alike.
+
+Aligned closed form. A block of U consecutive ranks (U = devices_per_node or group_size) is a box of
+the mixed radix (factors sorted by stride) when U >= devices, or when the factor j with
+s_j <= U < s_j n_j has U % s_j == 0 and n_j % (U // s_j) == 0 (and U divides the devices). Then a
+group has prod_k clip(U // s_k, 1, n_k) members in each block it touches. Other rows (e.g. tp = 3 on
+8-device nodes: {6, 7, 8} straddles two nodes while {0, 1, 2} does not) are counted exactly over
+all ranks, once per distinct layout (cached). Point-to-point pairs (pipeline stages i -> i+1, with
+pp-1 -> 0 for interleaved schedules; the cp ring) get the slowest tier any pair crosses:
+0 inside one fast group, 1 inside one node, 2 across nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from advisor.space.strategy import MESH_DIMS, StrategyBatch
+from advisor.specs.hardware import HardwareProfile
+
+KINDS = ("tp", "cp", "dp", "pp", "dp_cp", "ep", "edp")
+TIER_FAST_GROUP, TIER_NODE, TIER_ACROSS_NODES = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    """The worst group of one kind per candidate (int arrays): members, nodes, fast groups spanned."""
+
+    n: np.ndarray
+    nodes: np.ndarray
+    fast_groups: np.ndarray
+
+    @property
+    def per_node(self) -> np.ndarray:
+        """c1: members per node (float; an integer in aligned layouts)."""
+        return self.n / self.nodes
+
+    @property
+    def per_fast_group(self) -> np.ndarray:
+        """c0: members per fast group (float; an integer in aligned layouts)."""
+        return self.n / self.fast_groups
+
+    c1 = per_node
+    c0 = per_fast_group
+
+    @property
+    def g0(self) -> np.ndarray:
+        """Fan-out inside a fast group."""
+        return self.per_fast_group
+
+    @property
+    def g1(self) -> np.ndarray:
+        """Fast groups per node."""
+        return self.fast_groups / self.nodes
+
+    @property
+    def g2(self) -> np.ndarray:
+        """Nodes (g0 * g1 * g2 = n)."""
+        return self.nodes.astype(float)
+
+    @property
+    def fanouts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.g0, self.g1, self.g2
+
+    @property
+    def slowest_tier(self) -> np.ndarray:
+        return np.where(self.nodes > 1, TIER_ACROSS_NODES, np.where(self.fast_groups > 1, TIER_NODE, TIER_FAST_GROUP))
+
+
+# ---- layout ---------------------------------------------------------------------------------------
+def _layout(b: StrategyBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(degrees (N, 4), strides (N, 4), devices (N,)), columns in MESH_DIMS order."""
+    deg = np.stack([np.asarray(getattr(b, d), dtype=np.int64) for d in MESH_DIMS], axis=1)
+    stride = np.stack([np.asarray(getattr(b, f"{d}_stride"), dtype=np.int64) for d in MESH_DIMS], axis=1)
+    return deg, np.maximum(stride, 1), deg.prod(axis=1)
+
+
+def _col(dim: str) -> int:
+    return MESH_DIMS.index(dim)
+
+
+def _expert_factors(deg, stride, ep):
+    """ep factors (N, 2) x2, edp factors (N, 2) x2, and whether the split is an exact mixed radix."""
+    dp, cp = deg[:, _col("dp")], deg[:, _col("cp")]
+    s_dp, s_cp = stride[:, _col("dp")], stride[:, _col("cp")]
+    cp_inner = s_cp <= s_dp   # equal strides only when dp or cp is 1: either choice is right then
+    ni, si = np.where(cp_inner, cp, dp), np.where(cp_inner, s_cp, s_dp)
+    no, so = np.where(cp_inner, dp, cp), np.where(cp_inner, s_dp, s_cp)
+    ep = np.maximum(np.asarray(ep, dtype=np.int64), 1)
+    inside = ni % ep == 0                       # ep within the inner dim
+    e = np.maximum(ep // np.maximum(ni, 1), 1)  # otherwise ep takes all inner and e outer values
+    across = ~inside & (ep % ni == 0) & (no % e == 0)
+    one = np.ones_like(ep)
+    ep_n = np.stack([np.where(inside, ep, ni), np.where(inside, one, e)], axis=1)
+    ep_s = np.stack([si, so], axis=1)
+    edp_n = np.stack([np.where(inside, ni // ep, no // e), np.where(inside, no, one)], axis=1)
+    edp_s = np.stack([np.where(inside, ep * si, e * so), np.where(inside, so, one)], axis=1)
+    return (ep_n, ep_s), (edp_n, edp_s), inside | across
+
+
+def group_factors(b: StrategyBatch, kind: str):
+    """(degrees (N, k), strides (N, k), exact (N,) bool): the kind's mixed-radix factors.
+
+    Where ``exact`` is False (an expert split that does not divide a dim evenly) the factors are
+    meaningless and placement counts the groups rank by rank.
+    """
+    deg, stride, _ = _layout(b)
+    return _factors(deg, stride, b.ep, kind)[:3]
+
+
+def _factors(deg, stride, ep, kind):
+    """The kind's factors, exactness, and the full radix (kind's factors plus the rest) to test blocks on."""
+    exact = np.ones(deg.shape[0], dtype=bool)
+    if kind in MESH_DIMS:
+        k = [_col(kind)]
+    elif kind == "dp_cp":
+        k = [_col("dp"), _col("cp")]
+    elif kind in ("ep", "edp"):
+        (ep_n, ep_s), (edp_n, edp_s), exact = _expert_factors(deg, stride, ep)
+        rest = [_col("pp"), _col("tp")]
+        rn = np.concatenate([ep_n, edp_n, deg[:, rest]], axis=1)
+        rs = np.concatenate([ep_s, edp_s, stride[:, rest]], axis=1)
+        fn, fs = (ep_n, ep_s) if kind == "ep" else (edp_n, edp_s)
+        keep = exact[:, None]
+        return np.where(keep, fn, 1), np.where(keep, fs, 1), exact, np.where(keep, rn, 1), np.where(keep, rs, 1)
+    else:
+        raise ValueError(f"unknown group kind {kind!r} (known: {', '.join(KINDS)})")
+    return deg[:, k], stride[:, k], exact, deg, stride
+
+
+def _is_box(rn, rs, devices, unit: int) -> np.ndarray:
+    """Whether every block of `unit` consecutive ranks is a box of the mixed radix (rn, rs)."""
+    cut = (rs <= unit) & (unit < rs * rn)   # the one factor (degree > 1) a block boundary falls in
+    fits = cut & (unit % rs == 0) & (rn % np.maximum(unit // rs, 1) == 0)
+    return (unit >= devices) | (fits.any(axis=1) & (devices % unit == 0))
+
+
+def _in_block(fn, fs, unit: int) -> np.ndarray:
+    return np.prod(np.clip(unit // fs, 1, fn), axis=1)
+
+
+def _unique_layouts(deg, stride, extra):
+    """Distinct (degrees, strides, extra) rows; a degree-1 dim's stride is irrelevant and set to 1."""
+    keys = np.concatenate([deg, np.where(deg > 1, stride, 1), extra[:, None]], axis=1)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    return uniq, inv.reshape(-1)
+
+
+# ---- exact counts (misaligned rows) ---------------------------------------------------------------
+def _coords(layout: tuple[int, ...]):
+    deg, stride = dict(zip(MESH_DIMS, layout[:4])), dict(zip(MESH_DIMS, layout[4:8]))
+    r = np.arange(int(np.prod(list(deg.values()))), dtype=np.int64)
+    return r, deg, stride, {d: (r // stride[d]) % deg[d] for d in MESH_DIMS}
+
+
+@lru_cache(maxsize=1 << 14)
+def _exact_group(kind: str, layout: tuple[int, ...], ep: int, per_node: int, per_group: int) -> tuple[int, int, int]:
+    """(n, nodes, fast groups) of the worst group of `kind`, by listing every rank."""
+    r, deg, stride, c = _coords(layout)
+    d = r.size
+    if kind in MESH_DIMS:
+        label = r - c[kind] * stride[kind]
+    else:
+        base = r - c["dp"] * stride["dp"] - c["cp"] * stride["cp"]
+        if kind == "dp_cp":
+            label = base
+        else:
+            inner, outer = ("cp", "dp") if stride["cp"] <= stride["dp"] else ("dp", "cp")
+            q = c[inner] + deg[inner] * c[outer]
+            label = base * d + (q // ep if kind == "ep" else q % ep)
+    _, g = np.unique(label, return_inverse=True)
+    g = g.reshape(-1)
+    count = int(g.max()) + 1
+
+    def spans(unit: int) -> np.ndarray:
+        pairs = np.unique(g * d + r // unit)
+        return np.bincount(pairs // d, minlength=count)
+
+    nodes, groups = spans(per_node), spans(per_group)
+    worst = np.lexsort((groups, nodes))[-1]
+    return int(np.bincount(g).max()), int(nodes[worst]), int(groups[worst])
+
+
+@lru_cache(maxsize=1 << 14)
+def _exact_tier(dim: str, layout: tuple[int, ...], wrap: bool, per_node: int, per_group: int) -> int:
+    """Slowest tier crossed by neighbours i -> i+1 of `dim` (and n-1 -> 0 when wrap), rank by rank."""
+    r, deg, stride, c = _coords(layout)
+    n, s = deg[dim], stride[dim]
+    if n <= 1:
+        return TIER_FAST_GROUP
+    src = r[c[dim] < n - 1]
+    dst = src + s
+    if wrap:
+        last = r[c[dim] == n - 1]
+        src, dst = np.concatenate([src, last]), np.concatenate([dst, last - (n - 1) * s])
+    tier = np.where(src // per_node != dst // per_node, TIER_ACROSS_NODES,
+                    np.where(src // per_group != dst // per_group, TIER_NODE, TIER_FAST_GROUP))
+    return int(tier.max())
+
+
+# ---- public API -----------------------------------------------------------------------------------
+def group_placement(hw: HardwareProfile, b: StrategyBatch, kind: str) -> GroupPlacement:
+    """The worst group of `kind` ("tp", "cp", "dp", "pp", "dp_cp", "ep", "edp") for each candidate.
+
+    "edp" where ep == 1 is the whole dp x cp group (the experts' data-parallel group).
+    """
+    per_node, per_group = hw.node.devices_per_node, hw.node.group_size
+    deg, stride, devices = _layout(b)
+    ep = np.maximum(np.asarray(b.ep, dtype=np.int64), 1)
+    fn, fs, exact, rn, rs = _factors(deg, stride, ep, kind)
+    n = fn.prod(axis=1)
+    aligned = exact & _is_box(rn, rs, devices, per_node) & _is_box(rn, rs, devices, per_group)
+    nodes, groups = n // _in_block(fn, fs, per_node), n // _in_block(fn, fs, per_group)
+    bad = np.flatnonzero(~aligned)
+    if bad.size:
+        n, nodes, groups = n.copy(), nodes.copy(), groups.copy()
+        uniq, inv = _unique_layouts(deg[bad], stride[bad], ep[bad] if kind in ("ep", "edp") else np.ones_like(bad))
+        found = np.array([_exact_group(kind, tuple(int(x) for x in u[:8]), int(u[8]), per_node, per_group) for u in uniq],
+                         dtype=np.int64).reshape(-1, 3)
+        n[bad], nodes[bad], groups[bad] = found[inv, 0], found[inv, 1], found[inv, 2]
+    return GroupPlacement(n=n, nodes=nodes, fast_groups=groups)
+
+
+def placements(hw: HardwareProfile, b: StrategyBatch) -> dict[str, GroupPlacement]:
+    """Every kind at once; "ep" and "edp" are one-member groups where ep == 1 (no expert groups)."""
+    out = {kind: group_placement(hw, b, kind) for kind in KINDS}
+    moe = np.asarray(b.ep) > 1
+    for kind in ("ep", "edp"):
+        p = out[kind]
+        out[kind] = GroupPlacement(*(np.where(moe, x, 1) for x in (p.n, p.nodes, p.fast_groups)))
+    return out
+
+
+def _neighbour_tier(hw: HardwareProfile, b: StrategyBatch, dim: str, wrap) -> np.ndarray:
+    per_node, per_group = hw.node.devices_per_node, hw.node.group_size
+    deg, stride, devices = _layout(b)
+    wrap = np.broadcast_to(np.asarray(wrap, dtype=bool), devices.shape)
+    n, span = deg[:, _col(dim)], deg[:, _col(dim)] * stride[:, _col(dim)]
+    # In box layouts some pair crosses a block boundary exactly when the dim does not fit in a block.
+    tier = np.where(n <= 1, TIER_FAST_GROUP,
+                    np.where(per_node < span, TIER_ACROSS_NODES, np.where(per_group < span, TIER_NODE, TIER_FAST_GROUP)))
+    aligned = _is_box(deg, stride, devices, per_node) & _is_box(deg, stride, devices, per_group)
+    bad = np.flatnonzero(~aligned & (n > 1))
+    if bad.size:
+        tier = tier.copy()
+        uniq, inv = _unique_layouts(deg[bad], stride[bad], wrap[bad].astype(np.int64))
+        found = np.array([_exact_tier(dim, tuple(int(x) for x in u[:8]), bool(u[8]), per_node, per_group) for u in uniq],
+                         dtype=np.int64)
+        tier[bad] = found[inv]
+    return tier
+
+
+def pipeline_neighbour_tier(hw: HardwareProfile, b: StrategyBatch, wrap=False) -> np.ndarray:
+    """Slowest tier (0/1/2) crossed by consecutive pipeline stages i -> i+1 at equal dp/cp/tp
+    coordinates, and pp-1 -> 0 where `wrap` (bool array or scalar; interleaved schedules); 0 where pp == 1."""
+    return _neighbour_tier(hw, b, "pp", wrap)
+
+
+def cp_ring_tier(hw: HardwareProfile, b: StrategyBatch) -> np.ndarray:
+    """Slowest tier (0/1/2) crossed by consecutive members of the context-parallel ring
+    (i -> i+1 and cp-1 -> 0); 0 where cp == 1."""
+    return _neighbour_tier(hw, b, "cp", True)

@@ -1,0 +1,268 @@
+"""Step time of N candidates at once (vectorized): the cost model's batch orchestrator.
+
+Step time = m x (slowest stage's micro-batch time) + pipeline fill/drain (bubble)
+          + exposed pipeline point-to-point + exposed data-parallel communication
+          + optimizer step (+ host transfers under offload).
+A stage's micro-batch time adds, per layer, forward and backward compute (advisor.cost.compute),
+recomputation (advisor.cost.recompute), the exposed tensor-, expert- and context-parallel
+collectives (advisor.cost.layer_comm) and the host's kernel launches; every collective is priced
+where its group's members sit (advisor.cost.placement). See each module for its sources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from advisor.cost import bubble, comm, compute, recompute
+from advisor.cost.data_parallel import dp_time_s
+from advisor.cost.layer_comm import layer_comm
+from advisor.cost.memory import MemoryArrays, linear_params, memory, stage_layer_counts, stage_masks, stage_params, state_bytes_per_param
+from advisor.cost.placement import cp_ring_tier, pipeline_neighbour_tier, placements
+from advisor.space.strategy import SCHEDULES, StrategyBatch
+from advisor.specs.hardware import HardwareProfile
+from advisor.specs.job import Cluster, TrainingJob
+from advisor.specs.model import ModelSpec
+
+TIME_PARTS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "host_overhead", "pp_comm", "dp_comm", "bubble",
+              "optimizer", "offload")
+# Kernels one transformer layer launches per micro-batch, counted in Megatron-LM's
+# ParallelTransformerLayer with its fused kernels (norm, QKV GEMM, layout copies, score batched
+# matmul, fused scale-mask-softmax, dropout, context batched matmul, output GEMM, TP all-reduce,
+# fused bias-dropout-add, norm, FC1 GEMM, fused bias-GELU, FC2 GEMM, TP all-reduce,
+# bias-dropout-add): about 20 forward; the backward launches about twice as many. Layers of other
+# designs (rotary, RMSNorm, gated MLP, fused attention) scale it by compute.layer_ops_factor.
+KERNELS_FORWARD = 20
+KERNELS_BACKWARD = 40
+INTERLEAVED = SCHEDULES.index("interleaved-1f1b")
+
+
+@dataclass(frozen=True)
+class EstimateBatch:
+    """Figures for N candidates; every field an (N,) array. Memory in bytes, times in seconds."""
+
+    fits: np.ndarray
+    host_fits: np.ndarray
+    memory: MemoryArrays
+    time_s: dict[str, np.ndarray]
+    step_time_s: np.ndarray
+    tokens_per_s: np.ndarray
+    tflops_per_device: np.ndarray
+    hfu_tflops_per_device: np.ndarray
+    mfu: np.ndarray
+    hfu: np.ndarray
+    slowest_stage: np.ndarray
+
+    @property
+    def feasible(self) -> np.ndarray:
+        return self.fits & self.host_fits
+
+
+def _col(x):
+    return np.asarray(x)[:, None]
+
+
+def _host_layer_s(hw, launch_s, lc, lcomm, extra_forward, extra_backward):
+    """Host time of one layer per micro-batch that the device does not hide (a layer cannot finish
+    before the host has issued its kernels; its collectives keep the device busy too)."""
+    kernels_f, kernels_b = KERNELS_FORWARD * launch_s + extra_forward, KERNELS_BACKWARD * launch_s + extra_backward
+    if not hw.device.asynchronous_launch:
+        return _col(np.broadcast_to(kernels_f + kernels_b, lc.forward_s.shape))
+    gpu_fwd = lc.forward_s + lcomm.tp_forward + lcomm.cp_forward + lcomm.ep_forward
+    gpu_bwd = lc.backward_s + lcomm.tp_backward + lcomm.cp_backward + lcomm.ep_backward
+    return _col(np.maximum(kernels_f - gpu_fwd, 0.0) + np.maximum(kernels_b - gpu_bwd, 0.0))
+
+
+def _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_share):
+    """Host time of the stage's layers per micro-batch that the devices do not hide; MoE layers add
+    their routing and expert kernels."""
+    launch_s = hw.device.launch_overhead_us * 1e-6 * compute.layer_ops_factor(model, job)
+    plain = hw.device.launch_overhead_us * 1e-6
+    host_s = dense_n * _host_layer_s(hw, launch_s, dense, dense_c, 0.0, 0.0)
+    if model.moe is not None:
+        host_s = host_s + moe_n * _host_layer_s(hw, launch_s, moe, moe_c, MOE_KERNELS_FORWARD * plain,
+                                                MOE_KERNELS_BACKWARD * plain)
+    host_s = host_s * (1.0 + full_share / 3.0)
+    # A pipeline schedule runs a forward and a backward action per chunk and micro-batch; where the
+    # host pays its bookkeeping in line (CPU ranks), each costs the profile's per-action overhead.
+    action_s = np.select([b.pipeline_schedule == i for i in range(len(SCHEDULES))],
+                         [hw.device.action_overhead_us(name) * 1e-6 for name in SCHEDULES], 0.0)
+    return host_s + _col(np.where(b.pp > 1, 2.0 * b.virtual_pipeline_stages * action_s, 0.0))
+
+
+# Kernels an MoE layer launches after its routing, counted in Megatron-Core's MoELayer with the
+# alltoall dispatcher and fused permutation (token_dispatcher.py, experts.py): permute, dispatch
+# all-to-all, sort by local expert, grouped FC1, activation, grouped FC2, unsort, combine all-to-all,
+# unpermute and their bookkeeping: about 12 forward, twice as many backward.
+MOE_KERNELS_FORWARD = 12
+MOE_KERNELS_BACKWARD = 24
+
+
+def _dropless_sync_s(hw, moe, moe_c):
+    """Dropless MoE: the tokens per expert are copied to the host before the expert kernels can be
+    sized (Megatron-Core's MoE docs: dropless routing synchronizes device and host; a capacity factor
+    with padding avoids it), so the host stops running ahead: the routing's kernels launch only after
+    the device has drained, and each pass pays its launch time wherever the expert work on the device
+    is shorter (small experts) and one synchronization latency (a launch) in any case."""
+    launch_s = hw.device.launch_overhead_us * 1e-6
+    gpu_fwd = moe.expert_forward_s + moe_c.ep_forward
+    gpu_bwd = 2.0 * moe.expert_forward_s + moe_c.ep_backward
+    return (2.0 * launch_s + np.maximum(MOE_KERNELS_FORWARD * launch_s - gpu_fwd, 0.0)
+            + np.maximum(MOE_KERNELS_BACKWARD * launch_s - gpu_bwd, 0.0))
+
+
+def _pair_group(tier):
+    """Fan-outs of a two-member group whose members sit `tier` apart (tied-embedding all-reduce)."""
+    one = np.ones_like(tier, dtype=float)
+    return (np.where(tier == 0, 2.0, 1.0), np.where(tier == 1, 2.0, one), np.where(tier == 2, 2.0, one))
+
+
+def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, b: StrategyBatch) -> EstimateBatch:
+    """Score N candidates at once. Legality is not checked here (see advisor.space.rules)."""
+    n_cand = len(b)
+    mem = memory(model, job, b)
+    active, first, last = stage_masks(b)
+    dense_n, moe_n = stage_layer_counts(model, b)
+    n_layers = dense_n + moe_n
+    groups = placements(hw, b)
+
+    # ---- per layer, per micro-batch, one device ----------------------------------------------
+    dense = compute.layer_compute(model, hw, job, b, moe_layer=False)
+    moe = compute.layer_compute(model, hw, job, b, moe_layer=True) if model.moe is not None else dense
+    ring = cp_ring_tier(hw, b)
+    dense_c = layer_comm(model, hw, job, b, groups, ring, dense.linear_forward_s, dense.forward_s,
+                         dense.core_forward_s, dense.core_backward_s)
+    moe_c = layer_comm(model, hw, job, b, groups, ring, moe.linear_forward_s, moe.forward_s,
+                       moe.core_forward_s, moe.core_backward_s) if model.moe is not None else dense_c
+    head_s, head_flops = compute.head_compute_s(model, hw, job, b)
+
+    def layers(d, m):
+        return dense_n * _col(d) + moe_n * _col(m)
+
+    fwd = layers(dense.forward_s, moe.forward_s) + np.where(last, _col(head_s), 0.0)
+    bwd = layers(dense.backward_s, moe.backward_s) + np.where(last, _col(2.0 * head_s), 0.0)
+    comp = fwd + bwd
+    # recomputation replays forward work of the recomputed layers (their TP/CP/EP collectives too
+    # when a whole layer is replayed)
+    rl = b.recompute_layers
+    recomputed = np.where(rl < 0, n_layers, np.minimum(rl, n_layers))
+    share = np.where(n_layers > 0, recomputed / np.maximum(n_layers, 1), 0.0)
+    rc = b.recompute
+
+    recompute_s = share * layers(recompute.replay_s(rc, job, dense),
+                                 recompute.replay_s(rc, job, moe, moe_layer=model.moe is not None))
+    full_share = np.where(_col(rc) == recompute.FULL, share, 0.0)
+    tp_s = dense_n * _col(dense_c.tp_forward + dense_c.tp_backward) + moe_n * _col(moe_c.tp_forward + moe_c.tp_backward)
+    tp_s = tp_s + full_share * layers(dense_c.tp_forward, moe_c.tp_forward)
+    ep_s = moe_n * _col(moe_c.ep_forward + moe_c.ep_backward) * 1.0 + full_share * moe_n * _col(moe_c.ep_forward)
+    cp_s = layers(dense_c.cp_forward + dense_c.cp_backward, moe_c.cp_forward + moe_c.cp_backward)
+    cp_s = cp_s + full_share * layers(dense_c.cp_forward, moe_c.cp_forward)
+    host_s = _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_share)
+    if model.moe is not None and job.moe_dropless and hw.device.asynchronous_launch:
+        host_s = host_s + moe_n * _col(_dropless_sync_s(hw, moe, moe_c)) * (1.0 + full_share / 3.0)
+    stage_mb = np.where(active, comp + recompute_s + tp_s + ep_s + cp_s + host_s, 0.0)
+
+    pipe_s, bubble_s, slowest = bubble.pipeline_time_s(stage_mb, active, b.num_micro_batches, b.virtual_pipeline_stages)
+    rows = np.arange(n_cand)
+    m = b.num_micro_batches.astype(float)
+
+    def at_slowest(x):
+        return np.broadcast_to(x, stage_mb.shape)[rows, slowest]
+
+    # ---- pipeline point-to-point (activations forward, gradients backward) -------------------
+    # Megatron's scatter/gather optimization sends 1/t of the activation per TP rank (SC'21 sec. 4.1);
+    # the slowest pair of neighbouring stages sets the pace (interleaving adds the last -> first hop).
+    p2p_bytes = b.micro_batch_size * job.seq_length / b.cp * model.hidden_size * job.dtype_bytes / b.tp
+    neighbour = pipeline_neighbour_tier(hw, b, wrap=b.pipeline_schedule == INTERLEAVED)
+    p2p = comm.tier_p2p_time_s(hw, p2p_bytes, neighbour)
+    # Megatron's interleaved schedule overlaps each chunk's sends and receives with the next chunk's
+    # compute (--overlap-p2p-communication, on by default; schedules.py); only the fill and drain
+    # transfers and what a chunk's compute cannot hide stay exposed. Otherwise every transfer waits.
+    steady = 2.0 * m * b.virtual_pipeline_stages
+    chunk_s = at_slowest(stage_mb) / b.virtual_pipeline_stages / 2.0      # a chunk's forward or backward
+    overlapped = (b.pipeline_schedule == INTERLEAVED) & (job.framework == "megatron") & hw.device.overlaps_communication
+    exposed_steady = np.where(overlapped, np.maximum(p2p - chunk_s, 0.0), p2p)
+    pp_s = np.where(b.pp > 1, steady * exposed_steady + 2.0 * p2p * (b.pp - 1), 0.0)
+
+    # ---- data-parallel gradient reduction and ZeRO gathers ----------------------------------
+    dense_p, expert_p = stage_params(model, b)
+    wb, _, _ = state_bytes_per_param(job)
+    gather_bytes = 1.0 if job.fp8_param_gather else wb     # FP8 primary weights are gathered in FP8
+    units = np.max(np.where(active, n_layers, 0), axis=1)
+    dp_s = dp_time_s(hw, job, b, np.max(dense_p, axis=1), np.max(expert_p, axis=1), groups["dp_cp"], groups["edp"],
+                     units, at_slowest(fwd), at_slowest(bwd), gather_bytes)
+    # Tied embeddings under pipelining: the first and last stages all-reduce the word-embedding
+    # gradient every step (Megatron's embedding group, _allreduce_embedding_grads).
+    if model.tie_embeddings:
+        emb_bytes = model.vocab_size * model.hidden_size / b.tp * job.grad_reduce_bytes
+        ends = pipeline_neighbour_tier(hw, b, wrap=True)
+        emb_s = comm.fanout_time_s(hw, "all_reduce", emb_bytes, *_pair_group(ends))
+        dp_s = dp_s + np.where(b.pp > 1, emb_s, 0.0)
+
+    # ---- optimizer ---------------------------------------------------------------------------
+    z = b.zero_stage
+    n_dp, n_edp = groups["dp_cp"].n.astype(float), groups["edp"].n.astype(float)
+    dense_max, expert_max = np.max(dense_p, axis=1), np.max(expert_p, axis=1)
+    local = dense_max / np.where(z >= 1, n_dp, 1) + expert_max / np.where(z >= 1, n_edp, 1)
+    offload = b.offload_optimizer
+    # Unfused optimizers pay a host cost per parameter tensor (profile constant; 0 on accelerators).
+    embed_tensors = 1 + (model.position_embedding == "learned")
+    head_tensors = (2 if model.norm == "layernorm" else 1) + (not model.tie_embeddings)
+    ends_t = np.where(b.pp == 1, embed_tensors + head_tensors, max(embed_tensors, head_tensors))
+    tensors = units * model.parameter_tensors_per_layer(job.framework == "megatron") + ends_t
+    opt_host = tensors * hw.device.optimizer_overhead_us_per_tensor * 1e-6
+    opt_s = np.where(offload, 0.0, compute.optimizer_step_s(hw, local) + opt_host)
+    pcie = hw.host.pcie_bandwidth_gbps * 1e9
+    host_bw = (hw.host.memory_bandwidth_gbps or hw.host.pcie_bandwidth_gbps * hw.node.devices_per_node) * 1e9
+    wb_, gb_, _ = state_bytes_per_param(job)
+    # Offload: gradients to the host, updated 16-bit weights back, and Adam on the host CPU sharing
+    # the host's memory bandwidth with the node's other devices (Ren et al., ZeRO-Offload, sec. 4).
+    offload_s = np.where(offload, local * (gb_ + wb_) / pcie + local * compute.ADAM_BYTES_PER_PARAM * hw.node.devices_per_node / host_bw, 0.0)
+    # FP8: the linear layers' weights are quantized once per step (cached across micro-batches)
+    weight_cast = compute.weight_cast_s(hw, job, np.max(np.where(active, linear_params(model, b), 0.0), axis=1))
+
+    time_s = {
+        "compute": at_slowest(comp) * m + weight_cast,
+        "recompute": at_slowest(recompute_s) * m,
+        "tp_comm": at_slowest(tp_s) * m,
+        "cp_comm": at_slowest(cp_s) * m,
+        "ep_comm": at_slowest(ep_s) * m,
+        "host_overhead": at_slowest(host_s) * m,
+        "pp_comm": pp_s,
+        "dp_comm": dp_s,
+        "bubble": bubble_s,
+        "optimizer": opt_s,
+        "offload": offload_s,
+    }
+    step = pipe_s + pp_s + dp_s + opt_s + offload_s + weight_cast
+
+    tokens = job.tokens_per_step
+    model_flops = model.training_flops_per_token(job.seq_length) * tokens
+    # Hardware FLOPs add the recomputed forward work, counted over the whole model (all stages, all
+    # micro-batches): the replayed GEMM and attention FLOPs of each recomputed layer.
+    replayed = layers(recompute.replay_flops(rc, job, dense),
+                      recompute.replay_flops(rc, job, moe, moe_layer=model.moe is not None))
+    per_mb_device = np.sum(np.where(active, share * replayed, 0.0), axis=1)
+    # per_mb_device is one micro-batch on one tp x cp slice of one dp replica's stages: scale to the cluster
+    recompute_flops = per_mb_device * b.tp * b.cp * b.dp * m
+    devices = float(cluster.devices)
+    peak = hw.device.peak_flops(job.dtype)
+    tflops = model_flops / step / devices / 1e12
+    hfu_tflops = (model_flops + recompute_flops) / step / devices / 1e12
+
+    capacity = hw.device.memory_gib * 2.0 ** 30
+    host_capacity = hw.host.memory_gib * 2.0 ** 30
+    return EstimateBatch(
+        fits=mem.total <= capacity,
+        host_fits=mem.host_optimizer * hw.node.devices_per_node <= host_capacity,
+        memory=mem,
+        time_s=time_s,
+        step_time_s=step,
+        tokens_per_s=tokens / step,
+        tflops_per_device=tflops,
+        hfu_tflops_per_device=hfu_tflops,
+        mfu=tflops * 1e12 / peak,
+        hfu=hfu_tflops * 1e12 / peak,
+        slowest_stage=slowest,
+    )
