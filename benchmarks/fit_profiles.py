@@ -1,0 +1,65 @@
+"""Fit each device's physical constants to its measured runs (prints the fit; --write stores it).
+
+    python benchmarks/fit_profiles.py [--device H100 ...] [--write] [--leave-one-out]
+
+For every device (advisor/validation/targets.py: A100, H100, B200, GB200, 910B) the constants
+(GEMM efficiency scale per dtype and size shift, attention efficiency per kernel, memory-bound
+efficiency, launch overhead, link efficiency, as the target lists them) are fitted by least squares
+on every usable run of that device (advisor/validation/fit.py explains the objective). --write puts
+the fitted curves and constants into the bundled profiles that share the device (H100's also into
+dgx-h200: the same GH100 silicon). --leave-one-out refits each device once per source without that
+source and prints the source's error under the refit: how well the model predicts a source it was
+not fitted on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from advisor.specs.hardware import PROFILES_DIR, load_hardware
+from advisor.validation.fit import fit, profile_raw
+from advisor.cost.confidence import summarize
+from advisor.validation.targets import TARGETS, fitted_runs, leave_one_source_out, observations
+from advisor.validation.write import fitted_text, with_calibration, write_atomic
+
+
+def _summary(errors: list[float]) -> str:
+    return (f"n={len(errors):3d}  MAPE {statistics.mean(abs(e) for e in errors):6.1%}  "
+            f"bias {statistics.mean(errors):+6.1%}  max {max(abs(e) for e in errors):6.1%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", nargs="*", default=list(TARGETS), choices=list(TARGETS))
+    parser.add_argument("--write", action="store_true", help="write the fits into the bundled profiles")
+    parser.add_argument("--leave-one-out", action="store_true", help="refit without each source in turn")
+    parser.add_argument("--evaluations", type=int, default=60, help="least-squares function evaluations per fit")
+    args = parser.parse_args()
+    for device in args.device:
+        target = TARGETS[device]
+        obs = observations(target)
+        start = time.perf_counter()
+        result = fit(target, obs, args.evaluations)
+        print(f"== {device}: {len(obs)} runs, {result.evaluations} evaluations, {time.perf_counter() - start:.0f} s")
+        for name, value in result.values.items():
+            print(f"   {name:26s} {value:.4g}")
+        for source, errors in result.errors.items():
+            print(f"   {source:28s} {_summary(errors)}")
+        if args.write:
+            note = (f"{len(obs)} runs ({', '.join(sorted(result.errors))}); "
+                    + ", ".join(f"{k} {v:.3g}" for k, v in result.values.items()))
+            for name in target.profiles:
+                path = PROFILES_DIR / f"{name}.yaml"
+                raw = profile_raw(target, load_hardware(name).raw, result.values)
+                text = with_calibration(fitted_text(path.read_text(), raw, note), summarize(fitted_runs(target)))
+                write_atomic(path, text)
+                print(f"   wrote {path}")
+        if args.leave_one_out:
+            for source, errors in leave_one_source_out(target, args.evaluations).items():
+                print(f"   without {source:28s} -> {_summary(errors)}")
+
+
+if __name__ == "__main__":
+    main()

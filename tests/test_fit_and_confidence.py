@@ -1,0 +1,123 @@
+"""How measured runs are read (torchtitan, MindFormers), how a fit is written into a profile, and how
+estimates say they extrapolate; the new Megatron settings through the CLI, the plan and the export."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from typer.testing import CliRunner
+
+from advisor.cli import app
+from advisor.cost.confidence import confidence, summarize
+from advisor.cost.estimate import estimate
+from advisor.errors import AdvisorError
+from advisor.space.strategy import Strategy
+from advisor.specs.hardware import PROFILES_DIR, hardware_from_dict, load_hardware
+from advisor.specs.job import Cluster, TrainingJob
+from advisor.specs.model import load_model
+from advisor.validation.fit import profile_raw
+from advisor.validation.runs import load_runs
+from advisor.validation.targets import TARGETS, fitted_runs
+from advisor.validation.torchtitan import load_torchtitan_runs
+from advisor.validation.write import fitted_text, with_calibration
+
+runner = CliRunner()
+
+
+# ---- reading measured runs ---------------------------------------------------------------------------
+def test_torchtitan_rows_as_torchtitan_ran_them():
+    runs = {r.id: r for r in load_torchtitan_runs()}
+    assert len(runs) == 26
+    t5 = runs["torchtitan-h100-405b-t5-1f1b"].strategy
+    # local batch 32 split into as many micro-batches as stages (pipeline_parallel_microbatches default)
+    assert (t5.pp, t5.num_micro_batches, t5.micro_batch_size) == (8, 8, 4)
+    assert runs["torchtitan-h100-405b-t5-1f1b"].job.fp8_param_gather
+    # FSDP over dp_shard x cp: FSDP 1 with CP 8 is still sharded over 8 ranks
+    cp8 = runs["torchtitan-h100-8b-t2-cp8"].strategy
+    assert (cp8.dp, cp8.cp, cp8.zero_stage) == (1, 8, 3)
+    assert runs["torchtitan-h100-8b-t2-cp8"].measured_peak_memory_gib == 84.5
+
+
+def test_mindspore_optimizer_parallel_and_megatron_recompute_modules():
+    runs = {r.id: r for r in load_runs()}
+    # no gradient accumulation: weights gathered for the step, gradients reduce-scattered (ZeRO-2)
+    assert runs["mindformers-llama2-13b-atlas-800t-a2"].strategy.zero_stage == 2
+    # gradient accumulation keeps the accumulated gradients whole (ZeRO-1)
+    assert runs["mindformers-llama2-7b-atlas-800t-a2"].strategy.zero_stage == 1
+    oss = runs["mbridge-26.02-h100-gpt-oss-120b-bf16"]
+    assert oss.job.recompute_modules == ("layernorm", "moe_act")
+    assert runs["mbridge-25.09-h100-deepseekv3-fp8-cs-dropless"].job.recompute_modules == ("mla_up_proj", "mlp")
+    assert runs["mbridge-26.02-gb200-llama3-70b-fp8"].excluded.startswith("CPU activation offload of 40 layers")
+
+
+# ---- fits written into profiles ------------------------------------------------------------------------
+def test_fit_round_trips_through_the_profile_text():
+    target = TARGETS["H100"]
+    path = PROFILES_DIR / "dgx-h100.yaml"
+    values = {"gemm_scale.bf16": 0.7, "gemm_scale.fp8": 0.6, "memory_efficiency": 0.66, "launch_overhead_us": 21.0,
+              "inter_efficiency": 0.7}
+    raw = profile_raw(target, load_hardware("dgx-h100").raw, values)
+    text = with_calibration(fitted_text(path.read_text(), raw, "test note"), summarize(fitted_runs(target)))
+    again = hardware_from_dict(yaml.safe_load(text), "round trip")
+    assert again.device.memory_efficiency == 0.66
+    assert again.device.launch_overhead_us == 21.0
+    assert again.inter.efficiency == 0.7
+    top_bf16 = max(y for _, y in again.device.gemm_curve("bf16"))
+    top_fp8 = max(y for _, y in again.device.gemm_curve("fp8"))
+    assert abs(top_bf16 / top_fp8 - 0.7 / 0.6) < 0.01
+    assert again.raw["calibration"]["runs"] == len(fitted_runs(target))
+    # the comments outside the rewritten keys survive
+    assert text.count("# ") >= path.read_text().count("# ") - 2
+    assert "test note" in text
+
+
+# ---- confidence ------------------------------------------------------------------------------------------
+def test_estimates_say_where_they_extrapolate():
+    hw = load_hardware("dgx-h100")
+    model = load_model("llama3-70b")
+    s = Strategy(dp=2, tp=4, pp=8, virtual_pipeline_stages=5, sequence_parallel=True, micro_batch_size=1,
+                 num_micro_batches=64, zero_stage=1, pipeline_schedule="interleaved-1f1b")
+    job = TrainingJob(global_batch_size=128, seq_length=8192, dtype="fp8", fp8_recipe="tensorwise")
+    inside = confidence(model, hw, Cluster.of(hw, devices=64), job, s)
+    assert inside.calibrated and inside.extrapolated == ()
+    outside = confidence(model, hw, Cluster.of(hw, devices=64), TrainingJob(global_batch_size=128, seq_length=8192,
+                         dtype="fp8", fp8_recipe="mxfp8"), s)
+    assert not outside.calibrated
+    assert any("fp8:mxfp8" in part for part in outside.extrapolated)
+    e = estimate(model, hw, Cluster.of(hw, devices=64), job, s)
+    assert e.confidence == inside
+
+
+def test_recommend_json_and_table_carry_the_calibration():
+    result = runner.invoke(app, ["recommend", "--model", "llama3-8b", "--hardware", "dgx-h100", "--devices", "8",
+                                 "--top", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    plans = json.loads(result.output)["plans"]
+    for plan in plans:
+        assert set(plan["prediction"]["confidence"]) == {"calibrated", "extrapolated"}
+    table = runner.invoke(app, ["recommend", "--model", "llama3-8b", "--hardware", "ascend-910", "--devices", "8", "--top", "1"])
+    assert table.exit_code == 0, table.output
+    flat = " ".join(table.output.split())
+    assert "plan 1 extrapolates: ascend-910: no measured runs behind this profile's constants" in flat
+
+
+# ---- Megatron's recompute modules end to end ---------------------------------------------------------------
+def test_recompute_modules_flag_plan_and_export(tmp_path):
+    plan = tmp_path / "plan.json"
+    result = runner.invoke(app, ["recommend", "--model", "mixtral-8x7b", "--hardware", "dgx-h100", "--devices", "64",
+                                 "--recompute", "selective", "--recompute-modules", "layernorm,moe_act",
+                                 "--top", "1", "--out", str(plan)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(plan.read_text())
+    assert data["training"]["recompute_modules"] == ["layernorm", "moe_act"]
+    exported = runner.invoke(app, ["export", str(plan), "--to", "megatron", "--json"])
+    assert exported.exit_code == 0, exported.output
+    script = json.dumps(json.loads(exported.output)["files"])
+    assert "--recompute-modules" in script and "layernorm" in script and "moe_act" in script
+    estimate_out = runner.invoke(app, ["estimate", "--plan", str(plan), "--json"])
+    assert estimate_out.exit_code in (0, 1), estimate_out.output
+    bad = runner.invoke(app, ["estimate", "--model", "llama3-8b", "--hardware", "dgx-h100", "--devices", "8",
+                              "--framework", "torchtitan", "--recompute-modules", "layernorm"])
+    assert isinstance(bad.exception, AdvisorError) and bad.exception.exit_code == 2
+    assert "Megatron" in str(bad.exception)
