@@ -40,6 +40,9 @@ def render_estimate(console: Console, title: str, s: Strategy, e: Estimate) -> N
     )
     for reason in e.reasons:
         console.print(f"  [red]-[/red] {reason}")
+    if e.confidence is not None and not e.confidence.calibrated:
+        console.print("extrapolates (outside the profile's calibrated region): " + "; ".join(e.confidence.extrapolated),
+                      highlight=False, markup=False)
     if e.time_to_train_s is not None:
         line = f"time to train: {duration(e.time_to_train_s)}"
         if e.cost_to_train_usd is not None:

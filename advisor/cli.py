@@ -21,6 +21,13 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+FRAMEWORK_HELP = ("megatron | pytorch | torchtitan | mindspore: whose implementation runs the plan (what "
+                  "selective recomputation means, fused kernels, the attention kernel)")
+FP8_HELP = "with --dtype fp8: delayed | tensorwise | mxfp8 | blockwise (default delayed)"
+MODULES_HELP = ("with --framework megatron: what selective recomputation replays, comma-separated core_attn, layernorm, "
+                "moe_act, mla_up_proj, mlp (Megatron's --recompute-modules; default core_attn)")
+
+
 def print_json(obj) -> None:
     """--json output: only JSON on stdout."""
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
@@ -74,6 +81,10 @@ def estimate_cmd(
     tokens: Optional[str] = typer.Option(None, "--tokens", help="token budget for time/cost to train, e.g. 2T"),
     attention: str = typer.Option("flash", "--attention", help="flash | math (unfused, stores the s x s scores)"),
     dropout: bool = typer.Option(False, "--dropout", help="train with dropout (its masks are kept for backward)"),
+    framework: str = typer.Option("megatron", "--framework", help=FRAMEWORK_HELP),
+    fp8_recipe: Optional[str] = typer.Option(None, "--fp8-recipe", help=FP8_HELP),
+    cp_comm: str = typer.Option("p2p", "--cp-comm", help="p2p (ring attention) | a2a (Ulysses)"),
+    recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help=MODULES_HELP),
     plan: Optional[str] = typer.Option(None, "--plan", help="score the strategy of a plan JSON instead"),
     as_json: bool = typer.Option(False, "--json", help="print only JSON"),
 ) -> None:
@@ -86,7 +97,7 @@ def estimate_cmd(
         mbs=mbs, gbs=gbs, seq_len=seq_len, vpp=vpp, zero=zero, recompute=recompute,
         recompute_layers=recompute_layers, sequence_parallel=sequence_parallel, schedule=schedule,
         offload_optimizer=offload_optimizer, dtype=dtype, tokens=tokens, attention=attention, dropout=dropout,
-        plan=plan,
+        plan=plan, framework=framework, fp8_recipe=fp8_recipe, cp_comm=cp_comm, recompute_modules=recompute_modules,
     )
     if as_json:
         print_json(result.to_dict())
@@ -111,6 +122,9 @@ def recommend_cmd(
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 | fp8 (default: bf16 if the device has it)"),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="token budget for time/cost to train, e.g. 2T"),
     attention: str = typer.Option("flash", "--attention", help="flash | math"),
+    framework: str = typer.Option("megatron", "--framework", help=FRAMEWORK_HELP),
+    fp8_recipe: Optional[str] = typer.Option(None, "--fp8-recipe", help=FP8_HELP),
+    recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help=MODULES_HELP),
     searcher: str = typer.Option("enumerate", "--searcher", help="enumerate | drec | ilp"),
     top: int = typer.Option(5, "--top", help="how many plans to show"),
     tp: Optional[int] = typer.Option(None, "--tp", help="pin the tensor-parallel degree"),
@@ -125,6 +139,7 @@ def recommend_cmd(
     schedule: Optional[str] = typer.Option(None, "--schedule", help="pin gpipe | 1f1b | interleaved-1f1b"),
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel", help="pin sequence parallelism"),
     offload: Optional[bool] = typer.Option(None, "--offload/--no-offload", help="pin optimizer offload"),
+    cp_comm: Optional[str] = typer.Option(None, "--cp-comm", help="pin p2p (ring) | a2a (Ulysses) context parallelism"),
     out: Optional[str] = typer.Option(None, "--out", help="write the best plan JSON here"),
     plot: Optional[str] = typer.Option(None, "--plot", help="write the top plans' time and memory breakdown (PNG) here"),
     as_json: bool = typer.Option(False, "--json", help="print only JSON: {plans, search}"),
@@ -137,10 +152,11 @@ def recommend_cmd(
     from advisor.search import Pins
 
     inputs = resolve_inputs(model, hardware, nodes=nodes, devices=devices, global_batch=gbs, seq_len=seq_len,
-                            dtype=dtype, tokens=tokens, attention=attention)
+                            dtype=dtype, tokens=tokens, attention=attention, framework=framework, fp8_recipe=fp8_recipe,
+                            recompute_modules=recompute_modules)
     pins = Pins(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, recompute=recompute, micro_batch_size=mbs,
                 virtual_pipeline_stages=vpp, pipeline_schedule=schedule, sequence_parallel=sequence_parallel,
-                offload_optimizer=offload)
+                offload_optimizer=offload, cp_comm=cp_comm)
     with search_progress(console, enabled=not as_json and sys.stdout.isatty()) as progress:
         result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, pins=pins, top_k=top,
                            searcher=searcher, progress=progress)

@@ -11,7 +11,7 @@ from advisor.inputs import Inputs, resolve_inputs
 from advisor.plan import load_plan
 from advisor.search.neighbours import closest_fit
 from advisor.space.rules import violations
-from advisor.space.strategy import RECOMPUTE, SCHEDULES, Strategy
+from advisor.space.strategy import CP_COMM, RECOMPUTE, SCHEDULES, Strategy
 from advisor.specs.job import parse_token_count
 
 
@@ -43,7 +43,7 @@ def _check_choice(flag: str, value: str, options: tuple[str, ...]) -> None:
 
 def strategy_from_flags(inputs: Inputs, *, tp: int, pp: int, dp: int | None, cp: int, ep: int, mbs: int, vpp: int,
                         zero: int, recompute: str, recompute_layers: int | None, sequence_parallel: bool,
-                        schedule: str | None, offload_optimizer: bool) -> Strategy:
+                        schedule: str | None, offload_optimizer: bool, cp_comm: str = "p2p") -> Strategy:
     for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--ep", ep), ("--mbs", mbs), ("--vpp", vpp)):
         if value < 1:
             raise AdvisorError(f"{flag} must be a positive integer, got {value}")
@@ -67,10 +67,12 @@ def strategy_from_flags(inputs: Inputs, *, tp: int, pp: int, dp: int | None, cp:
     if schedule is None:
         schedule = "interleaved-1f1b" if vpp > 1 else "1f1b"
     _check_choice("--schedule", schedule, SCHEDULES)
+    _check_choice("--cp-comm", cp_comm, CP_COMM)
     return Strategy(
         dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel, virtual_pipeline_stages=vpp,
         micro_batch_size=mbs, num_micro_batches=gbs // (dp * mbs), zero_stage=zero, recompute=recompute,
         recompute_layers=recompute_layers, pipeline_schedule=schedule, offload_optimizer=offload_optimizer,
+        cp_comm=cp_comm,
     )
 
 
@@ -79,7 +81,8 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
                      seq_len: int | None, vpp: int, zero: int, recompute: str, recompute_layers: int | None,
                      sequence_parallel: bool, schedule: str | None, offload_optimizer: bool, dtype: str | None,
                      tokens: str | None, plan: str | None, attention: str = "flash",
-                     dropout: bool = False) -> EstimateResult:
+                     dropout: bool = False, framework: str = "megatron", fp8_recipe: str | None = None,
+                     cp_comm: str = "p2p", recompute_modules: str | None = None) -> EstimateResult:
     if plan is not None:
         p = load_plan(plan)
         job = p.training if tokens is None else replace(p.training, train_tokens=parse_token_count(tokens))
@@ -91,11 +94,12 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
             raise AdvisorError("advisor estimate needs --model and --hardware (or --plan PLAN.json)")
         inputs = resolve_inputs(model, hardware, nodes=nodes, devices=devices, global_batch=gbs,
                                 seq_len=seq_len, dtype=dtype, tokens=tokens, attention=attention,
-                                dropout=dropout)
+                                dropout=dropout, framework=framework, fp8_recipe=fp8_recipe,
+                                recompute_modules=recompute_modules)
         strategy = strategy_from_flags(
             inputs, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, vpp=vpp, zero=zero, recompute=recompute,
             recompute_layers=recompute_layers, sequence_parallel=sequence_parallel, schedule=schedule,
-            offload_optimizer=offload_optimizer,
+            offload_optimizer=offload_optimizer, cp_comm=cp_comm,
         )
         title = f"{inputs.model.name} on {inputs.cluster.devices} x {inputs.hardware.device.name} ({inputs.hardware.name})"
     broken = violations(inputs.model, inputs.cluster, inputs.job, strategy)

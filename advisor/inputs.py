@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from advisor.errors import AdvisorError
 from advisor.specs.hardware import HardwareProfile, load_hardware
-from advisor.specs.job import ATTENTION, Cluster, TrainingJob, parse_token_count
+from advisor.specs.job import ATTENTION, FP8_RECIPES, FRAMEWORKS, RECOMPUTE_MODULES, Cluster, TrainingJob, parse_token_count
 from advisor.specs.model import ModelSpec, load_model
 
 # Default global batch: about 4M tokens per step, as Llama 2 and Llama 3 pre-training used
@@ -42,6 +42,9 @@ def resolve_inputs(
     tokens: str | float | None = None,
     attention: str = "flash",
     dropout: bool = False,
+    framework: str = "megatron",
+    fp8_recipe: str | None = None,
+    recompute_modules: str | None = None,
 ) -> Inputs:
     spec = load_model(model)
     hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
@@ -58,6 +61,21 @@ def resolve_inputs(
                            f"(it has {', '.join(hw.device.peak_tflops)})")
     if attention not in ATTENTION:
         raise AdvisorError(f"--attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+    if framework not in FRAMEWORKS:
+        raise AdvisorError(f"--framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
+    if fp8_recipe is not None and (dt != "fp8" or fp8_recipe not in FP8_RECIPES):
+        raise AdvisorError(f"--fp8-recipe must be one of {', '.join(FP8_RECIPES)} and goes with --dtype fp8 "
+                           f"(got --fp8-recipe {fp8_recipe} with --dtype {dt})")
     train_tokens = parse_token_count(tokens) if isinstance(tokens, str) else tokens
+    modules = None
+    if recompute_modules is not None:
+        modules = tuple(m.strip() for m in recompute_modules.split(",") if m.strip())
+        bad = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if bad or not modules:
+            raise AdvisorError(f"--recompute-modules takes a comma-separated list of {', '.join(RECOMPUTE_MODULES)}, "
+                               f"got {recompute_modules[:80]!r}")
+        if framework != "megatron":
+            raise AdvisorError(f"--recompute-modules is Megatron's setting; it goes with --framework megatron, not {framework}")
     return Inputs(spec, hw, cluster, TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens,
-                                                  attention=attention, dropout=dropout))
+                                                  attention=attention, dropout=dropout, framework=framework,
+                                                  fp8_recipe=fp8_recipe, recompute_modules=modules))

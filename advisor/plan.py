@@ -14,10 +14,10 @@ from typing import Any
 from advisor import __version__
 from advisor.errors import AdvisorError
 from advisor.space.rules import violations
-from advisor.space.strategy import MESH_DIMS, RECOMPUTE, SCHEDULES, Strategy
+from advisor.space.strategy import CP_COMM, MESH_DIMS, RECOMPUTE, SCHEDULES, Strategy
 from advisor.specs import _fields as f
 from advisor.specs.hardware import HardwareProfile, hardware_from_dict
-from advisor.specs.job import Cluster, TrainingJob
+from advisor.specs.job import FP8_RECIPES, FRAMEWORKS, Cluster, TrainingJob
 from advisor.specs.model import ModelSpec, model_from_dict, model_to_dict
 
 SCHEMA_VERSION = 1
@@ -27,7 +27,7 @@ _PARALLEL_REQUIRED = ("dp", "tp", "pp")
 _PARALLEL_OPTIONAL = (
     "cp", "ep", "sequence_parallel", "virtual_pipeline_stages", "micro_batch_size", "num_micro_batches",
     "zero_stage", "recompute", "recompute_layers", "pipeline_schedule", "stage_layers", "mesh_order",
-    "offload_optimizer",
+    "offload_optimizer", "cp_comm",
 )
 
 
@@ -51,11 +51,13 @@ def strategy_to_dict(s: Strategy, num_layers: int) -> dict[str, Any]:
         "sequence_parallel": s.sequence_parallel,
         "virtual_pipeline_stages": s.virtual_pipeline_stages,
         "micro_batch_size": s.micro_batch_size, "num_micro_batches": s.num_micro_batches,
-        "zero_stage": s.zero_stage, "recompute": s.recompute, "recompute_layers": s.recompute_layers,
+        "zero_stage": s.zero_stage, "recompute": s.recompute,
+        "recompute_layers": list(s.recompute_layers) if isinstance(s.recompute_layers, tuple) else s.recompute_layers,
         "pipeline_schedule": s.pipeline_schedule,
         "stage_layers": list(s.resolved_stage_layers(num_layers)),
         "mesh_order": list(s.mesh_order),
         "offload_optimizer": s.offload_optimizer,
+        "cp_comm": s.cp_comm,
     }
 
 
@@ -69,6 +71,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     }
     if plan.training.train_tokens is not None:
         training["train_tokens"] = plan.training.train_tokens
+    if plan.training.fp8_recipe is not None:
+        training["fp8_recipe"] = plan.training.fp8_recipe
+    if plan.training.recompute_modules is not None:
+        training["recompute_modules"] = list(plan.training.recompute_modules)
     return {
         "schema_version": SCHEMA_VERSION,
         "advisor_version": plan.advisor_version,
@@ -95,6 +101,13 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
     if not isinstance(mesh, list) or sorted(mesh) != sorted(MESH_DIMS):
         raise AdvisorError(f"{o}: key 'mesh_order' must list each of {', '.join(MESH_DIMS)} once, got {mesh!r}")
     rl = data.get("recompute_layers")
+    if isinstance(rl, list):
+        if not rl or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in rl):
+            raise AdvisorError(f"{o}: key 'recompute_layers' must be a positive integer or a list of non-negative "
+                               f"integers (one per pipeline stage), got {rl!r}")
+        rl = tuple(rl)
+    elif rl is not None:
+        rl = f.positive_int(data, "recompute_layers", o)
     return Strategy(
         dp=f.positive_int(data, "dp", o), tp=f.positive_int(data, "tp", o), pp=f.positive_int(data, "pp", o),
         cp=f.positive_int(data, "cp", o, default=1), ep=f.positive_int(data, "ep", o, default=1),
@@ -104,29 +117,39 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
         num_micro_batches=f.positive_int(data, "num_micro_batches", o, default=1),
         zero_stage=f.non_negative_int(data, "zero_stage", o, default=0),
         recompute=f.choice(data, "recompute", o, RECOMPUTE, default="none"),
-        recompute_layers=None if rl is None else f.positive_int(data, "recompute_layers", o),
+        recompute_layers=rl,
         pipeline_schedule=f.choice(data, "pipeline_schedule", o, SCHEDULES, default="1f1b"),
         stage_layers=stage_layers,
         offload_optimizer=f.boolean(data, "offload_optimizer", o, default=False),
         mesh_order=tuple(mesh),
+        cp_comm=f.choice(data, "cp_comm", o, CP_COMM, default="p2p"),
     )
 
 
 def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
     o = f"{origin}: training"
     f.check_keys(data, o, ("global_batch_size", "seq_length"), ("dtype", "optimizer", "train_tokens", "attention", "dropout", "framework",
-                                                                "overlap_grad_reduce"))
+                                                                "overlap_grad_reduce", "fp8_recipe", "recompute_modules"))
     tokens = data.get("train_tokens")
+    modules = data.get("recompute_modules")
+    if modules is not None and (not isinstance(modules, list) or not all(isinstance(m, str) for m in modules)):
+        raise AdvisorError(f"{o}: key 'recompute_modules' must be a list of names, got {str(modules)[:80]!r}")
+    recipe = data.get("fp8_recipe")
+    dtype = f.choice(data, "dtype", o, ("fp32", "tf32", "fp16", "bf16", "fp8"), default="bf16")
+    if recipe is not None and dtype != "fp8":
+        raise AdvisorError(f"{o}: key 'fp8_recipe' = {recipe!r} needs dtype fp8, got dtype {dtype!r}")
     return TrainingJob(
         global_batch_size=f.positive_int(data, "global_batch_size", o),
         seq_length=f.positive_int(data, "seq_length", o),
-        dtype=f.choice(data, "dtype", o, ("fp32", "tf32", "fp16", "bf16", "fp8"), default="bf16"),
+        dtype=dtype,
         optimizer=f.choice(data, "optimizer", o, ("adamw", "adam", "sgd"), default="adamw"),
         train_tokens=None if tokens is None else f.positive_float(data, "train_tokens", o),
         attention=f.choice(data, "attention", o, ("flash", "math"), default="flash"),
         dropout=f.boolean(data, "dropout", o, default=False),
-        framework=f.choice(data, "framework", o, ("megatron", "pytorch"), default="megatron"),
+        framework=f.choice(data, "framework", o, FRAMEWORKS, default="megatron"),
         overlap_grad_reduce=f.boolean(data, "overlap_grad_reduce", o, default=True),
+        fp8_recipe=None if recipe is None else f.choice(data, "fp8_recipe", o, FP8_RECIPES),
+        recompute_modules=None if modules is None else tuple(modules),
     )
 
 

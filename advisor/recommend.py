@@ -88,7 +88,7 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
     summary = {k: v for k, v in outcome.stats.to_dict().items() if k in ("searcher", "candidates", "scored", "feasible", "seconds")}
     plans, estimates = [], []
     for position, i in enumerate(order, start=1):
-        est = from_batch(e, int(i), model, hardware, cluster, job)
+        est = from_batch(e, int(i), model, hardware, cluster, job, strategy=batch.strategy(int(i)))
         operator = outcome.operator_strategies[int(i)] if outcome.operator_strategies is not None else None
         plans.append(Plan(model=model, hardware=hardware, cluster=cluster, training=job, strategy=batch.strategy(int(i)),
                           operator_strategies=operator, prediction=prediction_of(est),
@@ -112,6 +112,7 @@ def prediction_of(e: Estimate) -> dict[str, Any]:
         "memory_gib": {"parameters": mem.parameters, "gradients": mem.gradients, "optimizer": mem.optimizer,
                        "activations": mem.activations, "buffers": mem.buffers, "total": mem.total},
         "time_s": dict(e.time_s), "bottleneck": e.bottleneck,
+        **({"confidence": e.confidence.to_dict()} if e.confidence is not None else {}),
     }
 
 

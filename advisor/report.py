@@ -51,16 +51,24 @@ def plans_table(result: RecommendResult) -> Table:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
                   collapse_padding=True)
     degrees = "dp.tp.pp.cp" + (".ep" if moe else "")
-    for name in ("#", degrees, "mbs x m", "knobs", "GiB", "step s", "tokens/s", "MFU", "limit"):
-        table.add_column(name, justify="left" if name in (degrees, "knobs", "limit") else "right",
+    for name in ("#", degrees, "mbs x m", "knobs", "GiB", "step s", "tokens/s", "MFU", "limit", "calibrated"):
+        table.add_column(name, justify="left" if name in (degrees, "knobs", "limit", "calibrated") else "right",
                          no_wrap=name != "knobs", min_width=10 if name == "knobs" else None)
     for rank, (plan, e) in enumerate(zip(result.plans, result.estimates), start=1):
         s = plan.strategy
         table.add_row(
             str(rank), f"{s.dp}.{s.tp}.{s.pp}.{s.cp}" + (f".{s.ep}" if moe else ""),
             f"{s.micro_batch_size}x{s.num_micro_batches}", _knobs(s), f"{e.memory_gib.total:.1f}",
-            f"{e.step_time_s:.3g}", f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", _BOTTLENECK.get(e.bottleneck, e.bottleneck))
+            f"{e.step_time_s:.3g}", f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", _BOTTLENECK.get(e.bottleneck, e.bottleneck),
+            _calibrated(e))
     return table
+
+
+def _calibrated(e: Estimate) -> str:
+    """'yes', or 'no (n)' with the number of parts outside the profile's calibrated region."""
+    if e.confidence is None:
+        return "-"
+    return "yes" if e.confidence.calibrated else f"no ({len(e.confidence.extrapolated)})"
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -94,6 +102,9 @@ def render_recommendation(console: Console, result: RecommendResult, saved_to: s
                   "the step time, or memory when over 95% is used", highlight=False)
     for line in search_lines(result.search):
         console.print(line, highlight=False)
+    first = result.estimates[0].confidence
+    if first is not None and not first.calibrated:
+        console.print("plan 1 extrapolates: " + "; ".join(first.extrapolated), highlight=False, markup=False)
     train = _training_time(result.estimates[0])
     if train:
         console.print(train)

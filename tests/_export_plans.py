@@ -12,10 +12,11 @@ from advisor.specs.model import load_model, model_to_dict
 
 def make_plan(model: str, hardware: str, nodes: int, parallel: dict, *, devices: int | None = None,
               global_batch_size: int, seq_length: int, dtype: str = "bf16", optimizer: str = "adamw",
-              train_tokens: float | None = None, searcher: str = "enumerate", attention: str = "flash") -> Plan:
+              train_tokens: float | None = None, searcher: str = "enumerate", attention: str = "flash",
+              framework: str = "megatron") -> Plan:
     hw = load_hardware(hardware)
     training = {"global_batch_size": global_batch_size, "seq_length": seq_length, "dtype": dtype,
-                "optimizer": optimizer, "attention": attention}
+                "optimizer": optimizer, "attention": attention, "framework": framework}
     if train_tokens is not None:
         training["train_tokens"] = train_tokens
     data = {
@@ -70,6 +71,12 @@ def plans() -> dict[str, Plan]:
             "llama3-8b", "dgx-h100", 1,
             {"dp": 8, "tp": 1, "pp": 1, "micro_batch_size": 1, "num_micro_batches": 4, "zero_stage": 1},
             global_batch_size=32, seq_length=8192, searcher="drec", train_tokens=1.0e9),
+        # priced for torchtitan: op-level selective activation checkpointing, FSDP
+        "llama8b_torchtitan_sac": make_plan(
+            "llama3-8b", "dgx-h100", 2,
+            {"dp": 16, "tp": 1, "pp": 1, "micro_batch_size": 2, "num_micro_batches": 1, "zero_stage": 3,
+             "recompute": "selective"},
+            global_batch_size=32, seq_length=8192, framework="torchtitan"),
         # devices that do not fill the last node
         "llama8b_partial_node": make_plan(
             "llama3-8b", "dgx-a100-80g", 2,

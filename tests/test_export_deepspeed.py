@@ -167,10 +167,10 @@ def test_unexpressible_features_are_reported(exported):
     def unsupported(name):
         return " ".join(exported[name][1].unsupported)
 
-    assert "recompute = selective" in unsupported("llama70b_uneven_pp")
+    assert "Megatron-style selective recomputation (attention core)" in unsupported("llama70b_uneven_pp")
     assert "stage_layers" in unsupported("llama70b_uneven_pp")
     assert "virtual_pipeline_stages" in unsupported("mixtral_ep_vpp")
-    assert "recompute_layers" in unsupported("mixtral_ep_vpp")
+    assert "full recomputation of 4 layer(s) per stage" in unsupported("mixtral_ep_vpp")
     assert "gpipe" in unsupported("gpt3_gpipe_fp16")
     assert "cp = 4" in unsupported("llama8b_cp_zero3_offload")
     assert "zero_stage = 2 with pp = 2" in unsupported("llama7b_zero2_pp")

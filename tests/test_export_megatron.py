@@ -22,6 +22,7 @@ import pytest
 
 from _export_plans import plans
 from advisor.export import export_plan
+from advisor.export._recompute import CORE_ATTENTION, FULL, NONE, priced_recompute
 from advisor.export.megatron import GROUPS, megatron_launch
 
 ARGUMENTS_PY = "NVIDIA/Megatron-LM megatron/training/arguments.py @ 000c4ac24f61159c138b0975def722c65245983c"
@@ -42,6 +43,7 @@ MEGATRON_FLAGS: dict[str, tuple[type | None, tuple | None]] = {
     "--use-megatron-fsdp": (None, None),
     "--data-parallel-sharding-strategy": (str, ("no_shard", "optim", "optim_grads", "optim_grads_params")),
     "--context-parallel-size": (int, None),
+    "--cp-comm-type": (str, None),                      # nargs='+': p2p, a2a, allgather, a2a+p2p
     "--use-tp-pp-dp-mapping": (None, None),
     # _add_training_args
     "--micro-batch-size": (int, None),
@@ -49,6 +51,7 @@ MEGATRON_FLAGS: dict[str, tuple[type | None, tuple | None]] = {
     "--recompute-granularity": (str, ("full", "selective")),
     "--recompute-method": (str, ("uniform", "block")),
     "--recompute-num-layers": (int, None),
+    "--recompute-modules": (str, None),                 # nargs='*': core_attn, moe_act, layernorm, mla_up_proj, ...
     "--train-iters": (int, None),
     "--optimizer": (str, ("adam", "sgd", "muon", "dist_muon")),
     "--optimizer-cpu-offload": (None, None),
@@ -63,6 +66,10 @@ MEGATRON_FLAGS: dict[str, tuple[type | None, tuple | None]] = {
     "--bf16": (None, None),
     # _add_transformer_engine_args
     "--fp8-format": (str, ("e4m3", "hybrid")),
+    "--fp8-recipe": (str, ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")),
+    "--fp8-param-gather": (None, None),
+    "--tp-comm-overlap": (None, None),
+    "--grad-reduce-in-bf16": (None, None),
     # _add_network_size_args
     "--num-layers": (int, None),
     "--hidden-size": (int, None),
@@ -99,6 +106,8 @@ MEGATRON_FLAGS: dict[str, tuple[type | None, tuple | None]] = {
     "--moe-ffn-hidden-size": (int, None),
     "--moe-router-topk": (int, None),
     "--moe-token-dispatcher-type": (str, ("allgather", "alltoall", "flex")),
+    "--moe-expert-capacity-factor": (float, None),
+    "--moe-pad-expert-input-to-capacity": (None, None),
     # _add_logging_args / _add_validation_args
     "--log-interval": (int, None),
     "--log-throughput": (None, None),
@@ -222,7 +231,13 @@ def test_validate_args_rules(exported):
         assert a.sequence_parallel == s.sequence_parallel
         assert (a.micro_batch_size, a.global_batch_size, a.seq_length) == (s.micro_batch_size, j.global_batch_size,
                                                                            j.seq_length)
-        assert a.recompute_granularity == (None if s.recompute == "none" else s.recompute)
+        # the priced recomputation, or none written and the reason reported (advisor.export._recompute)
+        priced = priced_recompute(plan)
+        if priced.kind in (NONE, FULL, CORE_ATTENTION):
+            assert a.recompute_granularity == {NONE: None, FULL: "full", CORE_ATTENTION: "selective"}[priced.kind]
+        else:
+            assert a.recompute_granularity is None
+            assert "parallel.recompute" in " ".join(megatron_launch(plan).unsupported), name
         assert a.use_distributed_optimizer == (s.zero_stage >= 1)
         assert a.optimizer_cpu_offload == s.offload_optimizer
         assert (a.num_layers, a.hidden_size, a.num_attention_heads) == (m.num_layers, m.hidden_size, m.num_attention_heads)

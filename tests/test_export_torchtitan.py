@@ -15,6 +15,7 @@ import types
 import pytest
 
 from _export_plans import plans
+from advisor.export._recompute import FULL, NONE, OP_LEVEL, priced_recompute
 from advisor.export import export_plan
 
 SOURCE = "torchtitan 0.2.0 torchtitan/config/job_config.py"
@@ -83,8 +84,15 @@ def test_degrees_and_batches_match_the_plan(exported):
             assert accumulation == s.num_micro_batches and train["local_batch_size"] == s.micro_batch_size
         if j.train_tokens:
             assert train["steps"] == math.ceil(j.train_tokens / j.tokens_per_step)
-        mode = doc["activation_checkpoint"]["mode"]
-        assert (mode == "none") == (s.recompute == "none"), name
+        # the priced recomputation, or none written and the reason reported (advisor.export._recompute)
+        priced = priced_recompute(plan)
+        ac = doc["activation_checkpoint"]
+        written = {NONE: "none", FULL: "full", OP_LEVEL: "selective"}.get(priced.kind)
+        if written is not None and (priced.kind == NONE or priced.layers is None):
+            assert ac["mode"] == written, name
+            assert (ac.get("selective_ac_option") == "op") == (priced.kind == OP_LEVEL), name
+        else:
+            assert "mode" not in ac and "parallel.recompute" in " ".join(exported[name][1].unsupported), name
 
 
 def test_pipeline_parts_follow_the_stage_layers(exported):
@@ -135,7 +143,8 @@ def test_torchtitan_config_manager_parses_the_export(exported, tmp_path):
         assert par.tensor_parallel_degree == plan.strategy.tp, name
         assert par.pipeline_parallel_degree == plan.strategy.pp, name
         assert cfg.training.local_batch_size == doc["training"]["local_batch_size"]
-        assert cfg.activation_checkpoint.mode == doc["activation_checkpoint"]["mode"]
+        if "mode" in doc["activation_checkpoint"]:
+            assert cfg.activation_checkpoint.mode == doc["activation_checkpoint"]["mode"]
         # torchtitan's own degree checks (parallel_dims.py _validate)
         dims = ParallelDims(dp_replicate=par.data_parallel_replicate_degree, dp_shard=par.data_parallel_shard_degree,
                             cp=par.context_parallel_degree, tp=par.tensor_parallel_degree,
@@ -164,7 +173,9 @@ def test_unexpressible_features_are_reported(exported):
     assert "fp16" in unsupported("gpt3_gpipe_fp16")
     assert "offload_optimizer" in unsupported("llama8b_cp_zero3_offload")
     assert "mesh_order" in unsupported("llama8b_cp_zero3_offload")
-    assert "recompute_layers" in unsupported("mixtral_ep_vpp")
+    assert "full recomputation of 4 layer(s) per stage" in unsupported("mixtral_ep_vpp")
+    assert "Megatron-style selective" in unsupported("llama70b_uneven_pp")      # attention-core only
+    assert "recompute" not in unsupported("llama8b_torchtitan_sac")
     # expressible exactly: ZeRO-3 and ZeRO-2 are FSDP2 resharding policies
     doc = exported["llama8b_cp_zero3_offload"][2]
     assert doc["parallelism"]["fsdp_reshard_after_forward"] == "always"

@@ -18,6 +18,7 @@ from advisor.export import ExportResult
 from advisor.export._common import (
     comment_block, header_lines, is_even_split, mesh_text, non_default_mesh, procs_per_node, stage_layers,
 )
+from advisor.export._recompute import CORE_ATTENTION, FULL, NONE, cannot_express, priced_recompute
 from advisor.plan import Plan
 
 
@@ -54,20 +55,17 @@ def ds_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
         unsupported.append(f"parallel.zero_stage = {s.zero_stage} with pp = {s.pp}: DeepSpeed's pipeline engine "
                            "supports ZeRO stage 0 or 1 only")
 
-    if s.recompute == "full":
+    priced = priced_recompute(plan)
+    if priced.kind == FULL and priced.layers is None:
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
                                            "cpu_checkpointing": False, "synchronize_checkpoint_boundary": False,
                                            "profile": False}
-        if s.recompute_layers is not None:
-            unsupported.append(f"parallel.recompute_layers = {s.recompute_layers}: DeepSpeed checkpoints every "
-                               "activation_checkpoint_interval-th layer, not a count of layers per stage; exported "
-                               "as full recomputation of every layer")
-    elif s.recompute == "selective":
-        unsupported.append("parallel.recompute = selective: DeepSpeed's activation checkpointing recomputes whole "
-                           "layers; selective (attention-only) recomputation needs Megatron-DeepSpeed's "
-                           "--recompute-granularity selective in the model code")
+    elif priced.kind != NONE:
+        closest = {FULL: "activation_checkpoint_interval (every N-th layer)",
+                   CORE_ATTENTION: "Megatron-DeepSpeed's --recompute-granularity selective in the model code"}
+        unsupported.append(cannot_express("DeepSpeed", priced, closest.get(priced.kind, "")))
     if s.pp > 1:
-        cfg["pipeline"] = {"activation_checkpoint_interval": 1 if s.recompute == "full" else 0,
+        cfg["pipeline"] = {"activation_checkpoint_interval": 1 if "activation_checkpointing" in cfg else 0,
                            "pipe_partitioned": True, "grad_partitioned": True}
     if s.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": s.tp}

@@ -19,6 +19,7 @@ from advisor.export import ExportResult
 from advisor.export._common import (
     chunk_layers, comment_block, header_lines, is_even_split, mesh_text, procs_per_node, stage_layers, train_steps,
 )
+from advisor.export._recompute import CORE_ATTENTION, FULL, MINDSPORE_SELECT, NONE, OP_LEVEL, cannot_express, priced_recompute
 from advisor.plan import Plan
 
 SCRIPT = "pretrain_gpt.py"
@@ -88,8 +89,15 @@ def megatron_launch(plan: Plan) -> MegatronLaunch:
     # ---- parallelism ---------------------------------------------------------------------------
     par = ["--tensor-model-parallel-size", str(s.tp), "--pipeline-model-parallel-size", str(s.pp),
            "--context-parallel-size", str(s.cp)]
+    if s.cp > 1 and s.cp_comm != "p2p":
+        par += ["--cp-comm-type", s.cp_comm]
     if s.sequence_parallel:
         par.append("--sequence-parallel")
+        if j.tp_comm_overlap:
+            par.append("--tp-comm-overlap")
+    elif j.tp_comm_overlap and s.tp > 1:
+        unsupported.append("training.tp_comm_overlap = true without sequence parallelism: Megatron-LM overlaps "
+                           "tensor-parallel communication only with --sequence-parallel")
     if m.moe is not None:
         par += ["--expert-model-parallel-size", str(s.ep)]
     if s.pp > 1:
@@ -136,6 +144,9 @@ def megatron_launch(plan: Plan) -> MegatronLaunch:
         model += ["--num-experts", str(m.moe.num_experts), "--moe-router-topk", str(m.moe.top_k),
                   "--moe-ffn-hidden-size", str(m.moe.expert_ffn_hidden_size), "--moe-layer-freq", moe_layer_freq(plan),
                   "--moe-token-dispatcher-type", "alltoall" if s.ep > 1 else "allgather"]
+        if not j.moe_dropless:
+            # priced without the dropless host synchronization: a capacity factor with padding
+            model += ["--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity"]
     launch.groups["MODEL_ARGS"] = model
 
     # ---- batch, precision, recomputation -----------------------------------------------------------
@@ -151,11 +162,23 @@ def megatron_launch(plan: Plan) -> MegatronLaunch:
     elif j.dtype == "fp16":
         train.append("--fp16")
     elif j.dtype == "fp8":
-        train += ["--bf16", "--fp8-format", "hybrid"]
+        # MXFP8 is E4M3 throughout (Megatron-Bridge's bf16_with_mxfp8_mixed); the per-tensor recipes
+        # use the hybrid format (E4M3 forward, E5M2 gradients)
+        train += ["--bf16", "--fp8-format", "e4m3" if j.recipe == "mxfp8" else "hybrid", "--fp8-recipe", j.recipe]
+        if j.fp8_param_gather:
+            train.append("--fp8-param-gather")
+    if j.grad_reduce_dtype == "bf16" and j.dtype in ("bf16", "fp8"):
+        train.append("--grad-reduce-in-bf16")
+    elif j.grad_reduce_dtype not in (None, "fp32") or (j.grad_reduce_dtype == "fp32" and j.dtype == "fp16"):
+        unsupported.append(f"training.grad_reduce_dtype = {j.grad_reduce_dtype} with dtype {j.dtype}: Megatron-LM "
+                           "reduces fp16 models' gradients in fp16 and bf16 models' in fp32 or bf16")
+    if j.framework != "megatron":
+        notes.append(f"the plan was priced for framework {j.framework}; Megatron-LM runs its own fused kernels, "
+                     "so re-price with --framework megatron for its time and memory")
     elif j.dtype == "tf32":
         notes.append("training.dtype = tf32: Megatron-LM trains in fp32; TF32 matmuls follow PyTorch's "
                      "torch.backends.cuda.matmul.allow_tf32 setting")
-    train += _recompute_flags(plan)
+    train += _recompute_flags(plan, unsupported)
     launch.groups["TRAINING_ARGS"] = train
 
     opt = ["--optimizer", "sgd" if j.optimizer == "sgd" else "adam",
@@ -192,16 +215,24 @@ def _zero_flags(plan: Plan, unsupported: list[str]) -> tuple[list[str], bool]:
             "--overlap-param-gather"], True
 
 
-def _recompute_flags(plan: Plan) -> list[str]:
+def _recompute_flags(plan: Plan, unsupported: list[str]) -> list[str]:
+    """The priced recomputation (advisor.export._recompute) as Megatron-LM flags, or none."""
     s = plan.strategy
-    if s.recompute == "selective":
-        return ["--recompute-granularity", "selective"]      # default module: core_attn
-    if s.recompute == "full":
-        if s.recompute_layers is None:
-            return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    priced = priced_recompute(plan)
+    if priced.kind == NONE:
+        return []
+    if priced.kind == CORE_ATTENTION and priced.layers is None:
+        return ["--recompute-granularity", "selective", "--recompute-modules", *priced.modules]
+    if priced.kind == FULL and priced.layers is None:
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if priced.kind == FULL and isinstance(priced.layers, int) and priced.layers % s.virtual_pipeline_stages == 0:
         # block: recompute this many layers of each pipeline stage (per model chunk when interleaved)
-        per_chunk = max(1, s.recompute_layers // s.virtual_pipeline_stages)
+        per_chunk = priced.layers // s.virtual_pipeline_stages
         return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(per_chunk)]
+    closest = {FULL: "--recompute-method block with one count for every stage (a multiple of the virtual stages)",
+               OP_LEVEL: "--recompute-granularity selective with --recompute-modules",
+               MINDSPORE_SELECT: "--recompute-modules mlp"}.get(priced.kind, "")
+    unsupported.append(cannot_express("Megatron-LM", priced, closest))
     return []
 
 

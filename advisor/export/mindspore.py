@@ -21,6 +21,7 @@ from advisor.export import ExportResult
 from advisor.export._common import (
     chunk_layers, comment_block, header_lines, mesh_text, non_default_mesh, stage_layers,
 )
+from advisor.export._recompute import FULL, MINDSPORE_SELECT, NONE, cannot_express, priced_recompute
 from advisor.plan import Plan
 
 # MindSpore's set_pipeline_config allows schedulers other than 1f1b only with pipeline_interleave on;
@@ -64,25 +65,39 @@ def _offset(plan: Plan):
     return rows[0] if v == 1 else rows
 
 
-def _recompute(plan: Plan):
+def _layer_counts(plan: Plan):
+    """recompute_layers as MindFormers' per-stage list (per (chunk, stage) when interleaved), or True."""
     s = plan.strategy
-    if s.recompute != "full":
-        return False
-    if s.recompute_layers is None:
+    counts = s.recompute_counts()
+    if counts is None:
         return True
     v = s.virtual_pipeline_stages
     layers = stage_layers(plan)
     if v == 1:
-        return [min(s.recompute_layers, n) for n in layers]
+        return [min(c, n) for c, n in zip(counts, layers)]
     # split each stage's recomputed layers over its chunks, the first chunks taking the remainder
     out = []
     for vi in range(v):
         row = []
-        for n in layers:
-            base, extra = divmod(min(s.recompute_layers, n), v)
+        for c, n in zip(counts, layers):
+            base, extra = divmod(min(c, n), v)
             row.append(min(base + (1 if vi < extra else 0), n // v))
         out.append(row)
     return out
+
+
+def _recompute(plan: Plan, unsupported: list[str]) -> tuple:
+    """(recompute, select_recompute) for the priced policy (advisor.export._recompute)."""
+    priced = priced_recompute(plan)
+    if priced.kind == NONE:
+        return False, False
+    if priced.kind == FULL:
+        return _layer_counts(plan), False
+    if priced.kind == MINDSPORE_SELECT:
+        return False, _layer_counts(plan)
+    unsupported.append(cannot_express("MindFormers", priced, "select_recompute (SwiGLU SiLU and Mul; priced with "
+                                      "--framework mindspore)"))
+    return False, False
 
 
 def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
@@ -98,9 +113,10 @@ def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> 
         "vocab_emb_dp": s.tp == 1,
         "gradient_aggregation_group": 4,
     }
+    full, select = _recompute(plan, unsupported)
     recompute_config = {
-        "recompute": _recompute(plan),
-        "select_recompute": s.recompute == "selective",
+        "recompute": full,
+        "select_recompute": select,
         "parallel_optimizer_comm_recompute": False,
         "mp_comm_recompute": True,
         "recompute_slice_activation": False,

@@ -21,6 +21,7 @@ from advisor.export import ExportResult
 from advisor.export._common import (
     chunk_layers, comment_block, header_lines, mesh_text, non_default_mesh, stage_layers, train_steps,
 )
+from advisor.export._recompute import CORE_ATTENTION, FULL, NONE, OP_LEVEL, cannot_express, priced_recompute
 from advisor.plan import Plan
 
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
@@ -117,21 +118,27 @@ def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, 
                            "gradients as well as optimizer states (FSDP2 CPU offload)")
 
     # ---- activation checkpointing ---------------------------------------------------------------------
+    # The priced policy only (advisor.export._recompute): torchtitan's modes are none, full, op-level
+    # selective and every n-th layer.
     ac: dict = {}
-    if s.recompute == "none":
+    priced = priced_recompute(plan)
+    if priced.kind == NONE:
         ac["mode"] = "none"
-    elif s.recompute == "selective":
+    elif priced.kind == FULL and priced.layers is None:
+        ac["mode"] = "full"
+    elif priced.kind == OP_LEVEL and priced.layers is None:
         ac["mode"] = "selective"
         ac["selective_ac_option"] = "op"
-    elif s.recompute_layers is None:
-        ac["mode"] = "full"
     else:
-        per_stage = max(stage_layers(plan))
-        every = max(1, round(per_stage / s.recompute_layers))
-        ac["mode"] = "selective"
-        ac["selective_ac_option"] = str(every)
-        unsupported.append(f"parallel.recompute_layers = {s.recompute_layers}: torchtitan recomputes every n-th layer, "
-                           f"not a count per stage; exported as every {every} layer(s)")
+        closest = {FULL: 'mode = "selective" with selective_ac_option = "N" (every N-th layer)',
+                   CORE_ATTENTION: 'mode = "selective", selective_ac_option = "op" (priced with --framework torchtitan)'}
+        unsupported.append(cannot_express("torchtitan", priced, closest.get(priced.kind, "")))
+    if j.framework != "torchtitan":
+        notes.append(f"the plan was priced for framework {j.framework}; torchtitan runs eager PyTorch kernels and its "
+                     "own checkpointing policies, so re-price with --framework torchtitan")
+    if s.cp > 1 and s.cp_comm == "a2a":
+        unsupported.append("parallel.cp_comm = a2a: torchtitan's context parallelism is ring attention "
+                           "(context_parallel_rotate_method allgather or alltoall), not Ulysses")
     return {"parallelism": par, "training": train, "activation_checkpoint": ac}
 
 
