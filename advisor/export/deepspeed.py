@@ -22,6 +22,12 @@ from advisor.export._recompute import CORE_ATTENTION, FULL, NONE, cannot_express
 from advisor.plan import Plan
 
 
+def _every_layer_recomputed(plan: Plan) -> bool:
+    """DeepSpeed's one recomputation switch (every layer in full) is the priced policy."""
+    priced = priced_recompute(plan)
+    return priced.kind == FULL and priced.layers is None
+
+
 def ds_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
     s, j = plan.strategy, plan.training
     cfg: dict = {
@@ -56,7 +62,7 @@ def ds_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
                            "supports ZeRO stage 0 or 1 only")
 
     priced = priced_recompute(plan)
-    if priced.kind == FULL and priced.layers is None:
+    if _every_layer_recomputed(plan):
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
                                            "cpu_checkpointing": False, "synchronize_checkpoint_boundary": False,
                                            "profile": False}
@@ -116,7 +122,7 @@ def pipeline_settings(plan: Plan, unsupported: list[str], notes: list[str]) -> s
         + f"EP_SIZE = {s.ep}\n"
         + f"STAGE_LAYERS = {layers}\n"
         + f"PARTITION_METHOD = {partition!r}\n"
-        + f"ACTIVATION_CHECKPOINT_INTERVAL = {1 if s.recompute == 'full' else 0}\n\n"
+        + f"ACTIVATION_CHECKPOINT_INTERVAL = {1 if _every_layer_recomputed(plan) else 0}\n\n"
         + ep_line
         + "\ndef build_pipeline(layers, loss_fn):\n"
         + '    """layers: the LayerSpec list (embedding, transformer layers, head)."""\n'
