@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from advisor.errors import AdvisorError
 from advisor.specs.hardware import HardwareProfile, load_hardware
-from advisor.specs.job import ATTENTION, FP8_RECIPES, FRAMEWORKS, RECOMPUTE_MODULES, Cluster, TrainingJob, parse_token_count
+from advisor.specs.job import (ATTENTION, FP8_RECIPES, FRAMEWORKS, Cluster, TrainingJob, check_recompute_modules,
+                               parse_token_count)
 from advisor.specs.model import ModelSpec, load_model
 
 # Default global batch: about 4M tokens per step, as Llama 2 and Llama 3 pre-training used
@@ -70,12 +71,7 @@ def resolve_inputs(
     modules = None
     if recompute_modules is not None:
         modules = tuple(m.strip() for m in recompute_modules.split(",") if m.strip())
-        bad = [m for m in modules if m not in RECOMPUTE_MODULES]
-        if bad or not modules:
-            raise AdvisorError(f"--recompute-modules takes a comma-separated list of {', '.join(RECOMPUTE_MODULES)}, "
-                               f"got {recompute_modules[:80]!r}")
-        if framework != "megatron":
-            raise AdvisorError(f"--recompute-modules is Megatron's setting; it goes with --framework megatron, not {framework}")
+        check_recompute_modules(modules, framework, "--recompute-modules")
     return Inputs(spec, hw, cluster, TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens,
                                                   attention=attention, dropout=dropout, framework=framework,
                                                   fp8_recipe=fp8_recipe, recompute_modules=modules))

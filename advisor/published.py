@@ -108,7 +108,6 @@ class Prediction:
     run: PublishedRun
     strategy: Strategy
     step_time_s: float
-    hfu_tflops: float
     mfu: float
     feasible: bool
 
@@ -122,8 +121,7 @@ def predict(run: PublishedRun, hardware: HardwareProfile | None = None) -> Predi
         if best is None or e.step_time_s < best[1].step_time_s:
             best = (s, e)
     s, e = best
-    return Prediction(run=run, strategy=s, step_time_s=e.step_time_s, hfu_tflops=e.hfu_tflops_per_device,
-                      mfu=e.mfu, feasible=e.feasible)
+    return Prediction(run=run, strategy=s, step_time_s=e.step_time_s, mfu=e.mfu, feasible=e.feasible)
 
 
 # ---- vTrain ------------------------------------------------------------------------------------
@@ -187,6 +185,19 @@ def sc21_flops_per_step(run: PublishedRun) -> float:
     m = run.model
     b, s, l, h, v = run.job.global_batch_size, run.job.seq_length, m.num_layers, m.hidden_size, m.vocab_size
     return 96.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l * h))
+
+
+def measured_step_time_s(run: PublishedRun) -> float:
+    """The run's iteration time: measured (Korthikanti), or what SC'21's TFLOP/s per GPU implies on
+    the paper's own FLOP count."""
+    if "iteration_time_s" in run.measured:
+        return run.measured["iteration_time_s"]
+    return sc21_flops_per_step(run) / (run.measured["hfu_tflops"] * 1e12 * run.devices)
+
+
+def paper_source(run: PublishedRun) -> str:
+    """The source label a paper run is reported under."""
+    return "Korthikanti A100" if run.id.startswith("korthikanti") else "SC'21 A100"
 
 
 def published_errors(hardware: HardwareProfile | None = None) -> list[RunError]:

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from advisor.cost.comm import slowest_tier
-from advisor.space.strategy import DEFAULT_MESH_ORDER, SCHEDULES, StrategyBatch
+from advisor.cost.placement import TIER_ACROSS_NODES, group_placement
+from advisor.space.strategy import DEFAULT_MESH_ORDER, ONE_F_ONE_B, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 
 TIE_BAND = 0.01          # plans within 1% of the best remaining count as tied
-ACROSS_NODES = 2         # slowest_tier's code for a group spanning nodes
-_ONE_F_ONE_B = SCHEDULES.index("1f1b")
 
 
 def _default_strides(b: StrategyBatch) -> dict[str, np.ndarray]:
@@ -30,13 +28,13 @@ def _default_strides(b: StrategyBatch) -> dict[str, np.ndarray]:
 def simplicity_key(b: StrategyBatch, hw: HardwareProfile) -> np.ndarray:
     """(N, 9) integer matrix; lexicographically smaller rows are simpler."""
     active = sum((x > 1).astype(np.int64) for x in (b.dp, b.tp, b.pp, b.cp, b.ep))
-    tp_across_nodes = slowest_tier(hw, b.tp, b.tp_stride) == ACROSS_NODES
+    tp_across_nodes = group_placement(hw, b, "tp").slowest_tier == TIER_ACROSS_NODES
     default = _default_strides(b)
     moved = ((b.tp_stride != default["tp"]) | (b.dp_stride != default["dp"])
              | (b.cp_stride != default["cp"]) | (b.pp_stride != default["pp"]))
     columns = (
         active, b.offload_optimizer, tp_across_nodes, b.zero_stage, b.virtual_pipeline_stages > 1,
-        b.recompute, moved, b.pipeline_schedule != _ONE_F_ONE_B, b.sequence_parallel,
+        b.recompute, moved, b.pipeline_schedule != ONE_F_ONE_B, b.sequence_parallel,
     )
     return np.stack([np.asarray(c, dtype=np.int64) for c in columns], axis=1)
 

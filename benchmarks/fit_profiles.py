@@ -48,11 +48,12 @@ def main() -> None:
         for source, errors in result.errors.items():
             print(f"   {source:28s} {_summary(errors)}")
         if args.write:
+            held = "".join(f"; held: {k} {v:.3g}" for k, v in result.fixed.items())
             note = (f"{len(obs)} runs ({', '.join(sorted(result.errors))}); "
-                    + ", ".join(f"{k} {v:.3g}" for k, v in result.values.items()))
+                    + ", ".join(f"{k} {v:.3g}" for k, v in result.values.items()) + held)
             for name in target.profiles:
                 path = PROFILES_DIR / f"{name}.yaml"
-                raw = profile_raw(target, load_hardware(name).raw, result.values)
+                raw = profile_raw(target, load_hardware(name).raw, result.values, result.fixed)
                 text = with_calibration(fitted_text(path.read_text(), raw, note), summarize(fitted_runs(target)))
                 write_atomic(path, text)
                 print(f"   wrote {path}")

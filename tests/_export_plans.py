@@ -13,12 +13,14 @@ from advisor.specs.model import load_model, model_to_dict
 def make_plan(model: str, hardware: str, nodes: int, parallel: dict, *, devices: int | None = None,
               global_batch_size: int, seq_length: int, dtype: str = "bf16", optimizer: str = "adamw",
               train_tokens: float | None = None, searcher: str = "enumerate", attention: str = "flash",
-              framework: str = "megatron") -> Plan:
+              framework: str = "megatron", recompute_modules: list[str] | None = None) -> Plan:
     hw = load_hardware(hardware)
     training = {"global_batch_size": global_batch_size, "seq_length": seq_length, "dtype": dtype,
                 "optimizer": optimizer, "attention": attention, "framework": framework}
     if train_tokens is not None:
         training["train_tokens"] = train_tokens
+    if recompute_modules is not None:
+        training["recompute_modules"] = recompute_modules
     data = {
         "schema_version": 1, "advisor_version": "0.1.0",
         "model": model_to_dict(load_model(model)), "hardware": hw.raw,
@@ -48,6 +50,12 @@ def plans() -> dict[str, Plan]:
              "pipeline_schedule": "interleaved-1f1b", "micro_batch_size": 1, "num_micro_batches": 32,
              "zero_stage": 1, "recompute": "full", "recompute_layers": 4},
             global_batch_size=256, seq_length=4096),
+        # Megatron's selective recomputation of chosen modules (gpt-oss style: the norms and the experts' activation)
+        "mixtral_recompute_modules": make_plan(
+            "mixtral-8x7b", "dgx-h100", 8,
+            {"dp": 16, "tp": 1, "pp": 4, "ep": 8, "micro_batch_size": 1, "num_micro_batches": 16,
+             "zero_stage": 1, "recompute": "selective"},
+            global_batch_size=256, seq_length=4096, recompute_modules=["layernorm", "moe_act"]),
         # GPT-3 style (learned positions, biases, LayerNorm, GELU), GPipe, fp16, DDP, Ascend
         "gpt3_gpipe_fp16": make_plan(
             "gpt3-175b", "ascend-910b", 16,

@@ -27,8 +27,8 @@ from advisor.export.megatron import GROUPS, megatron_launch
 
 ARGUMENTS_PY = "NVIDIA/Megatron-LM megatron/training/arguments.py @ 000c4ac24f61159c138b0975def722c65245983c"
 
-# flag -> (type, choices); type None = store_true/store_false. Transcribed from ARGUMENTS_PY.
-MEGATRON_FLAGS: dict[str, tuple[type | None, tuple | None]] = {
+# flag -> (type, choices[, nargs]); type None = store_true/store_false. Transcribed from ARGUMENTS_PY.
+MEGATRON_FLAGS: dict[str, tuple] = {
     # _add_distributed_args
     "--tensor-model-parallel-size": (int, None),
     "--pipeline-model-parallel-size": (int, None),
@@ -43,7 +43,7 @@ MEGATRON_FLAGS: dict[str, tuple[type | None, tuple | None]] = {
     "--use-megatron-fsdp": (None, None),
     "--data-parallel-sharding-strategy": (str, ("no_shard", "optim", "optim_grads", "optim_grads_params")),
     "--context-parallel-size": (int, None),
-    "--cp-comm-type": (str, None),                      # nargs='+': p2p, a2a, allgather, a2a+p2p
+    "--cp-comm-type": (str, None, "+"),                 # p2p, a2a, allgather, a2a+p2p
     "--use-tp-pp-dp-mapping": (None, None),
     # _add_training_args
     "--micro-batch-size": (int, None),
@@ -51,7 +51,9 @@ MEGATRON_FLAGS: dict[str, tuple[type | None, tuple | None]] = {
     "--recompute-granularity": (str, ("full", "selective")),
     "--recompute-method": (str, ("uniform", "block")),
     "--recompute-num-layers": (int, None),
-    "--recompute-modules": (str, None),                 # nargs='*': core_attn, moe_act, layernorm, mla_up_proj, ...
+    "--recompute-modules": (str, None, "*"),            # core_attn, moe_act, layernorm, mla_up_proj, ...
+    "--kv-channels": (int, None),
+    "--moe-grouped-gemm": (None, None),
     "--train-iters": (int, None),
     "--optimizer": (str, ("adam", "sgd", "muon", "dist_muon")),
     "--optimizer-cpu-offload": (None, None),
@@ -117,11 +119,11 @@ MEGATRON_FLAGS: dict[str, tuple[type | None, tuple | None]] = {
 
 def megatron_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
-    for flag, (kind, choices) in MEGATRON_FLAGS.items():
+    for flag, (kind, choices, *nargs) in MEGATRON_FLAGS.items():
         if kind is None:
             parser.add_argument(flag, action="store_true")
         else:
-            parser.add_argument(flag, type=kind, choices=choices)
+            parser.add_argument(flag, type=kind, choices=choices, nargs=nargs[0] if nargs else None)
     return parser
 
 

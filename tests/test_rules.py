@@ -50,11 +50,14 @@ BROKEN = {
     "offload needs zero": (DENSE, replace(BASE, offload_optimizer=True)),
     "recompute layers": (DENSE, replace(BASE, recompute="selective", recompute_layers=2)),
     "ulysses heads": (DENSE, replace(BASE, cp_comm="a2a")),                              # cp = 1
+    "recompute modules": (DENSE, replace(BASE, recompute="selective")),                  # moe_act below, dense model
 }
 ODD_SEQ_RULES = {"sequence parallel divides seq", "cp divides seq"}
 
 
 def _job(rule: str) -> TrainingJob:
+    if rule == "recompute modules":
+        return replace(JOB, recompute_modules=("moe_act",))
     return TrainingJob(global_batch_size=16, seq_length=1021) if rule in ODD_SEQ_RULES else JOB
 
 
@@ -96,6 +99,15 @@ def test_each_rule_rejects_its_case_and_only_that_rule_fires(rule):
 def test_the_legal_side_of_each_rule(rule, ok):
     model = MOE if rule == "expert parallel" else DENSE
     assert violations(model, CLUSTER, JOB, ok) == []
+
+
+def test_megatron_recompute_modules_must_exist_in_the_model():
+    job = replace(JOB, recompute_modules=("layernorm", "moe_act"))
+    selective = replace(BASE, recompute="selective")
+    assert violations(MOE, CLUSTER, job, replace(selective, ep=2)) == []
+    assert _masks(DENSE, job, selective)["recompute modules"]
+    assert not _masks(DENSE, job, BASE)["recompute modules"]          # no selective recomputation: nothing to check
+    assert _masks(MOE, replace(JOB, recompute_modules=("mla_up_proj",)), replace(selective, ep=2))["recompute modules"]
 
 
 def test_ulysses_needs_whole_heads_per_rank():

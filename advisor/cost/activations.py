@@ -26,7 +26,7 @@ import numpy as np
 
 from advisor.cost import fp8
 from advisor.space.strategy import StrategyBatch
-from advisor.specs.job import TrainingJob
+from advisor.specs.job import EAGER_FRAMEWORKS, TrainingJob
 from advisor.specs.model import ModelSpec
 
 # Named tensors, by the region tensor parallelism leaves them in.
@@ -79,7 +79,8 @@ def layer_activation_terms(model: ModelSpec, job: TrainingJob, b: StrategyBatch,
     s_local = job.seq_length / b.cp              # tokens of a sequence on this rank (context parallel)
     sb = s_local * b.micro_batch_size
     h, a = model.hidden_size, model.num_attention_heads
-    fp8_input = fp8.SAVED_INPUT_BYTES / 2.0 if (stored and job.recipe is not None and job.framework == "megatron") else 1.0
+    quantized = stored and job.recipe is not None and job.framework == "megatron"   # TE keeps FP8 inputs
+    fp8_input = fp8.SAVED_INPUT_BYTES / 2.0 if quantized else 1.0
     mask = 1.0 if job.dropout else 0.0          # 1-byte dropout masks (sbh each)
     rep = {
         "norm_inputs": 2 * (2 * sb * h),        # the two norms' inputs
@@ -94,7 +95,7 @@ def layer_activation_terms(model: ModelSpec, job: TrainingJob, b: StrategyBatch,
     shard = {
         "q": 2 * sb * model.q_size, "k": 2 * sb * model.k_size, "v": 2 * sb * model.v_size,
         # the output projection's input; under FP8 its quantized copy is kept beside flash's output
-        "attention_out": 2 * sb * model.attention_out_size * (1.0 + (fp8_input if fp8_input < 1.0 else 0.0)),
+        "attention_out": 2 * sb * model.attention_out_size * (1.0 + (fp8_input if quantized else 0.0)),
     }
     if moe_layer and model.moe is not None:
         moe = model.moe
@@ -119,7 +120,7 @@ def layer_activation_terms(model: ModelSpec, job: TrainingJob, b: StrategyBatch,
         core = np.zeros(len(b))
         lse = 4.0 * a * s_local * b.micro_batch_size / t
     parts = {k: np.where(sp, v / t, v) * scale for k, v in rep.items()}
-    if job.framework in ("pytorch", "torchtitan"):
+    if job.framework in EAGER_FRAMEWORKS:
         # PyTorch's sequence parallelism keeps the all-gathered QKV and FC1 inputs (2sbh each)
         # instead of their 1/t shards.
         gathered = np.where(sp, 2 * sb * h * (1.0 - 1.0 / t), 0.0) * scale
@@ -145,7 +146,7 @@ def end_stage_activations(model: ModelSpec, job: TrainingJob, b: StrategyBatch):
     div = np.where(b.sequence_parallel, t, 1.0)
     first = (sb * h / div * scale) if job.dropout else np.zeros(len(b))
     last = (4 * sb * h / div) * scale + loss_bytes_per_logit(job)[0] * sb * model.vocab_size / t
-    if job.framework in ("pytorch", "torchtitan"):
+    if job.framework in EAGER_FRAMEWORKS:
         last = last + np.where(b.sequence_parallel, 2 * sb * h * (1.0 - 1.0 / t), 0.0) * scale  # gathered LM-head input
     return first, last
 

@@ -40,7 +40,6 @@ class AttentionCore:
     forward_s: np.ndarray
     backward_s: np.ndarray
     forward_flops: np.ndarray
-    backward_flops: np.ndarray
 
 
 def core_flops(model: ModelSpec, job: TrainingJob, b: StrategyBatch, causal_skip: bool) -> np.ndarray:
@@ -64,18 +63,17 @@ def attention_core(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: S
     attention curve)."""
     if job.attention == "flash":
         fwd = core_flops(model, job, b, causal_skip=True)
-        bwd = FLASH_BACKWARD_FLOPS * fwd
         eff = attention_efficiency(hw, job)
         if np.isnan(eff):
             # no attention curve: per-head-and-sequence work on the GEMM curve (flagged by confidence)
             calls = b.micro_batch_size * model.num_attention_heads / b.tp.astype(float)
             per_call = fwd / calls
             return AttentionCore(calls * gemm_time_s(per_call, job.compute_dtype),
-                                 FLASH_BACKWARD_FLOPS * calls * gemm_time_s(per_call, job.compute_dtype), fwd, bwd)
+                                 FLASH_BACKWARD_FLOPS * calls * gemm_time_s(per_call, job.compute_dtype), fwd)
         peak = hw.device.peak_flops(job.compute_dtype) * eff
-        return AttentionCore(fwd / peak, bwd / peak, fwd, bwd)
+        return AttentionCore(fwd / peak, FLASH_BACKWARD_FLOPS * fwd / peak, fwd)
     fwd = core_flops(model, job, b, causal_skip=False)
     # two batched GEMMs (scores, context), each half of the FLOPs, sized as Megatron's baddbmm calls
     half = fwd / 2.0
     t = 2.0 * gemm_time_s(half, job.compute_dtype)
-    return AttentionCore(t, 2.0 * t, fwd, 2.0 * fwd)
+    return AttentionCore(t, 2.0 * t, fwd)

@@ -31,6 +31,10 @@ from advisor.specs.hardware import HardwareProfile, Link
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
 
+# Member counts arrive as floats: a group of one (up to rounding) exchanges nothing.
+MORE_THAN_ONE = 1.0 + 1e-9
+
+
 def _tier_links(hw: HardwareProfile) -> tuple[Link, Link, Link]:
     node = hw.node
     return node.intra, (node.cross if node.cross is not None else node.intra), hw.inter
@@ -110,7 +114,7 @@ def fanout_time_s(hw: HardwareProfile, op: str, message_bytes, g0, g1, g2):
             outside * message_bytes / l2.effective_bandwidth_bytes_per_s,
         ])
         lat = np.where(g2 > 1, l2.latency_s, np.where(g1 > 1, l1.latency_s, l0.latency_s))
-        return np.where(n > 1.0 + 1e-9, t + (nf - 1.0) * lat, 0.0)
+        return np.where(n > MORE_THAN_ONE, t + (nf - 1.0) * lat, 0.0)
     # Hierarchical: the message shrinks by each lower tier's fan-out before the next tier.
     # (All-reduce: reduce-scatter up, all-reduce at the top, all-gather down; in the ring formulas a
     # reduce-scatter plus an all-gather at one tier cost exactly that tier's all-reduce.)
@@ -126,7 +130,7 @@ def fanout_time_s(hw: HardwareProfile, op: str, message_bytes, g0, g1, g2):
         [_tier_time(op, message_bytes, n, l2), _tier_time(op, message_bytes, n, l1)],
         _tier_time(op, message_bytes, n, l0),
     )
-    return np.where(n > 1.0 + 1e-9, np.minimum(t, flat), 0.0)
+    return np.where(n > MORE_THAN_ONE, np.minimum(t, flat), 0.0)
 
 
 def p2p_time_s(hw: HardwareProfile, message_bytes, stride):

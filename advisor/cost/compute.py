@@ -22,15 +22,16 @@ memory-bound kernels and FP8 casts, forward and backward.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from advisor.cost import fp8, kernels
 from advisor.cost.attention import attention_core
-from advisor.cost.memory import layer_activation_terms
+from advisor.cost.activations import layer_activation_terms
 from advisor.space.strategy import StrategyBatch
 from advisor.specs.hardware import HardwareProfile, interpolate_efficiency
-from advisor.specs.job import TrainingJob
+from advisor.specs.job import EAGER_FRAMEWORKS, TrainingJob
 from advisor.specs.model import ModelSpec
 
 ADAM_BYTES_PER_PARAM = 2 + 8 + 8 + 8 + 2  # grad read, master r/w, m r/w, v r/w, weight write
@@ -91,79 +92,86 @@ class LayerCompute:
     mlp_forward_flops: np.ndarray
 
 
-def _linear_calls(model: ModelSpec, job: TrainingJob, moe_layer: bool):
-    """((fan_in, fan_out, tp-split, calls, token share) of each linear call in execution order, how
-    many of them are the attention block's). Token share is the fraction of the micro-batch's tokens
-    the call sees (routed experts: top-k copies spread over the experts); calls is how many such
-    calls run (None: one per local expert)."""
-    fused = job.framework not in ("pytorch", "torchtitan")
+class LinearCall(NamedTuple):
+    """One linear GEMM call of a layer's forward."""
+
+    fan_in: int
+    fan_out: int
+    split: bool                 # divided by tensor parallelism
+    count: float | None         # how many such calls run (None: one per local expert)
+    share: float                # fraction of the micro-batch's tokens it sees (routed experts: top-k over experts)
+    kind: str                   # attention | up_projection (MLA) | router | mlp
+
+
+def _linear_calls(model: ModelSpec, job: TrainingJob, moe_layer: bool) -> list[LinearCall]:
+    """The layer's linear calls in execution order, as the framework issues them."""
+    fused = job.framework not in EAGER_FRAMEWORKS
     h = model.hidden_size
     attn = model.attention_linears()
+    latent = {model.mla.q_lora_rank, model.mla.kv_lora_rank} if model.mla is not None else set()
     calls = []
     if fused and model.mla is None:
         q, k, v, out = attn
-        calls.append((h, q.fan_out + k.fan_out + v.fan_out, True, 1.0, 1.0))
-        calls.append((out.fan_in, out.fan_out, True, 1.0, 1.0))
+        calls.append(LinearCall(h, q.fan_out + k.fan_out + v.fan_out, True, 1.0, 1.0, "attention"))
+        calls.append(LinearCall(out.fan_in, out.fan_out, True, 1.0, 1.0, "attention"))
     else:
-        calls += [(x.fan_in, x.fan_out, x.tp is not None, 1.0, 1.0) for x in attn]
-    attention_calls = len(calls)
+        # MLA's up-projections read the latents (fan-in = a LoRA rank) and are tensor-parallel
+        calls += [LinearCall(x.fan_in, x.fan_out, x.tp is not None, 1.0, 1.0,
+                             "up_projection" if (x.fan_in in latent and x.tp == "column") else "attention") for x in attn]
     up = model.ffn_matrices - 1
 
     def mlp(ff, share, count):
         if fused or up == 1:
-            return [(h, up * ff, True, count, share), (ff, h, True, count, share)]
-        return [(h, ff, True, count, share)] * up + [(ff, h, True, count, share)]
+            return [LinearCall(h, up * ff, True, count, share, "mlp"), LinearCall(ff, h, True, count, share, "mlp")]
+        return [LinearCall(h, ff, True, count, share, "mlp")] * up + [LinearCall(ff, h, True, count, share, "mlp")]
 
     if moe_layer and model.moe is not None:
         moe = model.moe
-        calls.append((h, moe.num_experts, False, 1.0, 1.0))                        # router
+        calls.append(LinearCall(h, moe.num_experts, False, 1.0, 1.0, "router"))
         calls += mlp(moe.expert_ffn_hidden_size, moe.top_k / moe.num_experts, None)  # per local expert
         if moe.shared_ffn:
             calls += mlp(moe.shared_ffn, 1.0, 1.0)
     else:
         calls += mlp(model.ffn_hidden_size, 1.0, 1.0)
-    return calls, attention_calls
+    return calls
 
 
 def layer_compute(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, moe_layer: bool) -> LayerCompute:
     t = b.tp.astype(float)
     tokens = b.micro_batch_size * job.seq_length / b.cp          # tokens of the micro-batch on this rank
-    gemm = job.gemm_dtype
-    linear_s = np.zeros(len(b))
-    linear_flops = np.zeros(len(b))
-    alternate_s = np.zeros(len(b))
-    alternate_flops = np.zeros(len(b))
-    cast_elements = np.zeros(len(b))       # forward inputs + backward output gradients, per micro-batch
-    expert_s = np.zeros(len(b))
-    up_s, up_flops = np.zeros(len(b)), np.zeros(len(b))
-    mlp_s, mlp_flops = np.zeros(len(b)), np.zeros(len(b))
-    latent = {model.mla.q_lora_rank, model.mla.kv_lora_rank} if model.mla is not None else set()
-    calls, first_mlp = _linear_calls(model, job, moe_layer)
-    for position, (fan_in, fan_out, split, count, share) in enumerate(calls):
-        div = t if split else 1.0
-        rows = tokens * share * (b.ep if count is None else 1.0)   # a local expert sees ep x its share
-        n_calls = model.moe.num_experts / b.ep if count is None else count
-        flops = 2.0 * rows * fan_in * fan_out / div
-        seconds = n_calls * gemm_time_s(hw, gemm, flops)
-        linear_s = linear_s + seconds
-        linear_flops = linear_flops + n_calls * flops
-        if position >= first_mlp:
-            expert_s = expert_s + seconds
-            mlp_s, mlp_flops = mlp_s + seconds, mlp_flops + n_calls * flops
-        elif fan_in in latent:
-            up_s, up_flops = up_s + seconds, up_flops + n_calls * flops
+    zero = np.zeros(len(b))
+    linear_s, linear_flops = zero, zero
+    alternate_s, alternate_flops = zero, zero
+    by_kind = {kind: (zero, zero) for kind in ("attention", "up_projection", "router", "mlp")}
+    cast_elements = zero                   # forward inputs + backward output gradients, per micro-batch
+    for position, call in enumerate(_linear_calls(model, job, moe_layer)):
+        div = t if call.split else 1.0
+        rows = tokens * call.share * (b.ep if call.count is None else 1.0)   # a local expert sees ep x its share
+        n_calls = model.moe.num_experts / b.ep if call.count is None else call.count
+        flops = 2.0 * rows * call.fan_in * call.fan_out / div
+        # the router is a plain higher-precision linear in Megatron-Core (TopKRouter), not an FP8 GEMM
+        dtype = job.compute_dtype if call.kind == "router" else job.gemm_dtype
+        seconds = n_calls * gemm_time_s(hw, dtype, flops)
+        linear_s, linear_flops = linear_s + seconds, linear_flops + n_calls * flops
+        kind_s, kind_flops = by_kind[call.kind]
+        by_kind[call.kind] = (kind_s + seconds, kind_flops + n_calls * flops)
         if position % 2 == 1:
             alternate_s, alternate_flops = alternate_s + seconds, alternate_flops + n_calls * flops
-        cast_elements = cast_elements + n_calls * rows * (fan_in + fan_out) / div
+        if call.kind != "router":
+            cast_elements = cast_elements + n_calls * rows * (call.fan_in + call.fan_out) / div
     cast_s = memory_time_s(hw, fp8.cast_bytes(job, cast_elements, kernels.fused(job)))
     core = attention_core(model, hw, job, b, lambda f, dtype: gemm_time_s(hw, dtype, f))
     terms = layer_activation_terms(model, job, b, moe_layer, stored=False)
     elementwise_s = memory_time_s(hw, kernels.layer_forward_bytes(model, job, b, moe_layer))
     core_elementwise_s = memory_time_s(hw, 2.0 * terms.attention_core)
-    activation_s = memory_time_s(hw, terms.parts["mlp_inner"] + terms.parts["fc2_input"])
-    # casts: activation inputs in the forward, output gradients in the backward (about half each)
+    activation_s = memory_time_s(hw, kernels.activation_bytes(model, job, b, moe_layer))
+    # casts: activation inputs in the forward, output gradients in the backward, one pass each over
+    # tensors of about the same total size, so half of the cast traffic on each side
     forward = linear_s + core.forward_s + elementwise_s + core_elementwise_s + 0.5 * cast_s
     backward = 2.0 * linear_s + core.backward_s + 2.0 * (elementwise_s + core_elementwise_s) + 0.5 * cast_s
+    mlp_s, mlp_flops = by_kind["mlp"]
+    up_s, up_flops = by_kind["up_projection"]
+    router_s, _ = by_kind["router"]
     # Selective recomputation replays the attention core: unfused attention's score tensors, and with
     # fused attention its kernel's forward (Megatron-Core checkpoints the core_attn call either way;
     # the fused kernel stores no scores, so nothing is saved by it).
@@ -172,7 +180,7 @@ def layer_compute(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: St
         core_forward_s=core.forward_s, core_backward_s=core.backward_s,
         attention_core_s=core.forward_s + core_elementwise_s,
         alternate_linear_s=alternate_s, elementwise_s=elementwise_s + core_elementwise_s, activation_s=activation_s,
-        expert_forward_s=expert_s if (moe_layer and model.moe is not None) else np.zeros(len(b)),
+        expert_forward_s=(router_s + mlp_s) if (moe_layer and model.moe is not None) else zero,
         forward_flops=linear_flops + core.forward_flops,
         attention_core_flops=core.forward_flops,
         alternate_linear_flops=alternate_flops, up_projection_s=up_s, up_projection_flops=up_flops,
@@ -193,7 +201,7 @@ def head_compute_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: S
     tokens = b.micro_batch_size * job.seq_length / b.cp
     flops = 2.0 * tokens * model.hidden_size * model.vocab_size / t
     # Cross entropy in fp32 over the vocabulary shard (advisor.cost.kernels: fused or eager)
-    loss_bytes = kernels.loss_bytes_per_logit(job) * tokens * model.vocab_size / t
+    loss_bytes = kernels.loss_traffic_per_logit(job) * tokens * model.vocab_size / t
     return gemm_time_s(hw, job.compute_dtype, flops) + memory_time_s(hw, loss_bytes), flops
 
 

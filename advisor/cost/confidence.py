@@ -13,13 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.errors import AdvisorError
 from advisor.space.strategy import Strategy
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
 
-KEYS = ("runs", "sources", "dtypes", "frameworks", "attention_kernels", "seq_length", "devices", "parallelism", "models")
 
 
 @dataclass(frozen=True)
@@ -35,7 +33,7 @@ def dtype_label(job: TrainingJob) -> str:
     return f"fp8:{job.recipe}" if job.recipe else job.dtype
 
 
-def features(model: ModelSpec, job: TrainingJob, strategy: Strategy) -> set[str]:
+def features(strategy: Strategy) -> set[str]:
     """The parallelisms and knobs of a plan that calibration runs can cover."""
     out = {name for name in ("tp", "pp", "cp", "ep") if strategy.degree(name) > 1}
     if strategy.zero_stage == 3:
@@ -47,18 +45,8 @@ def features(model: ModelSpec, job: TrainingJob, strategy: Strategy) -> set[str]
     return out
 
 
-def region(raw: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The profile's calibrated region, validated (None when the profile has none)."""
-    if not raw or raw.get("calibration") is None:
-        return None
-    cal = raw["calibration"]
-    if not isinstance(cal, dict) or not set(cal) <= set(KEYS) or "runs" not in cal:
-        raise AdvisorError(f"profile {raw.get('name')}: key 'calibration' must be a mapping of {', '.join(KEYS)}, got {cal!r}")
-    return cal
-
-
 def confidence(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, strategy: Strategy) -> Confidence:
-    cal = region(hw.raw)
+    cal = (hw.raw or {}).get("calibration")      # validated at load (advisor.specs.calibration)
     if cal is None:
         return Confidence(False, (f"{hw.name}: no measured runs behind this profile's constants",))
     out = []
@@ -77,7 +65,7 @@ def confidence(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tra
     low, high = cal.get("devices", (0, 0))
     if not low <= cluster.devices <= high:
         out.append(f"{cluster.devices} devices outside the calibrated {low}-{high}")
-    missing = sorted(features(model, job, strategy) - set(cal.get("parallelism", ())))
+    missing = sorted(features(strategy) - set(cal.get("parallelism", ())))
     if missing:
         out.append(f"{', '.join(missing)} on {hw.name}: no calibration run uses it")
     kind = "moe" if model.moe is not None else "dense"
@@ -96,7 +84,7 @@ def summarize(runs) -> dict[str, Any]:
         frameworks.add(r.job.framework)
         if r.job.attention == "flash":
             kernels.add(r.job.kernel)
-        parallelism |= features(r.model, r.job, r.strategy)
+        parallelism |= features(r.strategy)
         models.add("moe" if r.model.moe is not None else "dense")
         sources.add(r.group)
         seqs.append(r.job.seq_length)

@@ -67,10 +67,10 @@ def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_par
     rs_unit = per_unit("reduce_scatter", grad_bytes)
     ag_unit = per_unit("all_gather", weight_bytes)
     fwd_unit, bwd_unit = mb_forward_s / units, mb_backward_s / units
+    reshard = resharding(job, b)
     if overlap:
         zero2 = m * (np.maximum(rs_unit - bwd_unit, 0.0) * units) + gather
         forward = ag_unit + np.maximum(ag_unit - fwd_unit, 0.0) * (units - 1.0)
-        reshard = resharding(job, b)
         if job.fsdp_backward_prefetch == "post":
             # the next unit's gather is issued after this unit's gradients: it waits for it
             backward = (np.where(reshard, ag_unit, 0.0) + np.maximum(rs_unit - bwd_unit, 0.0)) * (units - 1.0) + rs_unit
@@ -84,5 +84,5 @@ def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_par
         zero3 = np.where(reshard, m * per_mb, hidden_once)
     else:
         zero2 = m * rs_unit * units + gather
-        zero3 = np.where(resharding(job, b), m * (2.0 * ag_unit + rs_unit) * units, (ag_unit + rs_unit) * units)
+        zero3 = np.where(reshard, m * (2.0 * ag_unit + rs_unit) * units, (ag_unit + rs_unit) * units)
     return np.select([z == 0, z == 1, z == 2], [zero0, zero1, zero2], zero3)

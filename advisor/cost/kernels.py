@@ -28,13 +28,13 @@ from __future__ import annotations
 import numpy as np
 
 from advisor.space.strategy import StrategyBatch
-from advisor.specs.job import TrainingJob
+from advisor.specs.job import EAGER_FRAMEWORKS, TrainingJob
 from advisor.specs.model import ModelSpec
 
 
 def fused(job: TrainingJob) -> bool:
     """Whether the job's framework fuses its memory-bound kernels (see the module docstring)."""
-    return job.fused_kernels if job.fused_kernels is not None else job.framework not in ("pytorch", "torchtitan")
+    return job.fused_kernels if job.fused_kernels is not None else job.framework not in EAGER_FRAMEWORKS
 
 
 def layer_forward_bytes(model: ModelSpec, job: TrainingJob, b: StrategyBatch, moe_layer: bool) -> np.ndarray:
@@ -57,17 +57,23 @@ def layer_forward_bytes(model: ModelSpec, job: TrainingJob, b: StrategyBatch, mo
     if moe_layer and model.moe is not None:
         moe = model.moe
         replicated += 12.0 * moe.num_experts + 2.0 * 4.0 * h * moe.top_k
-        widths = moe.top_k * moe.expert_ffn_hidden_size + moe.shared_ffn
+    per_device = np.where(b.sequence_parallel, replicated / t, replicated) + sharded / t
+    return tokens * per_device * scale + activation_bytes(model, job, b, moe_layer)
+
+
+def activation_bytes(model: ModelSpec, job: TrainingJob, b: StrategyBatch, moe_layer: bool) -> np.ndarray:
+    """Forward memory traffic of the MLP activation function (SwiGLU's SiLU and Mul, or GELU), one
+    micro-batch, one device: what recomputing the activation replays."""
+    scale = job.dtype_bytes / 2.0
+    tokens = b.micro_batch_size * job.seq_length / b.cp
+    if moe_layer and model.moe is not None:
+        widths = model.moe.top_k * model.moe.expert_ffn_hidden_size + model.moe.shared_ffn
     else:
         widths = model.ffn_hidden_size
-    if model.ffn_activation == "swiglu":
-        sharded += (6.0 if on else 10.0) * widths
-    else:
-        sharded += 4.0 * widths
-    per_device = np.where(b.sequence_parallel, replicated / t, replicated) + sharded / t
-    return tokens * per_device * scale
+    per_element = (6.0 if fused(job) else 10.0) if model.ffn_activation == "swiglu" else 4.0
+    return tokens * per_element * widths / b.tp.astype(float) * scale
 
 
-def loss_bytes_per_logit(job: TrainingJob) -> float:
+def loss_traffic_per_logit(job: TrainingJob) -> float:
     """Memory traffic of the cross entropy per logit, forward and backward."""
     return 12.0 if fused(job) else 24.0

@@ -42,21 +42,24 @@ import numpy as np
 from advisor.cost import fp8
 from advisor.cost.activations import end_stage_activations, layer_activation_terms, logits_gradient_bytes
 from advisor.cost.recompute import kept_bytes
-from advisor.space.strategy import StrategyBatch
+from advisor.space.strategy import GPIPE, INTERLEAVED, RECOMPUTE_NONE, StrategyBatch
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
 
 GIB = 2.0 ** 30
 ALLOCATOR_OVERHEAD = 0.05
 DDP_BUCKET_BYTES = 2 * 25e6
-RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = 0, 1, 2
-GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2
 
 
 def resharding(job: TrainingJob, b: StrategyBatch) -> np.ndarray:
     """Whether ZeRO-3 frees the gathered weights after each micro-batch's forward (True) or keeps
     them for the step (PyTorch FSDP2 under pipeline parallelism, torchtitan's default policy)."""
     return ~((b.pp > 1) & (job.framework == "torchtitan"))
+
+
+def col(x):
+    """An (N,) array as an (N, 1) column, to broadcast over the stage axis."""
+    return np.asarray(x)[:, None]
 
 
 def stage_layer_counts(model: ModelSpec, b: StrategyBatch):
@@ -139,17 +142,32 @@ def state_bytes_per_param(job: TrainingJob):
     return float(job.dtype_bytes), float(job.dtype_bytes), optimizer
 
 
-def linear_params(model: ModelSpec, b: StrategyBatch) -> np.ndarray:
-    """Parameters of the linear layers (the FP8 GEMMs' weights) one device holds on each stage, (N, P)."""
+def linear_params(model: ModelSpec, b: StrategyBatch):
+    """(dense, expert) parameters of the linear layers (the FP8 GEMMs' weights; not the router, which
+    Megatron-Core runs as a plain higher-precision linear) one device holds on each stage, (N, P)
+    arrays; the expert part is sharded over the expert-data-parallel group under ZeRO."""
     t = b.tp[:, None].astype(float)
     dense_layers, moe_layers = stage_layer_counts(model, b)
     attn = model.attention_matmul_params()
-    out = dense_layers * (attn + model.ffn_matrices * model.hidden_size * model.ffn_hidden_size) / t
+    dense = dense_layers * (attn + model.ffn_matrices * model.hidden_size * model.ffn_hidden_size) / t
+    expert = np.zeros_like(dense)
     if model.moe is not None:
-        experts = model.moe.num_experts / b.ep[:, None] * model.ffn_matrices * model.hidden_size * model.moe.expert_ffn_hidden_size
-        shared = model.ffn_matrices * model.hidden_size * model.moe.shared_ffn
-        out = out + moe_layers * (attn + experts + shared) / t
-    return out
+        local_experts = model.moe.num_experts / b.ep[:, None]
+        expert = moe_layers * local_experts * model.ffn_matrices * model.hidden_size * model.moe.expert_ffn_hidden_size / t
+        dense = dense + moe_layers * (attn + model.ffn_matrices * model.hidden_size * model.moe.shared_ffn) / t
+    return dense, expert
+
+
+def largest_local_layer(model: ModelSpec, b: StrategyBatch) -> np.ndarray:
+    """Parameters of the largest layer one device holds (its tensor-parallel shard and, in an MoE
+    layer, its ep-th of the experts), (N, 1): what ZeRO-3 gathers and reduces per unit."""
+    t = b.tp[:, None].astype(float)
+    dense = np.full_like(t, model.dense_layer_params)
+    if model.moe is None:
+        return dense / t
+    experts = model.moe.num_experts * model.expert_params
+    moe = model.moe_layer_params - experts + experts / b.ep[:, None]
+    return np.maximum(dense, moe) / t
 
 
 def _layer_activations(model: ModelSpec, job: TrainingJob, b: StrategyBatch, dense_n, moe_n):
@@ -160,9 +178,6 @@ def _layer_activations(model: ModelSpec, job: TrainingJob, b: StrategyBatch, den
     live again during its backward, in place of what it kept, once the later layers are freed. With
     layers of two sizes (MoE and dense), the layers kept whole are taken to be the larger ones: a
     bound that does not depend on where the recomputed block falls."""
-    def col(x):
-        return np.asarray(x)[:, None]
-
     gated = model.ffn_activation == "swiglu"
     dense_terms = layer_activation_terms(model, job, b, moe_layer=False)
     moe_terms = layer_activation_terms(model, job, b, moe_layer=True)
@@ -192,9 +207,6 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     z = b.zero_stage[:, None]
     wb, gb, ob = state_bytes_per_param(job)
 
-    def col(x):
-        return np.asarray(x)[:, None]
-
     def sharded(bytes_per, from_stage):
         return bytes_per * (np.where(z >= from_stage, dense / dp_group, dense) + np.where(z >= from_stage, expert / ep_group, expert))
 
@@ -213,15 +225,15 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     acts = per_mb * in_flight(b) + replay + np.where(last, col(logits_gradient_bytes(model, job, b)), 0.0)
 
     n_layers = dense_n + moe_n
-    layer_max = model.dense_layer_params if model.moe is None else max(model.dense_layer_params, model.moe_layer_params)
-    layer_local = layer_max / col(b.tp)
+    layer_local = largest_local_layer(model, b)
     # FP8: the cached FP8 weights of the linear layers one device holds (under ZeRO-3 only the
     # gathered units': they are cast as they are gathered)
-    linear = linear_params(model, b)
+    dense_linear, expert_linear = linear_params(model, b)
+    linear = dense_linear + expert_linear
     if job.fp8_param_gather:
         # FP8 primary weights: the linear layers' weights take 1 byte instead of wb, and only the
         # transposed (column-wise) FP8 copy is cached beside them
-        params = params - (wb - 1.0) * np.where(z >= 3, linear / dp_group, linear)
+        params = params - (wb - 1.0) * np.where(z >= 3, dense_linear / dp_group + expert_linear / ep_group, linear)
         copy_bytes = fp8.WEIGHT_COPY_BYTES[job.recipe] - 1.0
     else:
         copy_bytes = fp8.weight_copy_bytes_per_param(job)

@@ -245,13 +245,17 @@ def group_placement(hw: HardwareProfile, b: StrategyBatch, kind: str) -> GroupPl
     return GroupPlacement(n=n, nodes=nodes, fast_groups=groups)
 
 
-def placements(hw: HardwareProfile, b: StrategyBatch) -> dict[str, GroupPlacement]:
-    """Every kind at once; "ep" and "edp" are one-member groups where ep == 1 (no expert groups)."""
-    out = {kind: group_placement(hw, b, kind) for kind in KINDS}
+def placements(hw: HardwareProfile, b: StrategyBatch, kinds: tuple[str, ...] = KINDS) -> dict[str, GroupPlacement]:
+    """The given kinds at once; "ep" and "edp" are one-member groups where ep == 1 (no expert groups)."""
     moe = np.asarray(b.ep) > 1
-    for kind in ("ep", "edp"):
-        p = out[kind]
-        out[kind] = GroupPlacement(*(np.where(moe, x, 1) for x in (p.n, p.nodes, p.fast_groups)))
+    one = GroupPlacement(*(np.ones(len(b), dtype=np.int64),) * 3)
+    out = {}
+    for kind in kinds:
+        if kind in ("ep", "edp") and not moe.any():
+            out[kind] = one
+            continue
+        p = group_placement(hw, b, kind)
+        out[kind] = GroupPlacement(*(np.where(moe, x, 1) for x in (p.n, p.nodes, p.fast_groups))) if kind in ("ep", "edp") else p
     return out
 
 

@@ -40,9 +40,10 @@ from __future__ import annotations
 import numpy as np
 
 from advisor.cost.activations import ActivationTerms
+from advisor.space.strategy import RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE
 from advisor.specs.job import TrainingJob
 
-NONE, SELECTIVE, FULL = 0, 1, 2
+NONE, SELECTIVE, FULL = RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL
 
 
 def _megatron_dropped(terms: ActivationTerms, modules: tuple[str, ...], moe_layer: bool) -> np.ndarray:

@@ -18,9 +18,9 @@ import numpy as np
 from advisor.cost import bubble, comm, compute, recompute
 from advisor.cost.data_parallel import dp_time_s
 from advisor.cost.layer_comm import layer_comm
-from advisor.cost.memory import MemoryArrays, linear_params, memory, stage_layer_counts, stage_masks, stage_params, state_bytes_per_param
+from advisor.cost.memory import GIB, MemoryArrays, col, linear_params, memory, stage_layer_counts, stage_masks, stage_params, state_bytes_per_param
 from advisor.cost.placement import cp_ring_tier, pipeline_neighbour_tier, placements
-from advisor.space.strategy import SCHEDULES, StrategyBatch
+from advisor.space.strategy import INTERLEAVED, SCHEDULES, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
@@ -35,7 +35,9 @@ TIME_PARTS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "host_ove
 # designs (rotary, RMSNorm, gated MLP, fused attention) scale it by compute.layer_ops_factor.
 KERNELS_FORWARD = 20
 KERNELS_BACKWARD = 40
-INTERLEAVED = SCHEDULES.index("interleaved-1f1b")
+# Full recomputation replays a layer's forward: its share of the layer's launches (and of the
+# dropless MoE synchronizations, whose forward and backward parts scale the same way)
+REPLAYED_LAUNCHES = KERNELS_FORWARD / (KERNELS_FORWARD + KERNELS_BACKWARD)
 
 
 @dataclass(frozen=True)
@@ -59,19 +61,16 @@ class EstimateBatch:
         return self.fits & self.host_fits
 
 
-def _col(x):
-    return np.asarray(x)[:, None]
-
 
 def _host_layer_s(hw, launch_s, lc, lcomm, extra_forward, extra_backward):
     """Host time of one layer per micro-batch that the device does not hide (a layer cannot finish
     before the host has issued its kernels; its collectives keep the device busy too)."""
     kernels_f, kernels_b = KERNELS_FORWARD * launch_s + extra_forward, KERNELS_BACKWARD * launch_s + extra_backward
     if not hw.device.asynchronous_launch:
-        return _col(np.broadcast_to(kernels_f + kernels_b, lc.forward_s.shape))
+        return col(np.broadcast_to(kernels_f + kernels_b, lc.forward_s.shape))
     gpu_fwd = lc.forward_s + lcomm.tp_forward + lcomm.cp_forward + lcomm.ep_forward
     gpu_bwd = lc.backward_s + lcomm.tp_backward + lcomm.cp_backward + lcomm.ep_backward
-    return _col(np.maximum(kernels_f - gpu_fwd, 0.0) + np.maximum(kernels_b - gpu_bwd, 0.0))
+    return col(np.maximum(kernels_f - gpu_fwd, 0.0) + np.maximum(kernels_b - gpu_bwd, 0.0))
 
 
 def _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_share):
@@ -83,12 +82,12 @@ def _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_
     if model.moe is not None:
         host_s = host_s + moe_n * _host_layer_s(hw, launch_s, moe, moe_c, MOE_KERNELS_FORWARD * plain,
                                                 MOE_KERNELS_BACKWARD * plain)
-    host_s = host_s * (1.0 + full_share / 3.0)
+    host_s = host_s * (1.0 + full_share * REPLAYED_LAUNCHES)
     # A pipeline schedule runs a forward and a backward action per chunk and micro-batch; where the
     # host pays its bookkeeping in line (CPU ranks), each costs the profile's per-action overhead.
     action_s = np.select([b.pipeline_schedule == i for i in range(len(SCHEDULES))],
                          [hw.device.action_overhead_us(name) * 1e-6 for name in SCHEDULES], 0.0)
-    return host_s + _col(np.where(b.pp > 1, 2.0 * b.virtual_pipeline_stages * action_s, 0.0))
+    return host_s + col(np.where(b.pp > 1, 2.0 * b.virtual_pipeline_stages * action_s, 0.0))
 
 
 # Kernels an MoE layer launches after its routing, counted in Megatron-Core's MoELayer with the
@@ -125,7 +124,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     active, first, last = stage_masks(b)
     dense_n, moe_n = stage_layer_counts(model, b)
     n_layers = dense_n + moe_n
-    groups = placements(hw, b)
+    groups = placements(hw, b, ("tp", "cp", "dp_cp", "ep", "edp"))    # the groups the step's collectives use
 
     # ---- per layer, per micro-batch, one device ----------------------------------------------
     dense = compute.layer_compute(model, hw, job, b, moe_layer=False)
@@ -138,10 +137,10 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     head_s, head_flops = compute.head_compute_s(model, hw, job, b)
 
     def layers(d, m):
-        return dense_n * _col(d) + moe_n * _col(m)
+        return dense_n * col(d) + moe_n * col(m)
 
-    fwd = layers(dense.forward_s, moe.forward_s) + np.where(last, _col(head_s), 0.0)
-    bwd = layers(dense.backward_s, moe.backward_s) + np.where(last, _col(2.0 * head_s), 0.0)
+    fwd = layers(dense.forward_s, moe.forward_s) + np.where(last, col(head_s), 0.0)
+    bwd = layers(dense.backward_s, moe.backward_s) + np.where(last, col(2.0 * head_s), 0.0)
     comp = fwd + bwd
     # recomputation replays forward work of the recomputed layers (their TP/CP/EP collectives too
     # when a whole layer is replayed)
@@ -152,15 +151,15 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
 
     recompute_s = share * layers(recompute.replay_s(rc, job, dense),
                                  recompute.replay_s(rc, job, moe, moe_layer=model.moe is not None))
-    full_share = np.where(_col(rc) == recompute.FULL, share, 0.0)
-    tp_s = dense_n * _col(dense_c.tp_forward + dense_c.tp_backward) + moe_n * _col(moe_c.tp_forward + moe_c.tp_backward)
+    full_share = np.where(col(rc) == recompute.FULL, share, 0.0)
+    tp_s = dense_n * col(dense_c.tp_forward + dense_c.tp_backward) + moe_n * col(moe_c.tp_forward + moe_c.tp_backward)
     tp_s = tp_s + full_share * layers(dense_c.tp_forward, moe_c.tp_forward)
-    ep_s = moe_n * _col(moe_c.ep_forward + moe_c.ep_backward) * 1.0 + full_share * moe_n * _col(moe_c.ep_forward)
+    ep_s = moe_n * col(moe_c.ep_forward + moe_c.ep_backward) + full_share * moe_n * col(moe_c.ep_forward)
     cp_s = layers(dense_c.cp_forward + dense_c.cp_backward, moe_c.cp_forward + moe_c.cp_backward)
     cp_s = cp_s + full_share * layers(dense_c.cp_forward, moe_c.cp_forward)
     host_s = _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_share)
     if model.moe is not None and job.moe_dropless and hw.device.asynchronous_launch:
-        host_s = host_s + moe_n * _col(_dropless_sync_s(hw, moe, moe_c)) * (1.0 + full_share / 3.0)
+        host_s = host_s + moe_n * col(_dropless_sync_s(hw, moe, moe_c)) * (1.0 + full_share * REPLAYED_LAUNCHES)
     stage_mb = np.where(active, comp + recompute_s + tp_s + ep_s + cp_s + host_s, 0.0)
 
     pipe_s, bubble_s, slowest = bubble.pipeline_time_s(stage_mb, active, b.num_micro_batches, b.virtual_pipeline_stages)
@@ -187,10 +186,11 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
 
     # ---- data-parallel gradient reduction and ZeRO gathers ----------------------------------
     dense_p, expert_p = stage_params(model, b)
-    wb, _, _ = state_bytes_per_param(job)
+    dense_max, expert_max = np.max(dense_p, axis=1), np.max(expert_p, axis=1)
+    wb, gb, _ = state_bytes_per_param(job)
     gather_bytes = 1.0 if job.fp8_param_gather else wb     # FP8 primary weights are gathered in FP8
     units = np.max(np.where(active, n_layers, 0), axis=1)
-    dp_s = dp_time_s(hw, job, b, np.max(dense_p, axis=1), np.max(expert_p, axis=1), groups["dp_cp"], groups["edp"],
+    dp_s = dp_time_s(hw, job, b, dense_max, expert_max, groups["dp_cp"], groups["edp"],
                      units, at_slowest(fwd), at_slowest(bwd), gather_bytes)
     # Tied embeddings under pipelining: the first and last stages all-reduce the word-embedding
     # gradient every step (Megatron's embedding group, _allreduce_embedding_grads).
@@ -203,7 +203,6 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     # ---- optimizer ---------------------------------------------------------------------------
     z = b.zero_stage
     n_dp, n_edp = groups["dp_cp"].n.astype(float), groups["edp"].n.astype(float)
-    dense_max, expert_max = np.max(dense_p, axis=1), np.max(expert_p, axis=1)
     local = dense_max / np.where(z >= 1, n_dp, 1) + expert_max / np.where(z >= 1, n_edp, 1)
     offload = b.offload_optimizer
     # Unfused optimizers pay a host cost per parameter tensor (profile constant; 0 on accelerators).
@@ -215,12 +214,11 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     opt_s = np.where(offload, 0.0, compute.optimizer_step_s(hw, local) + opt_host)
     pcie = hw.host.pcie_bandwidth_gbps * 1e9
     host_bw = (hw.host.memory_bandwidth_gbps or hw.host.pcie_bandwidth_gbps * hw.node.devices_per_node) * 1e9
-    wb_, gb_, _ = state_bytes_per_param(job)
     # Offload: gradients to the host, updated 16-bit weights back, and Adam on the host CPU sharing
     # the host's memory bandwidth with the node's other devices (Ren et al., ZeRO-Offload, sec. 4).
-    offload_s = np.where(offload, local * (gb_ + wb_) / pcie + local * compute.ADAM_BYTES_PER_PARAM * hw.node.devices_per_node / host_bw, 0.0)
+    offload_s = np.where(offload, local * (gb + wb) / pcie + local * compute.ADAM_BYTES_PER_PARAM * hw.node.devices_per_node / host_bw, 0.0)
     # FP8: the linear layers' weights are quantized once per step (cached across micro-batches)
-    weight_cast = compute.weight_cast_s(hw, job, np.max(np.where(active, linear_params(model, b), 0.0), axis=1))
+    weight_cast = compute.weight_cast_s(hw, job, np.max(np.where(active, sum(linear_params(model, b)), 0.0), axis=1))
 
     time_s = {
         "compute": at_slowest(comp) * m + weight_cast,
@@ -251,8 +249,8 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     tflops = model_flops / step / devices / 1e12
     hfu_tflops = (model_flops + recompute_flops) / step / devices / 1e12
 
-    capacity = hw.device.memory_gib * 2.0 ** 30
-    host_capacity = hw.host.memory_gib * 2.0 ** 30
+    capacity = hw.device.memory_gib * GIB
+    host_capacity = hw.host.memory_gib * GIB
     return EstimateBatch(
         fits=mem.total <= capacity,
         host_fits=mem.host_optimizer * hw.node.devices_per_node <= host_capacity,

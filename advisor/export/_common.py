@@ -82,3 +82,18 @@ def header_lines(plan: Plan, target: str) -> list[str]:
 
 def comment_block(lines: list[str], prefix: str = "# ") -> str:
     return "".join(f"{prefix}{line}\n" for line in lines)
+
+
+def unwritten_model_features(plan: Plan, target: str, written: tuple[str, ...] = ()) -> list[str]:
+    """The unsupported-feature sentences for the model keys an export does not write (all but those
+    named in `written`): the model would silently train as another architecture otherwise."""
+    m = plan.model
+    present = {
+        "head_dim": m.head_dim_override is not None,
+        "mla": m.mla is not None,
+        "moe.num_shared_experts": m.moe is not None and m.moe.num_shared_experts > 0,
+        "moe.first_k_dense_layers": m.moe is not None and m.moe.first_k_dense_layers > 0,
+        "sliding_window": m.sliding_window is not None,
+    }
+    return [f"model.{key}: the {target} export does not write it; set it in the model code or config by hand"
+            for key, on in present.items() if on and key not in written]

@@ -17,6 +17,7 @@ import json
 from advisor.export import ExportResult
 from advisor.export._common import (
     comment_block, header_lines, is_even_split, mesh_text, non_default_mesh, procs_per_node, stage_layers,
+    unwritten_model_features,
 )
 from advisor.export._recompute import CORE_ATTENTION, FULL, NONE, cannot_express, priced_recompute
 from advisor.plan import Plan
@@ -148,6 +149,7 @@ def export(plan: Plan) -> ExportResult:
     unsupported: list[str] = []
     notes: list[str] = []
     nproc = procs_per_node(plan, "the deepspeed launcher", unsupported)
+    unsupported += unwritten_model_features(plan, "DeepSpeed")
     cfg = ds_config(plan, unsupported, notes)
     files = {
         "ds_config.json": json.dumps(cfg, indent=2) + "\n",

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from advisor.export import ExportResult
 from advisor.export._common import (
     chunk_layers, comment_block, header_lines, is_even_split, mesh_text, procs_per_node, stage_layers, train_steps,
+    unwritten_model_features,
 )
 from advisor.export._recompute import CORE_ATTENTION, FULL, MINDSPORE_SELECT, NONE, OP_LEVEL, cannot_express, priced_recompute
 from advisor.plan import Plan
@@ -129,6 +130,9 @@ def megatron_launch(plan: Plan) -> MegatronLaunch:
              "--ffn-hidden-size", str(m.ffn_hidden_size), "--num-attention-heads", str(m.num_attention_heads)]
     if m.num_kv_heads != m.num_attention_heads:
         model += ["--group-query-attention", "--num-query-groups", str(m.num_kv_heads)]
+    if m.head_dim_override is not None:
+        model += ["--kv-channels", str(m.head_dim)]
+    unsupported += unwritten_model_features(plan, "Megatron-LM", written=("head_dim",))
     model += ["--seq-length", str(j.seq_length), "--max-position-embeddings", str(max(j.seq_length, m.seq_length))]
     model += ["--position-embedding-type",
               {"rotary": "rope", "learned": "learned_absolute", "none": "none"}[m.position_embedding]]
@@ -144,6 +148,11 @@ def megatron_launch(plan: Plan) -> MegatronLaunch:
         model += ["--num-experts", str(m.moe.num_experts), "--moe-router-topk", str(m.moe.top_k),
                   "--moe-ffn-hidden-size", str(m.moe.expert_ffn_hidden_size), "--moe-layer-freq", moe_layer_freq(plan),
                   "--moe-token-dispatcher-type", "alltoall" if s.ep > 1 else "allgather"]
+        if s.recompute == "selective" and "moe_act" in j.selective_modules:
+            # Megatron-Core recomputes the experts' activation only inside grouped GEMMs
+            model.append("--moe-grouped-gemm")
+            notes.append("--moe-grouped-gemm (needed by --recompute-modules moe_act): the plan priced the experts' "
+                         "GEMMs one by one, so expect them somewhat faster")
         if not j.moe_dropless:
             # priced without the dropless host synchronization: a capacity factor with padding
             model += ["--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity"]
@@ -237,16 +246,18 @@ def _recompute_flags(plan: Plan, unsupported: list[str]) -> list[str]:
 
 
 def _bash_array(name: str, args: list[str]) -> str:
+    """One flag per line with its values (a flag may take several, as --recompute-modules), every value
+    quoted for bash."""
+    def quoted(value: str) -> str:
+        return f'"{value}"' if value.startswith("${") else shlex.quote(value)   # let bash expand ${VAR:-default}
+
     lines, i = [], 0
     while i < len(args):
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            value = args[i + 1]
-            quoted = f'"{value}"' if value.startswith("${") else shlex.quote(value)   # let bash expand ${VAR:-default}
-            lines.append(f"    {args[i]} {quoted}")
-            i += 2
-        else:
-            lines.append(f"    {args[i]}")
-            i += 1
+        j = i + 1
+        while j < len(args) and not args[j].startswith("--"):
+            j += 1
+        lines.append("    " + " ".join([shlex.quote(args[i])] + [quoted(v) for v in args[i + 1:j]]))
+        i = j
     return f"{name}=(\n" + "\n".join(lines) + "\n)\n"
 
 

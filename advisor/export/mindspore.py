@@ -20,6 +20,7 @@ import yaml
 from advisor.export import ExportResult
 from advisor.export._common import (
     chunk_layers, comment_block, header_lines, mesh_text, non_default_mesh, stage_layers,
+    unwritten_model_features,
 )
 from advisor.export._recompute import FULL, MINDSPORE_SELECT, NONE, cannot_express, priced_recompute
 from advisor.plan import Plan
@@ -185,6 +186,7 @@ def context_script(plan: Plan, ctx: dict) -> str:
 def export(plan: Plan) -> ExportResult:
     unsupported: list[str] = []
     notes: list[str] = []
+    unsupported += unwritten_model_features(plan, "MindFormers")
     cfg = mindformers_config(plan, unsupported, notes)
     yaml_text = (comment_block(header_lines(plan, "MindFormers parallel settings"))
                  + "# Merge into your MindFormers training YAML (run_mode: train).\n"

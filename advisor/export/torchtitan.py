@@ -20,6 +20,7 @@ from math import gcd
 from advisor.export import ExportResult
 from advisor.export._common import (
     chunk_layers, comment_block, header_lines, mesh_text, non_default_mesh, stage_layers, train_steps,
+    unwritten_model_features,
 )
 from advisor.export._recompute import CORE_ATTENTION, FULL, NONE, OP_LEVEL, cannot_express, priced_recompute
 from advisor.plan import Plan
@@ -174,6 +175,7 @@ def export(plan: Plan) -> ExportResult:
     if plan.cluster.devices % plan.cluster.nodes:
         unsupported.append(f"cluster.devices = {plan.cluster.devices} on {plan.cluster.nodes} nodes: torchrun starts "
                            "the same number of processes on every node")
+    unsupported += unwritten_model_features(plan, "torchtitan")
     secs = sections(plan, unsupported, notes)
     return ExportResult(target="torchtitan", files={"torchtitan.toml": render_toml(plan, secs)},
                         unsupported=tuple(unsupported), notes=tuple(notes))

@@ -52,6 +52,9 @@ class _Builder:
         self.S = job.seq_length
         self.dt = job.dtype_bytes
         self.attention = getattr(job, "attention", "math")     # math | flash
+        # keys each query's attention operator covers: the whole s x s product (what the operator-level
+        # searchers shard), narrowed only by a sliding window
+        self.keys = model.attended_keys(self.S, causal=False)
         self.tensors: dict[str, Tensor] = {}
         self.ops: list[Operator] = []
 
@@ -103,7 +106,7 @@ class _Builder:
         q = self.tensor(f"{p}q", (B, S, G, R, D))
         kv = self.tensor(f"{p}kv", (B, S, G, 2, D))
         self.op(f"{p}qkv", "matmul", ins, [q, kv], labs + ["bsgrd", "bsgkd"],
-                flops=2.0 * B * S * H * (H + 2 * m.kv_hidden_size), epilogue_passes=1.0 if m.use_bias else 0.0,
+                flops=2.0 * B * S * H * (m.q_size + m.k_size + m.v_size), epilogue_passes=1.0 if m.use_bias else 0.0,
                 no_cut=frozenset("rdk"), saves=(n1,), count=count)
         ctx = self.tensor(f"{p}ctx", (B, S, G, R, D))
         if self.attention == "math":
@@ -115,11 +118,11 @@ class _Builder:
             kept = self.tensor(f"{p}lse", (B, G, R, S), FP32)
             labels, passes = "bgrs", 0.0
         self.op(f"{p}attn", "attention", [q, kv], [ctx], ["bsgrd", "btgkd", "bsgrd", labels],
-                internals=(kept,), flops=4.0 * B * S * S * H, epilogue_passes=passes,
+                internals=(kept,), flops=2.0 * B * S * self.keys * (m.q_size + m.attention_out_size), epilogue_passes=passes,
                 no_cut=frozenset("rdkt"), saves=(q, kv, kept), count=count)
         o = self.tensor(f"{p}attn_out", (B, S, H))
         self.op(f"{p}proj", "matmul", [ctx, self.param(f"{p}wo", (G, R, D, H))], [o], ["bsgrd", "grdh", "bsh"],
-                flops=2.0 * B * S * H * H, no_cut=frozenset("rd"), saves=(ctx,), count=count)
+                flops=2.0 * B * S * m.attention_out_size * H, no_cut=frozenset("rd"), saves=(ctx,), count=count)
         return self.residual(p, "res1", o, x, count)
 
     def residual(self, p: str, name: str, y: str, x: str, count: int) -> str:
@@ -205,6 +208,9 @@ def transformer_graph(model: ModelSpec, job: TrainingJob, batch: int = 1, layers
     ``last_stage`` (a pipeline stage's graph)."""
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise AdvisorError(f"graph batch must be a positive number of sequences, got {batch!r}")
+    if model.mla is not None or (model.moe is not None and model.moe.shared_ffn):
+        raise AdvisorError(f"model {model.name}: the operator-level searchers (drec, ilp) have no operators for "
+                           "multi-head latent attention or shared experts yet; use --searcher enumerate")
     start, stop = layers if layers is not None else (0, model.num_layers)
     if not 0 <= start < stop <= model.num_layers:
         raise AdvisorError(f"layer range [{start}, {stop}) is not inside the model's {model.num_layers} layers")

@@ -52,13 +52,12 @@ from advisor.rank import TIE_BAND
 from advisor.search import Pins, Progress, SearchOutcome, SearchStats
 from advisor.space.rules import illegal_masks
 from advisor.space.strategy import (
-    DEFAULT_MESH_ORDER, MESH_DIMS, RECOMPUTE, SCHEDULES, StrategyBatch, even_stage_layers,
+    DEFAULT_MESH_ORDER, INTERLEAVED, MESH_DIMS, ONE_F_ONE_B, RECOMPUTE, SCHEDULES, StrategyBatch, even_stage_layers,
 )
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
 
-GPIPE, ONE_F_ONE_B, INTERLEAVED = (SCHEDULES.index(s) for s in ("gpipe", "1f1b", "interleaved-1f1b"))
 ZERO_STAGES = (0, 1, 2, 3)
 HCCS_REASON = "TP group would span HCCS groups"
 DEVICE_MEMORY_REASON = "does not fit in device memory"
@@ -685,8 +684,11 @@ class _Scoring:
             step = e.step_time_s
             a2a = cp_comm_options(model, part, self.pins)[:, 1]
             if a2a.any():   # the bound covers both context-parallel kinds: the faster of the two
-                ulysses = estimate_batch(model, self.fast, cluster, job, to_batch(model, job, {**part, "cp_comm": a2a.astype(np.int64)}))
-                step = np.where(a2a, np.minimum(step, ulysses.step_time_s), step)
+                rows = _take(part, a2a)
+                rows = {**rows, "cp_comm": np.ones(_count(rows), dtype=np.int64)}
+                ulysses = estimate_batch(model, self.fast, cluster, job, to_batch(model, job, rows))
+                step = step.copy()
+                step[a2a] = np.minimum(step[a2a], ulysses.step_time_s)
             host = e.memory.host_optimizer * hw.node.devices_per_node <= hw.host.memory_gib * GIB
             upper[idx] = job.tokens_per_step / step
             reach = upper[idx] >= limit

@@ -14,14 +14,12 @@ from typing import Callable
 
 import numpy as np
 
-from advisor.space.strategy import SCHEDULES, Strategy, StrategyBatch
+from advisor.space.strategy import INTERLEAVED, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE, Strategy, StrategyBatch
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
 
 Rule = Callable[[ModelSpec, Cluster, TrainingJob, StrategyBatch], np.ndarray]
 
-INTERLEAVED = SCHEDULES.index("interleaved-1f1b")
-SELECTIVE, FULL = 1, 2
 
 
 def _device_count(m, c, j, b):
@@ -100,10 +98,18 @@ def _recompute_layers(m, c, j, b):
     counts = np.where(active, b.recompute_layers, -1)
     given = (counts >= 0).any(axis=1)
     per_stage_max = np.max(b.stage_layers, axis=1)
-    kind_ok = (b.recompute == FULL) | ((b.recompute == SELECTIVE) & (j.framework == "mindspore"))
+    kind_ok = (b.recompute == RECOMPUTE_FULL) | ((b.recompute == RECOMPUTE_SELECTIVE) & (j.framework == "mindspore"))
     bad_count = (np.where(active, counts < 0, False).any(axis=1) | (counts.max(axis=1) < 1)
                  | (counts > per_stage_max[:, None]).any(axis=1))
     return given & (~kind_ok | bad_count)
+
+
+def _recompute_modules(m, c, j, b):
+    # Megatron-Core refuses mla_up_proj without multi-latent attention and moe_act without (grouped-GEMM)
+    # experts (TransformerConfig.__post_init__)
+    wrong = (("mla_up_proj" in j.selective_modules and m.mla is None)
+             or ("moe_act" in j.selective_modules and m.moe is None))
+    return (b.recompute == RECOMPUTE_SELECTIVE) & (j.framework == "megatron") & wrong
 
 
 def _positive(m, c, j, b):
@@ -128,6 +134,8 @@ RULES: dict[str, tuple[Rule, str]] = {
     "stage layers": (_stage_layers, "stage layers must sum to the layer count, one entry per stage, each a multiple of the virtual stages"),
     "interleaving": (_interleaving, "the interleaved schedule goes with virtual stages > 1, pp > 1 and micro-batches divisible by pp"),
     "zero stage": (_zero, "the ZeRO stage must be 0, 1, 2 or 3"),
+    "recompute modules": (_recompute_modules, "Megatron's mla_up_proj recompute needs multi-latent attention and "
+                          "moe_act needs MoE layers"),
     "offload needs zero": (_offload, "optimizer offload needs ZeRO stage 1 or more"),
     "recompute layers": (_recompute_layers, "recomputed-layer counts need full recomputation (or selective with "
                          "framework mindspore), at least one layer, and at most the layers of a stage"),
@@ -174,6 +182,7 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "stage layers": f"stage_layers = {list(s.resolved_stage_layers(m.num_layers))}, layers = {m.num_layers}, vpp = {s.virtual_pipeline_stages}",
         "interleaving": f"schedule = {s.pipeline_schedule}, vpp = {s.virtual_pipeline_stages}, pp = {s.pp}, micro-batches = {s.num_micro_batches}",
         "zero stage": f"zero = {s.zero_stage}",
+        "recompute modules": f"recompute_modules = {', '.join(j.selective_modules)}, model {m.name}",
         "sequence parallel needs tp": f"tp = {s.tp}",
         "offload needs zero": f"zero = {s.zero_stage}",
         "positive degrees": f"dp = {s.dp}, tp = {s.tp}, pp = {s.pp}, cp = {s.cp}, ep = {s.ep}",

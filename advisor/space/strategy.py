@@ -20,6 +20,9 @@ RECOMPUTE = ("none", "selective", "full")
 # (all-to-alls that trade the sequence split for a head split; Jacobs et al. 2023, DeepSpeed-Ulysses).
 CP_COMM = ("p2p", "a2a")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+# The indices StrategyBatch stores for them
+RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = range(len(RECOMPUTE))
+GPIPE, ONE_F_ONE_B, INTERLEAVED = range(len(SCHEDULES))
 MESH_DIMS = ("pp", "dp", "cp", "tp")
 DEFAULT_MESH_ORDER = ("pp", "dp", "cp", "tp")
 

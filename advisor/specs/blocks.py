@@ -75,9 +75,13 @@ def moe_from_dict(raw: Any, origin: str, num_layers: int) -> MoESpec:
         raise AdvisorError(f"{mo}: key 'top_k' = {moe.top_k} exceeds num_experts = {moe.num_experts}")
     if moe.layer_frequency > num_layers:
         raise AdvisorError(f"{mo}: key 'layer_frequency' = {moe.layer_frequency} exceeds num_layers = {num_layers}")
-    if moe.first_k_dense_layers >= num_layers:
+    # MoE layers: index j >= first_k_dense_layers with (j + 1) % layer_frequency == 0
+    if num_layers // moe.layer_frequency - moe.first_k_dense_layers // moe.layer_frequency <= 0:
         raise AdvisorError(f"{mo}: key 'first_k_dense_layers' = {moe.first_k_dense_layers} leaves no MoE layer "
-                           f"of num_layers = {num_layers}")
+                           f"of num_layers = {num_layers} at layer_frequency = {moe.layer_frequency}")
+    if moe.shared_expert_ffn_hidden_size is not None and not moe.num_shared_experts:
+        raise AdvisorError(f"{mo}: key 'shared_expert_ffn_hidden_size' = {moe.shared_expert_ffn_hidden_size} "
+                           f"needs num_shared_experts > 0")
     return moe
 
 

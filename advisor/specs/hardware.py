@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from advisor.errors import AdvisorError
+from advisor.specs.calibration import check_calibration
 from advisor.specs import _fields as f
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "hardware_profiles"
@@ -288,9 +289,7 @@ def _gemm_curves(value: Any, origin: str):
 def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
     f.check_keys(data, origin, ("name", "source", "device", "node", "inter_node", "host"),
                  ("price_per_device_hour_usd", "power_watts", "notes", "calibration"))
-    if data.get("calibration") is not None and not isinstance(data["calibration"], dict):
-        raise AdvisorError(f"{origin}: key 'calibration' must be a mapping (written by benchmarks/fit_profiles.py), "
-                           f"got {data['calibration']!r}")
+    check_calibration(data.get("calibration"), origin)
     do = f"{origin}: device"
     dev = data["device"]
     f.check_keys(dev, do, ("name", "memory_gib", "memory_bandwidth_gbps", "peak_tflops", "matmul_efficiency"),

@@ -16,6 +16,9 @@ ATTENTION = ("flash", "math")
 # Whose implementation runs the plan; it decides what "selective" recomputation keeps and what
 # sequence parallelism saves (see advisor.cost.recompute and advisor.cost.memory).
 FRAMEWORKS = ("megatron", "pytorch", "torchtitan", "mindspore")
+# The PyTorch-module stacks: eager kernels unless compiled, separate Q/K/V and gate/up projections,
+# autograd keeping the all-gathered sequence-parallel inputs (advisor.cost.kernels, compute, activations).
+EAGER_FRAMEWORKS = ("pytorch", "torchtitan")
 # FP8 scaling recipes, named as Megatron-LM's --fp8-recipe: delayed (amax history, Transformer
 # Engine's DelayedScaling), tensorwise (per-tensor current scaling, TE Float8CurrentScaling, torchao
 # tensorwise), mxfp8 (1x32 blocks with E8M0 scales, TE MXFP8BlockScaling; Blackwell), blockwise
@@ -35,6 +38,15 @@ DEFAULT_KERNEL = {"megatron": "te", "pytorch": "sdpa", "torchtitan": "sdpa", "mi
 # activation function, MLA's up-projections and the dense layers' MLP.
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp")
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+
+
+def check_recompute_modules(modules, framework: str, where: str) -> None:
+    """Megatron's recompute modules: a non-empty tuple of RECOMPUTE_MODULES, with framework megatron.
+    `where` names the key or flag in the error."""
+    if not isinstance(modules, tuple) or not modules or any(m not in RECOMPUTE_MODULES for m in modules):
+        raise AdvisorError(f"{where} must be a non-empty list of {', '.join(RECOMPUTE_MODULES)}, got {str(modules)[:80]!r}")
+    if framework != "megatron":
+        raise AdvisorError(f"{where} is Megatron's setting; it goes with framework megatron, not {framework!r}")
 
 
 @dataclass(frozen=True)
@@ -85,7 +97,7 @@ class TrainingJob:
     # after it, so that the next unit waits for it (FSDP1 BACKWARD_POST).
     fsdp_backward_prefetch: str = "pre"
     # Memory-bound kernels fused (Transformer Engine, MindSpore graph mode, torch.compile) or run
-    # operator by operator (eager PyTorch); None: the framework's default (fused except "pytorch").
+    # operator by operator (eager PyTorch); None: the framework's default (fused except EAGER_FRAMEWORKS).
     fused_kernels: bool | None = None
     # Dropless MoE (every routed token computed; Megatron-Core's default without a capacity factor):
     # the tokens per expert are copied to the host before the grouped GEMMs and all-to-alls can be
@@ -122,12 +134,7 @@ class TrainingJob:
         if self.fp8_param_gather and self.dtype != "fp8":
             raise AdvisorError("training: 'fp8_param_gather' needs dtype fp8")
         if self.recompute_modules is not None:
-            bad = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
-            if bad or not self.recompute_modules or not isinstance(self.recompute_modules, tuple):
-                raise AdvisorError(f"training: 'recompute_modules' must be a non-empty list of {', '.join(RECOMPUTE_MODULES)}, "
-                                   f"got {self.recompute_modules!r}"[:200])
-            if self.framework != "megatron":
-                raise AdvisorError(f"training: 'recompute_modules' is Megatron's setting; framework is {self.framework!r}")
+            check_recompute_modules(self.recompute_modules, self.framework, "training: 'recompute_modules'")
         if self.train_tokens is not None and not self.train_tokens > 0:
             raise AdvisorError(f"training: 'train_tokens' must be positive, got {self.train_tokens!r}")
 

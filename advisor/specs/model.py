@@ -293,10 +293,17 @@ def model_from_dict(data: dict[str, Any], origin: str) -> ModelSpec:
     mla = mla_from_dict(data["mla"], origin) if data.get("mla") is not None else None
     if mla is not None and head_dim is not None:
         raise AdvisorError(f"{origin}: key 'head_dim' = {head_dim} conflicts with 'mla' (its head widths are given there)")
+    if mla is not None and kv_heads != heads:
+        raise AdvisorError(f"{origin}: key 'num_kv_heads' = {kv_heads} conflicts with 'mla', whose keys and values "
+                           f"have one head per query head ({heads})")
     published = data.get("published_params")
     if published is not None:
         published = f.positive_float(data, "published_params", origin)
     window = None if data.get("sliding_window") is None else f.positive_int(data, "sliding_window", origin)
+    every = f.positive_int(data, "sliding_window_every", origin, default=1)
+    if data.get("sliding_window_every") is not None and (window is None or every > num_layers):
+        raise AdvisorError(f"{origin}: key 'sliding_window_every' = {every} needs 'sliding_window' and at most "
+                           f"num_layers = {num_layers}")
     return ModelSpec(
         name=name,
         source=source,
@@ -319,7 +326,7 @@ def model_from_dict(data: dict[str, Any], origin: str) -> ModelSpec:
         mla=mla,
         causal=f.boolean(data, "causal", origin, default=True),
         sliding_window=window,
-        sliding_window_every=f.positive_int(data, "sliding_window_every", origin, default=1),
+        sliding_window_every=every,
     )
 
 

@@ -11,13 +11,12 @@ import copy
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable, Iterable
 
 from advisor.cost.estimate import estimate
-from advisor.specs.hardware import HardwareProfile, hardware_from_dict, load_hardware
+from advisor.specs.hardware import HardwareProfile, hardware_from_dict
 from advisor.specs.job import Cluster
-from advisor.validation.runs import CalibrationRun, load_runs
+from advisor.validation.runs import CalibrationRun, bundled_profile, load_runs
 
 
 @dataclass(frozen=True)
@@ -38,11 +37,6 @@ class RunPrediction:
         """predicted / measured peak memory - 1, where the source publishes it."""
         measured = self.run.measured_peak_memory_gib
         return None if measured is None else self.memory_gib / measured - 1.0
-
-
-@lru_cache(maxsize=None)
-def bundled_profile(name: str) -> HardwareProfile:
-    return load_hardware(name)
 
 
 def run_hardware(run: CalibrationRun) -> HardwareProfile:

@@ -13,13 +13,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from advisor.published import load_published_runs, sc21_flops_per_step
-from advisor.specs.hardware import load_hardware
+from functools import lru_cache
+
+from advisor.published import load_published_runs, measured_step_time_s
 from advisor.validation.accuracy import usable_runs
-from advisor.validation.runs import DEVICE_NAMES
+from advisor.validation.runs import DEVICE_NAMES, model_flops_utilization
 from advisor.validation.torchtitan import load_torchtitan_runs
 
-PUBLISHED_PROFILES = {"selene-a100-80g": "dgx-a100-80g"}
+# The nearness of a measured run to an example: model size counts fully, cluster size and sequence
+# length half (a judgment: efficiency depends most on the GEMM sizes the model sets).
+DEVICES_WEIGHT = SEQUENCE_WEIGHT = 0.5
 
 
 @dataclass(frozen=True)
@@ -57,26 +60,16 @@ class MeasuredRun:
     mfu: float
 
 
-def _mfu(model, seq: int, tokens_per_s_per_device: float, profile: str, dtype: str) -> float:
-    peak = load_hardware(profile).device.peak_flops(dtype)
-    return model.training_flops_per_token(seq) * tokens_per_s_per_device / peak
-
-
-def measured_runs() -> list[MeasuredRun]:
-    out = []
-    for r in list(usable_runs()) + list(load_torchtitan_runs()):
-        out.append(MeasuredRun(r.id, DEVICE_NAMES[r.profile], r.job.dtype == "fp8", r.model.num_active_params, r.devices, r.job.seq_length,
-                               _mfu(r.model, r.job.seq_length, r.measured_tokens_per_s_per_device, r.profile, r.job.dtype)))
-    for run in load_published_runs():
-        profile = PUBLISHED_PROFILES.get(run.hardware, run.hardware)
-        if "iteration_time_s" in run.measured:
-            step_s = run.measured["iteration_time_s"]
-        else:   # SC'21 publishes TFLOP/s on its own FLOP count: back to the step time
-            step_s = sc21_flops_per_step(run) / (run.measured["hfu_tflops"] * 1e12 * run.devices)
-        tokens = run.job.tokens_per_step / step_s / run.devices
-        out.append(MeasuredRun(run.id, DEVICE_NAMES[profile], False, run.model.num_active_params, run.devices,
-                               run.job.seq_length, _mfu(run.model, run.job.seq_length, tokens, profile, run.job.dtype)))
-    return out
+@lru_cache(maxsize=1)
+def measured_runs() -> tuple[MeasuredRun, ...]:
+    """Every measured run with its MFU in advisor's convention (the peak of the run's dtype)."""
+    rows = [(r.id, r.model, r.job, r.devices, r.profile, r.measured_tokens_per_s_per_device)
+            for r in list(usable_runs()) + list(load_torchtitan_runs())]
+    rows += [(run.id, run.model, run.job, run.devices, run.hardware,
+              run.job.tokens_per_step / measured_step_time_s(run) / run.devices) for run in load_published_runs()]
+    return tuple(MeasuredRun(name, DEVICE_NAMES[profile], job.dtype == "fp8", model.num_active_params, devices,
+                             job.seq_length, model_flops_utilization(model, job.seq_length, tokens, profile, job.dtype))
+                 for name, model, job, devices, profile, tokens in rows)
 
 
 def closest_runs(params: float, devices: int, seq_length: int, hardware: str, dtype: str, count: int = 2) -> list[MeasuredRun]:
@@ -85,7 +78,7 @@ def closest_runs(params: float, devices: int, seq_length: int, hardware: str, dt
     candidates = [r for r in measured_runs() if r.device == device and r.fp8 == (dtype == "fp8")]
 
     def distance(r: MeasuredRun) -> float:
-        return (abs(math.log(r.params / params)) + 0.5 * abs(math.log(r.devices / devices))
-                + 0.5 * abs(math.log(r.seq_length / seq_length)))
+        return (abs(math.log(r.params / params)) + DEVICES_WEIGHT * abs(math.log(r.devices / devices))
+                + SEQUENCE_WEIGHT * abs(math.log(r.seq_length / seq_length)))
 
     return sorted(candidates, key=distance)[:count]

@@ -5,8 +5,8 @@ for A100 the Megatron-LM papers' runs) by moving only physical constants, never 
 correction (benchmarks/fit_profiles.py prints the fits and the profiles carry the result):
 
 * ``gemm_scale.<dtype>``: a scale on the dtype's GEMM efficiency curve (the achievable fraction of
-  peak); ``gemm_shift``: a shift of the curves along their size axis (log10 GFLOP: how much work a
-  GEMM needs before tile and launch costs stop mattering), shared by the dtypes;
+  peak); ``gemm_size_factor``: a factor on the curves' size axis (GFLOP: how much work a GEMM needs
+  before tile and launch costs stop mattering), shared by the dtypes;
 * ``attention_scale.<kernel>``: a scale on a fused attention kernel's efficiency curve;
 * ``memory_efficiency``: the achievable fraction of memory bandwidth of memory-bound kernels;
 * ``launch_overhead_us``: the host's time per kernel launch;
@@ -37,8 +37,13 @@ from scipy.optimize import least_squares
 from advisor.specs.hardware import HardwareProfile, hardware_from_dict, load_hardware
 
 SHAPES_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "starting_curves.yaml"
+# Method choices (not physical constants): the prior's weight against one run's log error (a run
+# 5% off weighs as much as a constant moved by its full starting value), the error beyond which the
+# soft-L1 loss turns linear (10%, the issue's accuracy goal), and the finite-difference step relative
+# to each constant (0.1%: well above the model's float noise, well below any constant's effect).
 PRIOR_WEIGHT = 0.05
 LOSS_SCALE = 0.10
+DIFF_STEP = 1e-3
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,13 @@ class Target:
     attention_shapes: dict[str, str]
     constants: tuple[Constant, ...]
     fp8: bool = False
-    fixed: dict[str, float] = field(default_factory=dict)
+    # constants held, not fitted: a value, or a function giving it from another fitted profile
+    fixed: dict[str, float | Callable[[], float]] = field(default_factory=dict)
+
+
+def resolve_fixed(target: Target) -> dict[str, float]:
+    """The target's held constants as values (functions are evaluated now)."""
+    return {k: (v() if callable(v) else float(v)) for k, v in target.fixed.items()}
 
 
 @lru_cache(maxsize=1)
@@ -71,38 +82,53 @@ def shapes() -> dict[str, list[list[float]]]:
 
 
 def _curve(points, scale: float, size_factor: float = 1.0) -> list[list[float]]:
-    return [[float(f"{x * size_factor:.6g}"), float(f"{min(y * scale, 1.0):.4g}")] for x, y in points]
+    """A starting shape scaled (efficiency capped at 1) and stretched along its size axis; not
+    rounded, so that the objective moves continuously (advisor.validation.write rounds the file)."""
+    return [[x * size_factor, min(y * scale, 1.0)] for x, y in points]
 
 
-def profile_raw(target: Target, base_raw: dict[str, Any], values: dict[str, float]) -> dict[str, Any]:
-    """The profile mapping with the device's constants set to `values` (missing ones: start)."""
+def shape_scale(profile_name: str, dtype: str, shape: str) -> float:
+    """The GEMM scale a bundled profile's curve carries over a starting shape (its best point over
+    the shape's): how another device's fit reuses it."""
+    curve = load_hardware(profile_name).device.gemm_curve(dtype)
+    return max(y for _, y in curve) / max(y for _, y in shapes()[shape])
+
+
+def profile_raw(target: Target, base_raw: dict[str, Any], values: dict[str, float],
+                fixed: dict[str, float] | None = None) -> dict[str, Any]:
+    """The profile mapping with the device's constants set to `values` (missing ones: start) and
+    its held ones to `fixed` (None: resolved now)."""
     v = {c.name: c.start for c in target.constants}
-    v.update(target.fixed)
+    v.update(resolve_fixed(target) if fixed is None else fixed)
     v.update(values)
     raw = copy.deepcopy(base_raw)
     dev = raw["device"]
-    shift = 10.0 ** v.get("gemm_shift", 0.0)
+    size = v.get("gemm_size_factor", 1.0)
     gemm = shapes()[target.gemm_shape]
-    curves = {"bf16": _curve(gemm, v.get("gemm_scale.bf16", 1.0), shift)}
+    curves = {"bf16": _curve(gemm, v.get("gemm_scale.bf16", 1.0), size)}
     if target.fp8:
-        curves["fp8"] = _curve(gemm, v.get("gemm_scale.fp8", 1.0), 2.0 * shift)
+        # FP8 GEMMs need twice the work per call for the same fixed costs (starting_curves.yaml)
+        curves["fp8"] = _curve(gemm, v.get("gemm_scale.fp8", 1.0), 2.0 * size)
     dev["matmul_efficiency"] = curves
     dev["attention_efficiency"] = {kernel: _curve(shapes()[shape], v.get(f"attention_scale.{kernel}", 1.0))
                                    for kernel, shape in target.attention_shapes.items()}
-    if "memory_efficiency" in v:
-        dev["memory_efficiency"] = float(f"{v['memory_efficiency']:.4g}")
-    if "launch_overhead_us" in v:
-        dev["launch_overhead_us"] = float(f"{v['launch_overhead_us']:.4g}")
+    for key in ("memory_efficiency", "launch_overhead_us"):
+        if key in v:
+            dev[key] = v[key]
     if "inter_efficiency" in v:
-        raw["inter_node"]["efficiency"] = float(f"{v['inter_efficiency']:.4g}")
+        raw["inter_node"]["efficiency"] = v["inter_efficiency"]
     if "intra_efficiency" in v:
-        raw["node"]["intra_node"]["efficiency"] = float(f"{v['intra_efficiency']:.4g}")
+        raw["node"]["intra_node"]["efficiency"] = v["intra_efficiency"]
     return raw
 
 
-def profile(target: Target, name: str, values: dict[str, float]) -> HardwareProfile:
-    base = load_hardware(name).raw
-    return hardware_from_dict(profile_raw(target, base, values), f"{name} (fit)")
+def _profiles(target: Target, names, values: dict[str, float], fixed: dict[str, float],
+              bases: dict[str, dict[str, Any]]) -> dict[str, HardwareProfile]:
+    return {name: hardware_from_dict(profile_raw(target, bases[name], values, fixed), f"{name} (fit)") for name in names}
+
+
+def _bases(observations) -> dict[str, dict[str, Any]]:
+    return {name: load_hardware(name).raw for name in {o.profile for o in observations}}
 
 
 @dataclass(frozen=True)
@@ -120,6 +146,7 @@ class FitResult:
     values: dict[str, float]
     errors: dict[str, list[float]]          # source -> relative errors (pred / meas - 1) at the fit
     evaluations: int
+    fixed: dict[str, float]                 # the held constants the fit used
 
 
 def _weights(observations: list[Observation]) -> np.ndarray:
@@ -127,9 +154,11 @@ def _weights(observations: list[Observation]) -> np.ndarray:
     return np.array([1.0 / math.sqrt(counts[o.source]) for o in observations])
 
 
-def evaluate(target: Target, observations: list[Observation], values: dict[str, float]) -> dict[str, list[float]]:
+def evaluate(target: Target, observations: list[Observation], values: dict[str, float],
+             fixed: dict[str, float] | None = None) -> dict[str, list[float]]:
     """Relative errors per source under the given constants."""
-    profiles = {name: profile(target, name, values) for name in {o.profile for o in observations}}
+    fixed = resolve_fixed(target) if fixed is None else fixed
+    profiles = _profiles(target, {o.profile for o in observations}, values, fixed, _bases(observations))
     out: dict[str, list[float]] = {}
     for o in observations:
         out.setdefault(o.source, []).append(math.expm1(o.log_error(profiles[o.profile])))
@@ -143,18 +172,19 @@ def fit(target: Target, observations: list[Observation], max_evaluations: int = 
     low = np.array([c.low for c in target.constants])
     high = np.array([c.high for c in target.constants])
     weights = _weights(observations)
+    fixed, bases = resolve_fixed(target), _bases(observations)
     count = [0]
 
     def residuals(x):
         count[0] += 1
         values = dict(zip(names, x))
-        profiles = {name: profile(target, name, values) for name in {o.profile for o in observations}}
+        profiles = _profiles(target, bases, values, fixed, bases)
         r = np.array([o.log_error(profiles[o.profile]) for o in observations]) * weights
         prior = np.array([math.log(v / c.start) if c.log else (v - c.start) / (c.high - c.low)
                           for v, c in zip(x, target.constants)]) * PRIOR_WEIGHT
         return np.concatenate([r, prior])
 
     result = least_squares(residuals, start, bounds=(low, high), loss="soft_l1", f_scale=LOSS_SCALE,
-                           x_scale="jac", max_nfev=max_evaluations, diff_step=1e-3)
+                           x_scale="jac", max_nfev=max_evaluations, diff_step=DIFF_STEP)
     values = dict(zip(names, (float(x) for x in result.x)))
-    return FitResult(target, values, evaluate(target, observations, values), count[0])
+    return FitResult(target, values, evaluate(target, observations, values, fixed), count[0], fixed)

@@ -15,7 +15,7 @@ from scipy.stats import kendalltau
 
 from advisor.validation.accuracy import RunPrediction
 
-MIN_RUNS = 3
+MIN_RUNS = 3      # the fewest runs whose order says something (Kendall tau of 2 is +-1)
 
 
 @dataclass(frozen=True)

@@ -8,26 +8,24 @@ for the kernel a shape was measured with, and at 0.6 for kernels without their o
 (flash-attn 1.x's Triton kernel ran at about 0.6 of FlashAttention-2 on A100 in the FA2 repo's
 benchmark: 90-100 vs 150-200 TFLOP/s at head dim 64).
 
-Blackwell's BF16 GEMM scale is held at H100's (see BLACKWELL_BF16_SCALE). A100's launch overhead stays
-at its vTrain calibration (the ranking of 1,440 small runs decides it,
-not throughput errors), and the attention curves of kernels it has no runs for (te, sdpa) stay at
+Blackwell's BF16 GEMM scale is held at H100's (see h100_bf16_scale). A100's launch overhead and the size
+axis of its GEMM curve stay where the vTrain calibration put them (the ranking of 1,440 small
+single-node runs, whose small GEMMs and host-bound layers decide both, not the large runs' throughput
+errors), and the attention curves of kernels it has no runs for (te, sdpa) stay at
 their measured FlashAttention-2 shape.
 """
 
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
-from advisor.published import load_published_runs, predict as predict_published, sc21_flops_per_step
+from advisor.published import load_published_runs, measured_step_time_s, paper_source, predict as predict_published
 from advisor.space.strategy import Strategy
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
-from advisor.specs.job import Cluster
-from advisor.validation.accuracy import usable_runs
-from advisor.cost.estimate import estimate
-from advisor.validation.fit import Constant, Observation, Target, evaluate, fit
+from advisor.validation.accuracy import predict, usable_runs
+from advisor.validation.fit import Constant, Observation, Target, evaluate, fit, shape_scale
 from advisor.validation.runs import CalibrationRun
 
 
@@ -35,16 +33,29 @@ def _c(name, start, low, high, log=True):
     return Constant(name, start, low, high, log)
 
 
-GEMM = (_c("gemm_scale.bf16", 0.86, 0.4, 1.25), _c("gemm_shift", 0.0, -1.0, 1.0, log=False))
-# Blackwell's BF16 runs are two gpt-oss MoE rows per system, which cannot fix a GEMM curve: BF16 stays
-# at the H100 fit's scale (benchmarks/fit_profiles.py, H100: 0.845), and the confidence report says so.
-BLACKWELL_BF16_SCALE = 0.845
+# Bounds (method choices, wide of every physical value): GEMM scales 0.4-1.25 of the starting shape
+# (whose top points are 0.78-0.85 of peak); the size factor within 2x either way (the shape's basis, a
+# few microseconds of launch and prologue per call and tile/wave quantization, places the work at which
+# a GEMM reaches a given efficiency to within about that); attention scales
+# 0.2-1.5; memory-bound efficiency 0.55-0.95 (STREAM-class kernels reach 0.8-0.9 of HBM bandwidth,
+# small unfused ones ~0.6: below that the constant would stand for unpriced work); launch overhead
+# 2-120 us (PyTorch's profiler shows 10-40 us per eager op); link efficiency 0.3-1.0.
+GEMM = (_c("gemm_scale.bf16", 0.86, 0.4, 1.25), _c("gemm_size_factor", 1.0, 0.5, 2.0))
+
+
+def h100_bf16_scale() -> float:
+    """Blackwell's BF16 runs are two gpt-oss MoE rows per system, which cannot fix a GEMM curve: BF16
+    takes the H100 fit's scale (read from the bundled dgx-h100 profile), and the confidence report
+    says so."""
+    return shape_scale("dgx-h100", "bf16", "gemm_h100")
+
+
 TARGETS = {
     "A100": Target(
         device="A100", profiles=("dgx-a100-80g", "dgx-a100-40g"), gemm_shape="gemm_a100",
         attention_shapes={"te": "fa2_a100", "sdpa": "fa2_a100", "triton": "fa2_a100"},
-        constants=GEMM + (_c("attention_scale.triton", 0.6, 0.2, 1.3), _c("memory_efficiency", 0.80, 0.55, 0.95)),
-        fixed={"launch_overhead_us": 30.0},
+        constants=GEMM[:1] + (_c("attention_scale.triton", 0.6, 0.2, 1.3), _c("memory_efficiency", 0.80, 0.55, 0.95)),
+        fixed={"launch_overhead_us": 30.0, "gemm_size_factor": 1.0},
     ),
     "H100": Target(
         device="H100", profiles=("dgx-h100", "dgx-h200"), gemm_shape="gemm_h100",
@@ -56,18 +67,18 @@ TARGETS = {
         fp8=True,
     ),
     # Blackwell: Transformer Engine's cuDNN attention (te) starts from the H100 cuDNN shape; the GEMM
-    # curves from the H100 shape, shifted along the size axis by the fit (2.3-2.5x the H100 peak).
+    # curves from the H100 shape, stretched along the size axis by the fitted size factor (2.3-2.5x the H100 peak).
     "B200": Target(
         device="B200", profiles=("dgx-b200",), gemm_shape="gemm_h100", attention_shapes={"te": "cudnn_h100"},
         constants=GEMM[1:] + (_c("gemm_scale.fp8", 0.86, 0.3, 1.25), _c("attention_scale.te", 1.0, 0.3, 1.5),
                           _c("memory_efficiency", 0.80, 0.55, 0.95), _c("launch_overhead_us", 30.0, 2.0, 120.0)),
-        fp8=True, fixed={"gemm_scale.bf16": BLACKWELL_BF16_SCALE},
+        fp8=True, fixed={"gemm_scale.bf16": h100_bf16_scale},
     ),
     "GB200": Target(
         device="GB200", profiles=("gb200-nvl72",), gemm_shape="gemm_h100", attention_shapes={"te": "cudnn_h100"},
         constants=GEMM[1:] + (_c("gemm_scale.fp8", 0.86, 0.3, 1.25), _c("attention_scale.te", 1.0, 0.3, 1.5),
                           _c("memory_efficiency", 0.80, 0.55, 0.95), _c("launch_overhead_us", 30.0, 2.0, 120.0)),
-        fp8=True, fixed={"gemm_scale.bf16": BLACKWELL_BF16_SCALE},
+        fp8=True, fixed={"gemm_scale.bf16": h100_bf16_scale},
     ),
     "910B": Target(
         device="910B", profiles=("ascend-910b",), gemm_shape="gemm_910b", attention_shapes={"npu": "fa2_a100"},
@@ -77,11 +88,7 @@ TARGETS = {
 
 
 def calibration_observation(run: CalibrationRun) -> Observation:
-    def log_error(hw):
-        e = estimate(run.model, hw, Cluster.of(hw, devices=run.devices), run.job, run.strategy)
-        return math.log(e.tokens_per_s_per_device / run.measured_tokens_per_s_per_device)
-
-    return Observation(run.group, run.profile, log_error)
+    return Observation(run.group, run.profile, lambda hw: math.log1p(predict(run, hw).error))
 
 
 def _paper_observations() -> list[Observation]:
@@ -89,13 +96,9 @@ def _paper_observations() -> list[Observation]:
     out = []
     for run in load_published_runs():
         def log_error(hw, run=run):
-            pred = predict_published(run, hw)
-            if "iteration_time_s" in run.measured:
-                return math.log(run.measured["iteration_time_s"] / pred.step_time_s)
-            return math.log(sc21_flops_per_step(run) / pred.step_time_s / run.devices / 1e12 / run.measured["hfu_tflops"])
+            return math.log(measured_step_time_s(run) / predict_published(run, hw).step_time_s)
 
-        source = "Korthikanti A100" if run.id.startswith("korthikanti") else "SC'21 A100"
-        out.append(Observation(source, run.hardware, log_error))
+        out.append(Observation(paper_source(run), run.hardware, log_error))
     return out
 
 
@@ -115,8 +118,7 @@ def fitted_runs(target: Target) -> list[FittedRun]:
     out = [FittedRun(r.model, r.job, r.strategy, r.devices, r.group) for r in usable_runs() if r.profile in target.profiles]
     if target.device == "A100":
         for run in load_published_runs():
-            source = "Korthikanti A100" if run.id.startswith("korthikanti") else "SC'21 A100"
-            out.append(FittedRun(run.model, run.job, predict_published(run).strategy, run.devices, source))
+            out.append(FittedRun(run.model, run.job, predict_published(run).strategy, run.devices, paper_source(run)))
     return out
 
 

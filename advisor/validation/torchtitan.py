@@ -65,7 +65,7 @@ def _run(row: dict[str, Any], hardware: dict[str, Any]) -> CalibrationRun:
         features=frozenset(f for f, on in (("FP8", row["float8"]), ("FSDP/ZeRO-3", row["fsdp"] > 1),
                                           ("context parallel", row.get("cp", 1) > 1),
                                           ("long context (>= 16k)", row["seq"] >= 16384)) if on),
-        measured_peak_memory_gib=measured.get("peak_reserved_gib"), hardware_overrides=overrides, held_out=True,
+        measured_peak_memory_gib=measured.get("peak_reserved_gib"), hardware_overrides=overrides,
     )
 
 

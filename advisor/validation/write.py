@@ -31,11 +31,17 @@ def _find(lines: list[str], key: str, indent: int, after: int = 0, before: int |
     return None
 
 
+def _number(value: float, digits: int = 4) -> str:
+    """`digits` significant digits, never in exponent notation (which YAML 1.1 reads back as a string)."""
+    text = f"{float(f'{value:.{digits}g}'):f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def _curve_lines(key: str, curves: dict[str, list[list[float]]], indent: int) -> list[str]:
     pad = " " * indent
     out = [f"{pad}{key}:"]
     for name, points in curves.items():
-        pts = ", ".join(f"[{x:g}, {y:g}]" for x, y in points)
+        pts = ", ".join(f"[{_number(x, 6)}, {_number(y)}]" for x, y in points)
         out.append(f"{pad}  {name}: [{pts}]")
     return out
 
@@ -46,7 +52,7 @@ def _set_value(lines: list[str], index: int, value: float) -> None:
     comment = ""
     if "#" in rest:
         comment = "  " + rest[rest.index("#"):]
-    lines[index] = f"{head}: {value:g}{comment}"
+    lines[index] = f"{head}: {_number(value)}{comment}"
 
 
 def fitted_text(text: str, raw: dict[str, Any], note: str) -> str:
@@ -74,7 +80,7 @@ def fitted_text(text: str, raw: dict[str, Any], note: str) -> str:
         if key in device:
             i = _find(lines, key, 2, dev, dev_end)
             if i is None:
-                lines.insert(dev_end, f"  {key}: {device[key]:g}")
+                lines.insert(dev_end, f"  {key}: {_number(device[key])}")
                 dev_end += 1
             else:
                 _set_value(lines, i, device[key])
@@ -115,9 +121,11 @@ def _flow(value: Any) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file in the same folder, then rename over the target."""
+    """Write through a temporary file in the same folder, then rename over the target (keeping the
+    target's permissions; mkstemp creates the file readable by its owner only)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, path.stat().st_mode & 0o777 if path.exists() else 0o644)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)
