@@ -10,7 +10,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from advisor.calibration.fit import PROBE_BATCH, PROBE_MODEL, merge_rounds
 
@@ -220,7 +220,7 @@ def _pipeline_actions(device, sync, steps: int) -> dict[str, dict[str, float]] |
     return out
 
 
-def worker_main(argv: list[str] | None = None) -> int:
+def worker_main(argv: list[str] | None = None) -> NoReturn:
     """Per-rank entry (``python -m advisor.calibrate --worker``), started by the launcher."""
     import datetime
 
@@ -235,7 +235,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out_dir)
     rank = int(os.environ.get("RANK", "0"))
-    from advisor.executor.worker import _watchdog, _write
+    from advisor.executor.worker import _watchdog, _write, leave_without_finalization
 
     _watchdog()
     try:
@@ -277,13 +277,13 @@ def worker_main(argv: list[str] | None = None) -> int:
         _write(out / f"rank{rank}.json", result)
         dist.barrier()
         dist.destroy_process_group()
-        return 0
     except BaseException as exc:
         import traceback
 
         _write(out / f"rank{rank}.error.json", {"rank": rank, "error": f"{type(exc).__name__}: {exc}",
                                                 "traceback": traceback.format_exc()})
         os._exit(1)
+    leave_without_finalization(0)   # as the executor's worker: PyTorch's teardown can abort a finished run
 
 
 def _device_name(device) -> str:
