@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from advisor.cost.estimate import Estimate
-from advisor.formatting import duration, energy, money
+from advisor.formatting import duration, energy, money, step_time
 from advisor.space.strategy import Strategy
 
 
@@ -34,7 +34,7 @@ def render_estimate(console: Console, title: str, s: Strategy, e: Estimate) -> N
     console.print(strategy_line(s))
     status = "[green]fits[/green]" if e.feasible else "[red]does not fit[/red]"
     console.print(
-        f"{status}: {e.memory_gib.total:.1f} of {e.capacity_gib:g} GiB per device | step {e.step_time_s:.3f} s | "
+        f"{status}: {e.memory_gib.total:.1f} of {e.capacity_gib:g} GiB per device | step {step_time(e.step_time_s)} s | "
         f"{e.tokens_per_s:,.0f} tokens/s ({e.tokens_per_s_per_device:,.0f} per device) | "
         f"{e.tflops_per_device:.1f} TFLOP/s per device | MFU {e.mfu:.1%} | HFU {e.hfu:.1%} | bottleneck: {e.bottleneck}"
     )
@@ -63,5 +63,5 @@ def render_estimate(console: Console, title: str, s: Strategy, e: Estimate) -> N
     for k in parts:
         tt.add_column(k, justify="right")
     tt.add_column("step", justify="right")
-    tt.add_row(*(f"{v:.3f}" for v in parts.values()), f"{e.step_time_s:.3f}")
+    tt.add_row(*(step_time(v) for v in parts.values()), step_time(e.step_time_s))
     console.print(tt)

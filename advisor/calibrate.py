@@ -3,13 +3,16 @@
 ``advisor calibrate [--backend gloo|nccl] [--nproc N] [--out PROFILE.yaml]`` starts N processes (one
 per device: GPUs with nccl, CPU ranks with gloo), each pinned to its share of the cores exactly as
 ``advisor execute`` runs ranks, and measures, all ranks at once (so shared cores and memory are
-contended as in a real run), every figure in five rounds spread over the run, keeping the median
-of each (a virtual machine's speed drifts over seconds; ``--quick``: one round):
+contended as in a real run), every figure in repeated rounds spread over the run, keeping the median
+of each (a virtual machine's speed drifts over seconds). The rounds stop once every key figure's
+rounds agree within ``--spread-target`` (default 10%, after at least 3 rounds), or at a bound
+(``--rounds``, default 8, or a time budget); a figure whose rounds disagree by more than 20% is
+named in a warning (advisor.calibration.rounds). ``--quick``: one round, fewer sizes.
 
 * matmul throughput at GEMM sizes from 2 MFLOP to a few GFLOP per call, for each dtype the device
   runs (fp32 and bf16 on CPU; fp32, tf32, bf16, fp16 on CUDA): ``peak_tflops`` is the best rate seen and
   ``matmul_efficiency`` the rate at each size over that peak (log-linear in GFLOP per call, as the
-  cost model reads it);
+  cost model reads it), made non-decreasing in size by a running maximum (fit.monotone_envelope);
 * memory bandwidth (a large out-of-place add, counted as two reads and one write) ->
   ``memory_bandwidth_gbps``; the host time of one transformer layer's forward and backward at a
   negligible size, divided by the cost model's kernels per layer -> ``launch_overhead_us`` (eager
@@ -38,10 +41,10 @@ Every raw figure is kept under ``notes:`` keys of the profile. The result loads 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 from advisor.calibration.fit import (PROBE_BATCH, PROBE_MODEL, efficiency_curve, elementwise_efficiency,
@@ -49,11 +52,14 @@ from advisor.calibration.fit import (PROBE_BATCH, PROBE_MODEL, efficiency_curve,
                                      ring_terms)
 from advisor.calibration.probes import COLLECTIVES, PIPELINE_PROBE, layer_host_us, worker_main
 from advisor.calibration.profile import build_profile, render_profile, write_profile
-from advisor.errors import AdvisorError
+from advisor.calibration.rounds import RoundRule, calibration_warnings
+from advisor.errors import AdvisorError, InfeasibleError
+from advisor.runtime.capacity import capacity_problems
+from advisor.runtime.files import temporary_folder
 
 
-__all__ = ["COLLECTIVES", "PIPELINE_PROBE", "PROBE_BATCH", "PROBE_MODEL", "CalibrateOptions", "build_profile",
-           "calibrate", "default_nproc", "efficiency_curve", "elementwise_efficiency", "fit_alpha_beta", "fit_link",
+__all__ = ["COLLECTIVES", "PIPELINE_PROBE", "PROBE_BATCH", "PROBE_MODEL", "CalibrateOptions", "RoundRule",
+           "build_profile", "calibrate", "calibration_warnings", "default_nproc", "efficiency_curve", "elementwise_efficiency", "fit_alpha_beta", "fit_link",
            "fit_per_op", "layer_host_us", "merge_rounds", "pipeline_action_overhead_us", "render_profile",
            "ring_terms", "worker_main", "write_profile"]
 
@@ -64,6 +70,17 @@ class CalibrateOptions:
     nproc: int | None = None
     quick: bool = False
     timeout_s: float = 900.0
+    oversubscribe: bool = False       # allow more than RANKS_PER_CORE ranks per core (advisor.runtime.capacity)
+    progress: bool = False            # a progress bar on stderr (one step per probe)
+    max_rounds: int | None = None     # at most this many rounds (default: RoundRule's; --quick: 1)
+    spread_target: float = RoundRule.spread_target   # stop once every key figure's rounds agree within this
+
+    def rule(self) -> RoundRule:
+        """The stopping rule of the rounds; their time budget leaves a third of the timeout to the rest."""
+        rule = RoundRule.quick() if self.quick else RoundRule()
+        if self.max_rounds is not None:
+            rule = replace(rule, max_rounds=self.max_rounds, min_rounds=min(rule.min_rounds, self.max_rounds))
+        return replace(rule, spread_target=self.spread_target, budget_s=min(rule.budget_s, self.timeout_s * 2 / 3))
 
 
 # ---- the command ---------------------------------------------------------------------------------
@@ -77,23 +94,43 @@ def default_nproc(backend: str) -> int:
     return max(2, min(os.cpu_count() or 2, 8))
 
 
-def calibrate(options: CalibrateOptions, workdir: str | None = None) -> dict[str, Any]:
-    """Measure and return the profile mapping."""
-    import tempfile
-
-    from advisor.executor.launch import LaunchOptions, launch_module
-
+def check_options(options: CalibrateOptions) -> int:
+    """The number of ranks, once the options are known to be usable (before any process starts)."""
     if options.backend not in ("auto", "gloo", "nccl"):
-        raise AdvisorError(f"--backend must be gloo or nccl, got {options.backend!r}")
+        raise AdvisorError(f"--backend must be auto, gloo or nccl, got {options.backend[:40]!r}")
+    if options.nproc is not None and options.nproc < 2:
+        raise AdvisorError(f"--nproc must be at least 2 (collectives need two ranks), got {options.nproc}")
+    if options.max_rounds is not None and not 1 <= options.max_rounds <= 100:
+        raise AdvisorError(f"--rounds must be between 1 and 100, got {options.max_rounds}")
+    if not (math.isfinite(options.spread_target) and 0 < options.spread_target <= 1):
+        raise AdvisorError(f"--spread-target must be a fraction in (0, 1], e.g. 0.1, got {options.spread_target}")
+    if not (math.isfinite(options.timeout_s) and options.timeout_s > 0):
+        raise AdvisorError(f"the timeout must be a positive number of seconds, got {options.timeout_s}")
     nproc = options.nproc or default_nproc(options.backend)
-    if nproc < 2:
-        raise AdvisorError(f"--nproc must be at least 2 (collectives need two ranks), got {nproc}")
-    out = Path(workdir or tempfile.mkdtemp(prefix="advisor-calibrate-"))
-    out.mkdir(parents=True, exist_ok=True)
-    args = ["--worker", "--backend", options.backend] + (["--quick"] if options.quick else [])
-    launch_module("advisor.calibrate", args, out, LaunchOptions(nproc=nproc, timeout_s=options.timeout_s,
-                                                               pg_timeout_s=120.0, backend=options.backend))
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+    problems = capacity_problems(nproc, oversubscribe=options.oversubscribe)
+    if problems:
+        raise InfeasibleError("refused before starting any process: " + "; ".join(problems))
+    return nproc
+
+
+def calibrate(options: CalibrateOptions, workdir: str | None = None) -> dict[str, Any]:
+    """Measure and return the profile mapping. The rank files go to ``workdir`` (kept), or to a
+    temporary folder removed however the run ends."""
+    from advisor.runtime import progress
+    from advisor.runtime.launch import LaunchOptions, launch_module
+
+    nproc = check_options(options)
+    rule = options.rule()
+    args = ["--worker", "--backend", options.backend, "--min-rounds", str(rule.min_rounds),
+            "--max-rounds", str(rule.max_rounds), "--spread-target", repr(rule.spread_target),
+            "--budget-s", repr(rule.budget_s)] + (["--quick"] if options.quick else [])
+    with temporary_folder("advisor-calibrate-", keep=workdir) as out, \
+            progress.bar(options.progress, "calibrating") as update:
+        launch_module("advisor.calibrate", args, out,
+                      LaunchOptions(nproc=nproc, timeout_s=options.timeout_s, pg_timeout_s=120.0,
+                                    backend=options.backend),
+                      progress.ranks_progress(update, nproc) if options.progress else None)
+        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
     return build_profile(ranks, nproc)
 
 

@@ -15,7 +15,10 @@ from rich.console import Console
 
 from advisor.errors import AdvisorError, InfeasibleError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# Plain click help (rich_markup_mode=None): flags show no "<bool>", and option names are never cut at
+# narrow terminals (rich's option table shortens them to "--hardwa…"); up to 200 columns wide.
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  context_settings={"max_content_width": 200},
                   help="Parallelization advice for training large models: search, estimate, what-if, export, execute.")
 console = Console()
 err_console = Console(stderr=True)
@@ -24,13 +27,30 @@ err_console = Console(stderr=True)
 FRAMEWORK_HELP = ("megatron | pytorch | torchtitan | mindspore: whose implementation runs the plan (what "
                   "selective recomputation means, fused kernels, the attention kernel)")
 FP8_HELP = "with --dtype fp8: delayed | tensorwise | mxfp8 | blockwise (default delayed)"
+OPSTRAT_HELP = ("YAML/JSON: operator name -> cuts per input (MindSpore shard() form), kept fixed; the other operators "
+                "are searched around them (drec | ilp)")
+PS_MODE_HELP = ("recommendation models: pin none (collectives only: replicated or sharded tables) | ps (every "
+                "tensor on parameter servers) | hybrid (tables on servers, towers all-reduced)")
+NODES_HELP = "cluster size in nodes of the profile (or give --devices)"
+DEVICES_HELP = "cluster size in devices (or give --nodes); need not fill the last node (a warning)"
+SEQ_HELP = "sequence length in tokens (default: the model's seq_length)"
 MODULES_HELP = ("with --framework megatron: what selective recomputation replays, comma-separated core_attn, layernorm, "
                 "moe_act, mla_up_proj, mlp (Megatron's --recompute-modules; default core_attn)")
 
 
+def print_warnings(warnings: list[str]) -> None:
+    """Input warnings (advisor.specs.input_notes) on stderr, one line each."""
+    for text in warnings:
+        err_console.print(f"warning: {text}", markup=False, highlight=False, soft_wrap=True)
+
+
 def print_json(obj) -> None:
-    """--json output: only JSON on stdout."""
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    """--json output: only JSON on stdout, and only JSON (no Infinity or NaN, RFC 8259)."""
+    try:
+        text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False)
+    except ValueError as exc:
+        raise AdvisorError(f"the result holds a non-finite number and cannot be printed as JSON ({exc})") from None
+    sys.stdout.write(text + "\n")
 
 
 @app.callback()
@@ -42,17 +62,12 @@ def _root() -> None:
 @app.command("list")
 def list_cmd(what: str = typer.Argument(..., help="models | hardware")) -> None:
     """List the bundled model descriptions or hardware profiles."""
-    from advisor.specs.hardware import bundled_hardware
-    from advisor.specs.model import bundled_models
+    from advisor.listing import render_list
+    from advisor.specs.untrusted import prefix
 
-    if what == "models":
-        names = bundled_models()
-    elif what == "hardware":
-        names = bundled_hardware()
-    else:
-        raise AdvisorError(f"advisor list: expected 'models' or 'hardware', got {what!r}")
-    for name in names:
-        console.print(name)
+    if what not in ("models", "hardware"):
+        raise AdvisorError(f"advisor list: expected 'models' or 'hardware', got {prefix(what)}")
+    render_list(console, what)
 
 
 # ---- estimate -----------------------------------------------------------------------------------
@@ -60,23 +75,23 @@ def list_cmd(what: str = typer.Argument(..., help="models | hardware")) -> None:
 def estimate_cmd(
     model: Optional[str] = typer.Option(None, "--model", help="bundled model name or path"),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="bundled hardware profile or path"),
-    nodes: Optional[int] = typer.Option(None, "--nodes"),
-    devices: Optional[int] = typer.Option(None, "--devices"),
-    tp: int = typer.Option(1, "--tp"),
-    pp: int = typer.Option(1, "--pp"),
-    dp: Optional[int] = typer.Option(None, "--dp", help="default: devices / (tp x pp x cp)"),
-    cp: int = typer.Option(1, "--cp"),
-    ep: int = typer.Option(1, "--ep"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP),
+    devices: Optional[int] = typer.Option(None, "--devices", help=DEVICES_HELP),
+    tp: int = typer.Option(1, "--tp", help="tensor-parallel degree"),
+    pp: int = typer.Option(1, "--pp", help="pipeline-parallel degree (stages)"),
+    dp: Optional[int] = typer.Option(None, "--dp", help="data-parallel degree (default: devices / (tp x pp x cp))"),
+    cp: int = typer.Option(1, "--cp", help="context-parallel degree (the sequence split over devices)"),
+    ep: int = typer.Option(1, "--ep", help="expert-parallel degree (MoE models)"),
     mbs: int = typer.Option(1, "--mbs", help="micro-batch size (sequences)"),
     gbs: Optional[int] = typer.Option(None, "--gbs", "--global-batch", help="global batch (sequences); default ~4M tokens"),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len"),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help=SEQ_HELP),
     vpp: int = typer.Option(1, "--vpp", help="virtual pipeline stages (interleaved 1F1B when > 1)"),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3"),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
     recompute_layers: Optional[int] = typer.Option(None, "--recompute-layers", help="with full: layers per stage"),
-    sequence_parallel: bool = typer.Option(False, "--sequence-parallel"),
+    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="sequence parallelism over the tp group"),
     schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe | 1f1b | interleaved-1f1b"),
-    offload_optimizer: bool = typer.Option(False, "--offload-optimizer"),
+    offload_optimizer: bool = typer.Option(False, "--offload-optimizer", help="keep optimizer states in host memory"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 | fp8 (default: bf16 if the device has it)"),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="token budget for time/cost to train, e.g. 2T"),
     attention: str = typer.Option("flash", "--attention", help="flash | math (unfused, stores the s x s scores)"),
@@ -85,12 +100,28 @@ def estimate_cmd(
     fp8_recipe: Optional[str] = typer.Option(None, "--fp8-recipe", help=FP8_HELP),
     cp_comm: str = typer.Option("p2p", "--cp-comm", help="p2p (ring attention) | a2a (Ulysses)"),
     recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help=MODULES_HELP),
+    bucket_mb: Optional[float] = typer.Option(None, "--bucket-mb", help="gradient bucket size in MiB (communication "
+                                              "fusion, ZeRO 0/1; default: the framework's)"),
+    copies: int = typer.Option(1, "--copies", help="multi-copy parallelism: split each micro-batch into this many "
+                               "copies (MindSpore micro_batch_interleave_num)"),
     plan: Optional[str] = typer.Option(None, "--plan", help="score the strategy of a plan JSON instead"),
+    operator_strategies: Optional[str] = typer.Option(None, "--operator-strategies", help=OPSTRAT_HELP),
+    ps_mode: Optional[str] = typer.Option(None, "--ps-mode", help=PS_MODE_HELP),
+    ps_servers: Optional[int] = typer.Option(None, "--ps-servers", help="pin the parameter-server count"),
+    ps_async: bool = typer.Option(False, "--ps-async", help="asynchronous parameter servers (staleness reported)"),
     as_json: bool = typer.Option(False, "--json", help="print only JSON"),
 ) -> None:
     """Score one given strategy, with the full breakdown of memory and time."""
     from advisor.breakdown import render_estimate
     from advisor.estimate_request import estimate_request
+    from advisor.recsys_request import wants_recsys
+    from advisor.specs.input_notes import input_warnings
+
+    if wants_recsys(model, plan):
+        return _estimate_recsys(model, hardware, nodes, devices, gbs, dtype, plan, ps_mode, ps_servers, ps_async, as_json)
+    if ps_mode not in (None, "none") or ps_servers is not None or ps_async:
+        raise AdvisorError("--ps-mode/--ps-servers/--ps-async: parameter servers serve recommendation models "
+                           "(family: recommendation); this model is a transformer")
 
     result = estimate_request(
         model=model, hardware=hardware, nodes=nodes, devices=devices, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
@@ -98,10 +129,13 @@ def estimate_cmd(
         recompute_layers=recompute_layers, sequence_parallel=sequence_parallel, schedule=schedule,
         offload_optimizer=offload_optimizer, dtype=dtype, tokens=tokens, attention=attention, dropout=dropout,
         plan=plan, framework=framework, fp8_recipe=fp8_recipe, cp_comm=cp_comm, recompute_modules=recompute_modules,
+        bucket_mb=bucket_mb, copies=copies, operator_strategies=operator_strategies,
     )
+    warnings = input_warnings(result.inputs.hardware, result.inputs.cluster)
     if as_json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), "warnings": warnings})
     else:
+        print_warnings(warnings)
         render_estimate(console, result.title, result.strategy, result.estimate)
         if result.alternative:
             console.print(f"closest change that fits: {result.alternative}")
@@ -110,15 +144,30 @@ def estimate_cmd(
         raise InfeasibleError(f"the strategy does not fit: {result.estimate.reasons[0]}{hint}")
 
 
+def _estimate_recsys(model, hardware, nodes, devices, gbs, dtype, plan, ps_mode, ps_servers, ps_async, as_json) -> None:
+    from advisor.recsys_request import recsys_estimate_request
+    from advisor.report_recsys import render_recsys_estimate
+    from advisor.search.parameter_server import PsPins
+
+    result = recsys_estimate_request(model=model, hardware=hardware, nodes=nodes, devices=devices, gbs=gbs, dtype=dtype,
+                                     plan=plan, ps_pins=PsPins(ps_mode, ps_servers, not ps_async))
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_recsys_estimate(console, result.title, result.estimate)
+    if not result.estimate.feasible:
+        raise InfeasibleError(f"the plan does not fit: {result.estimate.reasons[0]}")
+
+
 # ---- recommend ----------------------------------------------------------------------------------
 @app.command("recommend")
 def recommend_cmd(
     model: str = typer.Option(..., "--model", help="bundled model name or path"),
     hardware: str = typer.Option(..., "--hardware", help="bundled hardware profile or path"),
-    nodes: Optional[int] = typer.Option(None, "--nodes"),
-    devices: Optional[int] = typer.Option(None, "--devices"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP),
+    devices: Optional[int] = typer.Option(None, "--devices", help=DEVICES_HELP),
     gbs: Optional[int] = typer.Option(None, "--global-batch", "--gbs", help="global batch (sequences); default ~4M tokens"),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len"),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help=SEQ_HELP),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 | fp8 (default: bf16 if the device has it)"),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="token budget for time/cost to train, e.g. 2T"),
     attention: str = typer.Option("flash", "--attention", help="flash | math"),
@@ -140,8 +189,12 @@ def recommend_cmd(
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel", help="pin sequence parallelism"),
     offload: Optional[bool] = typer.Option(None, "--offload/--no-offload", help="pin optimizer offload"),
     cp_comm: Optional[str] = typer.Option(None, "--cp-comm", help="pin p2p (ring) | a2a (Ulysses) context parallelism"),
+    operator_strategies: Optional[str] = typer.Option(None, "--operator-strategies", help=OPSTRAT_HELP),
     out: Optional[str] = typer.Option(None, "--out", help="write the best plan JSON here"),
     plot: Optional[str] = typer.Option(None, "--plot", help="write the top plans' time and memory breakdown (PNG) here"),
+    ps_mode: Optional[str] = typer.Option(None, "--ps-mode", help=PS_MODE_HELP),
+    ps_servers: Optional[int] = typer.Option(None, "--ps-servers", help="pin the parameter-server count"),
+    ps_async: bool = typer.Option(False, "--ps-async", help="asynchronous parameter servers (staleness reported)"),
     as_json: bool = typer.Option(False, "--json", help="print only JSON: {plans, search}"),
 ) -> None:
     """Search the strategy space and rank the plans; the best is saved with --out."""
@@ -150,16 +203,26 @@ def recommend_cmd(
     from advisor.recommend import recommend
     from advisor.report import render_recommendation, search_progress
     from advisor.search import Pins
+    from advisor.search.parameter_server import PsPins
+    from advisor.specs.input_notes import input_warnings
+    from advisor.specs.operator_strategies import load_operator_strategies
 
+    ps_pins = PsPins(ps_mode, ps_servers, not ps_async)
+    fixed = load_operator_strategies(operator_strategies) if operator_strategies is not None else None
     inputs = resolve_inputs(model, hardware, nodes=nodes, devices=devices, global_batch=gbs, seq_len=seq_len,
                             dtype=dtype, tokens=tokens, attention=attention, framework=framework, fp8_recipe=fp8_recipe,
                             recompute_modules=recompute_modules)
+    warnings = input_warnings(inputs.hardware, inputs.cluster)
+    if not as_json:   # before the search: a mistaken cluster size is seen at once
+        print_warnings(warnings)
     pins = Pins(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, recompute=recompute, micro_batch_size=mbs,
                 virtual_pipeline_stages=vpp, pipeline_schedule=schedule, sequence_parallel=sequence_parallel,
                 offload_optimizer=offload, cp_comm=cp_comm)
     with search_progress(console, enabled=not as_json and sys.stdout.isatty()) as progress:
         result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, pins=pins, top_k=top,
-                           searcher=searcher, progress=progress)
+                           searcher=searcher, progress=progress, ps_pins=ps_pins, operator_strategies=fixed)
+    if plot and getattr(result, "family", None) == "recommendation":
+        raise AdvisorError("--plot draws transformer plans' breakdowns; it is not available for recommendation models")
     if out:
         save_plan(result.best, out)
     if plot:
@@ -167,9 +230,11 @@ def recommend_cmd(
 
         recommend_plot(result, plot)
     if as_json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), "warnings": warnings})
     else:
         render_recommendation(console, result, saved_to=out)
+        if plot:
+            console.print(f"plot written to {plot}", markup=False, highlight=False)
 
 
 # ---- whatif ------------------------------------------------------------------------------------
@@ -192,17 +257,19 @@ def whatif_cmd(
     as_json: bool = typer.Option(False, "--json", help="print only JSON: {points: [...]}"),
 ) -> None:
     """Best plan per hardware variant and cluster size: throughput, time, cost and energy to train."""
+    from advisor.runtime import progress
     from advisor.whatif import parse_list, parse_names, render_whatif, whatif
 
-    result = whatif(
-        model, parse_names("--hardware", hardware),
-        nodes=parse_list("--nodes", nodes), devices=parse_list("--devices", devices),
-        inter_node_gbps=parse_list("--inter-node-gbps", inter_node_gbps, float),
-        intra_node_gbps=parse_list("--intra-node-gbps", intra_node_gbps, float),
-        memory_gib=parse_list("--memory-gib", memory_gib, float),
-        global_batch=parse_list("--global-batch", gbs), seq_len=parse_list("--seq-len", seq_len),
-        tokens=tokens, dtype=dtype, searcher=searcher, workers=workers,
-    )
+    with progress.bar(progress.enabled(as_json), "what-if points") as update:
+        result = whatif(
+            model, parse_names("--hardware", hardware),
+            nodes=parse_list("--nodes", nodes), devices=parse_list("--devices", devices),
+            inter_node_gbps=parse_list("--inter-node-gbps", inter_node_gbps, float),
+            intra_node_gbps=parse_list("--intra-node-gbps", intra_node_gbps, float),
+            memory_gib=parse_list("--memory-gib", memory_gib, float),
+            global_batch=parse_list("--global-batch", gbs), seq_len=parse_list("--seq-len", seq_len),
+            tokens=tokens, dtype=dtype, searcher=searcher, workers=workers, progress=update,
+        )
     if plot:
         from advisor.plots import whatif_plot
 
@@ -220,12 +287,25 @@ def export_cmd(
     to: str = typer.Option(..., "--to", help="megatron | deepspeed | torchtitan | mindspore | k8s"),
     out: Optional[str] = typer.Option(None, "--out", help="write here (a file, or a folder for several files)"),
     as_json: bool = typer.Option(False, "--json", help="print only JSON: {target, files, unsupported, notes}"),
+    target_version: Optional[str] = typer.Option(
+        None, "--target-version", help="release of the target: Megatron-Core (megatron, k8s), DeepSpeed, torchtitan "
+        "or MindFormers (mindspore); default the newest the export supports"),
+    framework: Optional[str] = typer.Option(None, "--framework", help="with --to k8s: mindspore writes a MindSpore "
+                                            "Operator MSJob instead of a PyTorchJob"),
 ) -> None:
     """Launch configuration for Megatron-LM, DeepSpeed, torchtitan, MindSpore or Kubernetes."""
     from advisor.export import export_plan, write_export
+    from advisor.export._common import display
     from advisor.plan import load_plan
 
-    result = export_plan(load_plan(plan_path), to)
+    if framework is not None and (to != "k8s" or framework not in ("pytorch", "mindspore")):
+        raise AdvisorError(f"--framework goes with --to k8s and takes pytorch or mindspore, got {display(framework[:20])!r}")
+    if framework == "mindspore":
+        from advisor.export.k8s_mindspore import export as export_msjob
+
+        result = export_msjob(load_plan(plan_path), target_version)
+    else:
+        result = export_plan(load_plan(plan_path), to, target_version)
     if as_json:
         print_json(result.to_dict())
     elif out:
@@ -234,7 +314,10 @@ def export_cmd(
     else:
         sys.stdout.write(result.text())
     for item in result.unsupported:
-        err_console.print(f"warning: {to} cannot express {item}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(f"warning: {to} cannot express {display(item)}", markup=False, highlight=False, soft_wrap=True)
+    if not as_json:   # with --json the notes are in the JSON
+        for item in result.notes:
+            err_console.print(f"note: {display(item)}", markup=False, highlight=False, soft_wrap=True)
 
 
 # ---- execute / calibrate (reference executor on torch.distributed) --------------------------------
@@ -250,22 +333,26 @@ def execute_cmd(
     hardware: Optional[str] = typer.Option(None, "--hardware", help="profile of this machine (advisor calibrate) for the time prediction"),
     backend: str = typer.Option("auto", "--backend", help="auto | gloo | nccl"),
     timeout: float = typer.Option(900.0, "--timeout", help="hard limit in seconds for the whole run"),
+    oversubscribe: bool = typer.Option(False, "--oversubscribe", help="start more than 4 ranks per core"),
     results: Optional[str] = typer.Option(None, "--results", help="compare results.json written by torchrun workers instead of launching"),
     out: Optional[str] = typer.Option(None, "--out", help="write the validation report (JSON) here"),
     as_json: bool = typer.Option(False, "--json", help="print only the report JSON"),
 ) -> None:
     """Run the plan on torch.distributed; compare losses, memory and time with the prediction."""
     from advisor.execute import ExecuteOptions, execute, render_report, write_report
+    from advisor.execute_report import json_ready
+    from advisor.runtime.progress import enabled
 
     if tiny_scale != 1 and not tiny:
         raise AdvisorError(f"--tiny-scale {tiny_scale} needs --tiny (it widens the tiny model)")
     report = execute(plan_path, ExecuteOptions(nproc=nproc, steps=steps, tiny=tiny, tiny_scale=tiny_scale,
                                                dtype=dtype, time_hardware=hardware,
-                                               backend=backend, timeout_s=timeout, results=results))
+                                               backend=backend, timeout_s=timeout, results=results,
+                                               oversubscribe=oversubscribe, progress=enabled(as_json)))
     if out:
         write_report(report, out)
     if as_json:
-        print_json(report)
+        print_json(json_ready(report))
     else:
         render_report(console, report, saved_to=out)
 
@@ -275,13 +362,20 @@ def calibrate_cmd(
     backend: str = typer.Option("auto", "--backend", help="gloo | nccl (default: nccl when GPUs are present)"),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="ranks to measure with (default: GPUs, or CPU cores up to 8)"),
     out: Optional[str] = typer.Option(None, "--out", help="write the profile YAML here"),
-    quick: bool = typer.Option(False, "--quick", help="fewer sizes and repeats"),
+    quick: bool = typer.Option(False, "--quick", help="fewer sizes and repeats, one round"),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="at most this many measurement rounds (default 8)"),
+    spread_target: float = typer.Option(0.10, "--spread-target", help="stop once every key figure's rounds agree within this fraction"),
+    oversubscribe: bool = typer.Option(False, "--oversubscribe", help="start more than 4 ranks per core"),
     as_json: bool = typer.Option(False, "--json", help="print only the profile as JSON"),
 ) -> None:
     """Measure this machine (matmul, memory, collectives) into a hardware profile."""
-    from advisor.calibrate import CalibrateOptions, calibrate, render_profile, write_profile
+    from advisor.calibrate import CalibrateOptions, calibrate, calibration_warnings, render_profile, write_profile
+    from advisor.runtime.progress import enabled
 
-    profile = calibrate(CalibrateOptions(backend=backend, nproc=nproc, quick=quick))
+    profile = calibrate(CalibrateOptions(backend=backend, nproc=nproc, quick=quick, oversubscribe=oversubscribe,
+                                         progress=enabled(as_json), max_rounds=rounds, spread_target=spread_target))
+    for warning in calibration_warnings(profile):
+        print(f"warning: {warning}", file=sys.stderr)
     if out:
         write_profile(profile, out)
     if as_json:
@@ -305,8 +399,23 @@ def _offending_value(exc) -> str | None:
 
 
 def main() -> None:
+    from advisor.runtime import signals
+
+    # Ctrl-C and SIGTERM: one line, exit 130 / 143; launched ranks are stopped, temporary folders removed
+    with signals.handled():
+        _main(signals.Interrupted)
+
+
+def _main(interrupted: type[BaseException]) -> None:
+    if not sys.argv[1:]:
+        err_console.print("error: no command given; run 'advisor --help' to see the commands", markup=False,
+                          highlight=False, soft_wrap=True)
+        sys.exit(2)
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+    except interrupted as exc:
+        err_console.print(f"advisor: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
     except AdvisorError as exc:
         err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
@@ -319,14 +428,17 @@ def main() -> None:
         # Usage errors (unknown option, bad flag value) come from typer's click layer: show them
         # as click would and exit 2, without a traceback.
         if type(exc).__name__ in ("UsageError", "BadParameter", "NoSuchOption", "MissingParameter", "BadOptionUsage",
-                                  "BadArgumentUsage", "ClickException", "FileError") and hasattr(exc, "format_message"):
+                                  "BadArgumentUsage", "ClickException", "FileError", "NoArgsIsHelpError") \
+                and hasattr(exc, "format_message"):
             message = " ".join(exc.format_message().split())
             given = _offending_value(exc)
             if given is not None:
-                message += f" (got {given!r})"
+                message += f" (got {given[:40]!r}{'...' if len(given) > 40 else ''})"
             err_console.print(f"error: {message} (see 'advisor --help')", markup=False, highlight=False, soft_wrap=True)
             sys.exit(2)
         raise
+    if isinstance(code, int) and code:   # typer hands back the code of an Exit raised inside a command
+        sys.exit(code)
 
 
 if __name__ == "__main__":

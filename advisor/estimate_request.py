@@ -7,12 +7,16 @@ from typing import Any
 
 from advisor.cost.estimate import Estimate, estimate
 from advisor.errors import AdvisorError
-from advisor.inputs import Inputs, resolve_inputs
+from advisor.formatting import step_time
+from advisor.inputs import Inputs, check_count, resolve_inputs
 from advisor.plan import load_plan
 from advisor.search.neighbours import closest_fit
 from advisor.space.rules import violations
 from advisor.space.strategy import CP_COMM, RECOMPUTE, SCHEDULES, Strategy
+from advisor.specs import limits
 from advisor.specs.job import parse_token_count
+from advisor.specs.operator_strategies import load_operator_strategies
+from advisor.specs.untrusted import prefix
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,7 @@ class EstimateResult:
     strategy: Strategy
     estimate: Estimate
     alternative: str | None
+    operator_strategies: dict | None = None     # the priced operator layout (drec/ilp plans, --operator-strategies)
 
     def to_dict(self) -> dict[str, Any]:
         out = self.estimate.to_dict()
@@ -33,20 +38,27 @@ class EstimateResult:
         out["dtype"] = self.inputs.job.dtype
         out["strategy"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.strategy.__dict__.items()}
         out["closest_fit"] = self.alternative
+        if self.operator_strategies is not None:
+            out["operator_strategies"] = self.operator_strategies
         return out
 
 
 def _check_choice(flag: str, value: str, options: tuple[str, ...]) -> None:
     if value not in options:
-        raise AdvisorError(f"{flag} must be one of {', '.join(options)}, got {value!r}")
+        raise AdvisorError(f"{flag} must be one of {', '.join(options)}, got {prefix(value)}")
 
 
 def strategy_from_flags(inputs: Inputs, *, tp: int, pp: int, dp: int | None, cp: int, ep: int, mbs: int, vpp: int,
                         zero: int, recompute: str, recompute_layers: int | None, sequence_parallel: bool,
                         schedule: str | None, offload_optimizer: bool, cp_comm: str = "p2p") -> Strategy:
-    for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--ep", ep), ("--mbs", mbs), ("--vpp", vpp)):
-        if value < 1:
-            raise AdvisorError(f"{flag} must be a positive integer, got {value}")
+    for flag, value, bound in (("--tp", tp, limits.MAX_DEVICES), ("--pp", pp, limits.MAX_DEVICES),
+                               ("--cp", cp, limits.MAX_DEVICES), ("--ep", ep, limits.MAX_DEVICES),
+                               ("--mbs", mbs, limits.MAX_GLOBAL_BATCH), ("--vpp", vpp, limits.MAX_LAYERS)):
+        check_count(flag, value, bound)
+    if dp is not None:
+        check_count("--dp", dp, limits.MAX_DEVICES)
+    if recompute_layers is not None:
+        check_count("--recompute-layers", recompute_layers, limits.MAX_LAYERS)
     if zero not in (0, 1, 2, 3):
         raise AdvisorError(f"--zero must be 0, 1, 2 or 3, got {zero}")
     _check_choice("--recompute", recompute, RECOMPUTE)
@@ -76,15 +88,32 @@ def strategy_from_flags(inputs: Inputs, *, tp: int, pp: int, dp: int | None, cp:
     )
 
 
+# Largest gradient bucket accepted (MiB): 1 TiB, beyond any device's memory
+MAX_BUCKET_MB = 2.0 ** 20
+
+
+def _bucket_mb(value: float | None) -> float | None:
+    """--bucket-mb: a positive number of MiB (None: the framework's default buckets)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_BUCKET_MB:
+        raise AdvisorError(f"--bucket-mb must be a positive number of MiB up to {MAX_BUCKET_MB:g}, got {prefix(value)}")
+    return float(value)
+
+
 def estimate_request(*, model: str | None, hardware: str | None, nodes: int | None, devices: int | None,
                      tp: int, pp: int, dp: int | None, cp: int, ep: int, mbs: int, gbs: int | None,
                      seq_len: int | None, vpp: int, zero: int, recompute: str, recompute_layers: int | None,
                      sequence_parallel: bool, schedule: str | None, offload_optimizer: bool, dtype: str | None,
                      tokens: str | None, plan: str | None, attention: str = "flash",
                      dropout: bool = False, framework: str = "megatron", fp8_recipe: str | None = None,
-                     cp_comm: str = "p2p", recompute_modules: str | None = None) -> EstimateResult:
+                     cp_comm: str = "p2p", recompute_modules: str | None = None,
+                     bucket_mb: float | None = None, copies: int = 1,
+                     operator_strategies: str | None = None) -> EstimateResult:
+    layout = None
     if plan is not None:
         p = load_plan(plan)
+        layout = p.operator_strategies if isinstance(p.operator_strategies, dict) else None
         job = p.training if tokens is None else replace(p.training, train_tokens=parse_token_count(tokens))
         inputs = Inputs(p.model, p.hardware, p.cluster, job)
         strategy = p.strategy
@@ -101,14 +130,26 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
             recompute_layers=recompute_layers, sequence_parallel=sequence_parallel, schedule=schedule,
             offload_optimizer=offload_optimizer, cp_comm=cp_comm,
         )
+        strategy = replace(strategy, grad_bucket_mb=_bucket_mb(bucket_mb),
+                           micro_batch_copies=check_count("--copies", copies, limits.MAX_GLOBAL_BATCH))
         title = f"{inputs.model.name} on {inputs.cluster.devices} x {inputs.hardware.device.name} ({inputs.hardware.name})"
     broken = violations(inputs.model, inputs.cluster, inputs.job, strategy)
     if broken:
         raise AdvisorError(f"illegal strategy: {broken[0]}")
-    e = estimate(inputs.model, inputs.hardware, inputs.cluster, inputs.job, strategy)
+    if operator_strategies is not None or layout is not None:
+        # imported here: the layout searchers bring OR-Tools, which plain estimates do not need
+        from advisor.search.operator_plan import estimate_with_layout, layout_of
+    if operator_strategies is not None:   # the user's strategies kept, the other operators searched around them
+        fixed = load_operator_strategies(operator_strategies)
+        layout = layout_of(inputs.model, inputs.hardware, inputs.cluster, inputs.job, strategy, fixed)
+    if layout is not None and isinstance(layout.get("pricing"), dict):   # a searched layout priced in
+        e = estimate_with_layout(inputs.model, inputs.hardware, inputs.cluster, inputs.job, strategy, layout)
+    else:
+        e = estimate(inputs.model, inputs.hardware, inputs.cluster, inputs.job, strategy)
     alternative = None
     if not e.feasible:
         found = closest_fit(inputs.model, inputs.hardware, inputs.cluster, inputs.job, strategy)
         if found is not None:
-            alternative = f"{found[0]} ({found[1].memory_gib.total:.1f} GiB, step {found[1].step_time_s:.2f} s)"
-    return EstimateResult(title=title, inputs=inputs, strategy=strategy, estimate=e, alternative=alternative)
+            alternative = f"{found[0]} ({found[1].memory_gib.total:.1f} GiB, step {step_time(found[1].step_time_s)} s)"
+    return EstimateResult(title=title, inputs=inputs, strategy=strategy, estimate=e, alternative=alternative,
+                          operator_strategies=layout)

@@ -20,25 +20,20 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError, InfeasibleError
+from advisor.execute_report import (COMPARED_PARTS, GIB, LOSS_GOAL, MEMORY_GOAL, TIME_GOAL, build_report,
+                                    render_report, summary_rows, write_report)
 from advisor.executor.config import RunConfig, run_config_from_plan, run_config_to_dict
+from advisor.runtime.capacity import capacity_problems
 
-LOSS_GOAL = 1e-4
-MEMORY_GOAL = 0.10
-TIME_GOAL = 0.25
-GIB = 2.0 ** 30
-# per-rank measured part -> the prediction it is compared with
-COMPARED_PARTS = {
-    "parameters": "parameters",
-    "gradients": "gradients",
-    "optimizer": "optimizer",
-    "activations_per_microbatch": "activations_per_microbatch",
-}
+__all__ = ["COMPARED_PARTS", "LOSS_GOAL", "MEMORY_GOAL", "TIME_GOAL", "BACKENDS", "ExecuteOptions", "Prepared",
+           "check_options", "execute", "prepare_plan", "render_report", "run_prepared", "summary_rows",
+           "write_report"]
+BACKENDS = ("auto", "gloo", "nccl")
 
 
 @dataclass(frozen=True)
@@ -53,7 +48,22 @@ class ExecuteOptions:
     pg_timeout_s: float = 60.0
     backend: str = "auto"
     results: str | None = None            # results.json written by torchrun workers: compare, do not launch
-    workdir: str | None = None
+    workdir: str | None = None            # keep the rank files here (default: a temporary folder, removed)
+    oversubscribe: bool = False           # allow more than RANKS_PER_CORE ranks per core (advisor.runtime.capacity)
+    progress: bool = False                # a progress bar on stderr
+
+
+def check_options(options: ExecuteOptions) -> None:
+    """Refuse unusable options before anything is read or started."""
+    if options.backend not in BACKENDS:
+        raise AdvisorError(f"--backend must be one of {', '.join(BACKENDS)}, got {options.backend[:40]!r}")
+    for flag, value in (("--timeout", options.timeout_s), ("the process-group timeout", options.pg_timeout_s)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise AdvisorError(f"{flag} must be a positive number of seconds, got {value}")
+    if options.nproc is not None and options.nproc < 1:
+        raise AdvisorError(f"--nproc must be at least 1, got {options.nproc}")
+    if options.steps < 2:
+        raise AdvisorError(f"--steps must be at least 2 (the first step is warm-up), got {options.steps}")
 
 
 # ---- plan --------------------------------------------------------------------------------------
@@ -132,16 +142,6 @@ def memory_prediction(est) -> dict[str, float] | None:
 
 
 # ---- refusals before launch --------------------------------------------------------------------
-def _host_memory_bytes() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def check_fits(plan: dict[str, Any], cfg: RunConfig, hardware, validated, options: ExecuteOptions) -> list[str]:
     """Sentences for what does not fit: the plan on its own hardware, the run on this machine."""
     problems = []
@@ -151,14 +151,13 @@ def check_fits(plan: dict[str, Any], cfg: RunConfig, hardware, validated, option
         e = estimate(validated.model, validated.hardware, validated.cluster, validated.training, validated.strategy)
         if not e.feasible:
             problems.append(f"the plan does not fit its hardware ({validated.hardware.name}): " + "; ".join(e.reasons))
-    run_est = _estimate(cfg, hardware)
-    if run_est is not None:
-        per_rank = (run_est.memory_gib.total - run_est.memory_gib.buffers) * GIB
-        need = per_rank * cfg.parallel.world_size
-        avail = _host_memory_bytes()
-        if _device_type(options) == "cpu" and avail is not None and need > 0.8 * avail:
-            problems.append(f"the run needs about {need / GIB:.1f} GiB on this machine ({cfg.parallel.world_size} ranks x "
-                            f"{per_rank / GIB:.2f} GiB) but {avail / GIB:.1f} GiB is available; use --tiny")
+    # this machine: the ranks' processes (cores, Python and torch) when they are started here, and
+    # on CPU the model's share of every rank (with --results, the single-process reference holds it)
+    run_est = _estimate(cfg, hardware) if _device_type(options) == "cpu" else None
+    per_rank = (run_est.memory_gib.total - run_est.memory_gib.buffers) * GIB if run_est is not None else 0.0
+    launching = options.results is None
+    problems += capacity_problems(cfg.parallel.world_size, per_rank, oversubscribe=options.oversubscribe,
+                                  processes=launching, hint="; use --tiny" if per_rank > 0 else "")
     return problems
 
 
@@ -172,41 +171,6 @@ def _device_type(options: ExecuteOptions) -> str:
         return "cpu"
 
 
-# ---- comparison --------------------------------------------------------------------------------
-def _rel(a: float, b: float) -> float:
-    return abs(a - b) / abs(b) if b else (0.0 if a == b else math.inf)
-
-
-def compare_losses(parallel: list[float], reference: list[float]) -> float:
-    return max(_rel(a, b) for a, b in zip(parallel, reference, strict=True))
-
-
-def compare_memory(ranks: list[dict], prediction: dict[str, float] | None) -> dict[str, Any]:
-    """Per rank: measured bytes by part; on the predicted worst stage's ranks, the relative error of
-    each compared part (the prediction describes one device of that stage)."""
-    rows, worst = [], None
-    stage = prediction["stage"] if prediction else None
-    for r in ranks:
-        measured = r["memory_bytes"]
-        row = {"rank": r["rank"], "coords": r["coords"], "measured_bytes": measured, "predicted_bytes": None,
-               "rel_error": None}
-        if prediction is not None and r["coords"]["pp"] == stage:
-            row["predicted_bytes"] = {m: prediction[p] for m, p in COMPARED_PARTS.items()}
-            row["rel_error"] = {m: _rel(measured[m], prediction[p]) for m, p in COMPARED_PARTS.items()}
-            row["predicted_bytes"]["activations_in_flight"] = prediction["activations"]
-            row["rel_error_in_flight"] = _rel(measured["activations_in_flight"], prediction["activations"])
-            top = max(row["rel_error"].values())
-            worst = top if worst is None else max(worst, top)
-        rows.append(row)
-    return {"predicted_stage": stage, "prediction_bytes": prediction, "ranks": rows, "max_rel_error": worst,
-            "compared_parts": list(COMPARED_PARTS), "goal": MEMORY_GOAL}
-
-
-def measured_step_time_s(ranks: list[dict]) -> float:
-    """The slowest rank's median step time (steps after the first)."""
-    return max(r["median_step_time_s"] for r in ranks)
-
-
 def calibrated_probe_us(hw) -> float | None:
     """What ``advisor calibrate``'s host probe (one tiny layer forward + backward) took when the
     profile was measured: its launch overhead is that time over the cost model's kernels per layer."""
@@ -214,60 +178,6 @@ def calibrated_probe_us(hw) -> float | None:
 
     us = hw.device.launch_overhead_us * (KERNELS_FORWARD + KERNELS_BACKWARD)
     return us if us > 0 else None
-
-
-def host_speed(ranks: list[dict], calibrated_us: float | None) -> dict[str, Any] | None:
-    """The host probe run on every rank right before and after the timed steps, next to the
-    profile's: above 1, this machine ran slower during the run than when it was calibrated."""
-    probes = [x for r in ranks for x in r.get("host_probe_us", [])]
-    if not probes:
-        return None
-    during = statistics.median(probes)
-    return {"probes_us": [r.get("host_probe_us") for r in ranks], "during_run_us": during,
-            "calibrated_us": calibrated_us, "slowdown": during / calibrated_us if calibrated_us else None,
-            "spread": max(probes) / min(probes)}
-
-
-def slowest_phases(ranks: list[dict]) -> dict[str, float] | None:
-    """The median phases (forward + backward, gradient sync, optimizer) of the slowest rank."""
-    slowest = max(ranks, key=lambda r: r["median_step_time_s"])
-    return slowest.get("median_phase_times_s")
-
-
-def build_report(cfg: RunConfig, ranks: list[dict], reference: dict, memory_pred, time_est, backend: str,
-                 notes: list[str], calibrated_us: float | None = None) -> dict[str, Any]:
-    ranks = sorted(ranks, key=lambda r: r["rank"])
-    losses = ranks[0]["losses"]
-    loss_diff = compare_losses(losses, reference["losses"])
-    norm_diff = compare_losses(ranks[0]["grad_norms"], reference["grad_norms"])
-    memory = compare_memory(ranks, memory_pred)
-    step = measured_step_time_s(ranks)
-    cpu_step = max(r["median_cpu_step_time_s"] for r in ranks) if all("median_cpu_step_time_s" in r for r in ranks) else None
-    predicted_step = time_est.step_time_s if time_est is not None else None
-    ratio = step / predicted_step if predicted_step else None
-    return {
-        "name": cfg.name,
-        "executed": {"model": run_config_to_dict(cfg)["model"], "parallel": run_config_to_dict(cfg)["parallel"],
-                     "seq_length": cfg.seq_length, "global_batch_size": cfg.global_batch_size, "dtype": cfg.dtype,
-                     "optimizer": cfg.optimizer, "steps": cfg.steps, "world_size": cfg.parallel.world_size,
-                     "backend": backend},
-        "notes": list(cfg.notes) + notes,
-        "loss_max_rel_diff": loss_diff,
-        "grad_norm_max_rel_diff": norm_diff,
-        "memory_max_rel_error": memory["max_rel_error"],
-        "time_ratio": ratio,
-        "loss": {"parallel": losses, "reference": reference["losses"], "goal": LOSS_GOAL, "ok": loss_diff <= LOSS_GOAL},
-        "grad_norm": {"parallel": ranks[0]["grad_norms"], "reference": reference["grad_norms"]},
-        "memory": memory,
-        "time": {"measured_step_s": step, "predicted_step_s": predicted_step, "ratio": ratio, "goal": TIME_GOAL,
-                 "measured_cpu_step_s": cpu_step,
-                 "cpu_ratio": cpu_step / predicted_step if (predicted_step and cpu_step is not None) else None,
-                 "load_average": max((r.get("load_average") or 0.0) for r in ranks),
-                 "predicted_parts_s": dict(time_est.time_s) if time_est is not None else None,
-                 "per_rank_median_s": [r["median_step_time_s"] for r in ranks],
-                 "measured_phases_s": slowest_phases(ranks), "host_speed": host_speed(ranks, calibrated_us)},
-        "ranks": ranks,
-    }
 
 
 # ---- the command -------------------------------------------------------------------------------
@@ -286,13 +196,12 @@ def prepare_plan(plan: dict[str, Any], origin: str, options: ExecuteOptions) -> 
     """Everything done before any process starts: refuse, check the fit, predict."""
     from advisor.specs.hardware import hardware_from_dict, load_hardware
 
+    check_options(options)
     cfg = run_config_from_plan(plan, steps=options.steps, tiny=options.tiny, dtype=options.dtype,
                                tiny_scale=options.tiny_scale)
     world = cfg.parallel.world_size
     if options.nproc is not None and options.nproc != world:
         raise AdvisorError(f"--nproc {options.nproc} differs from the plan's device count dp x tp x pp x cp = {world}")
-    if options.steps < 2:
-        raise AdvisorError(f"--steps must be at least 2 (the first step is warm-up), got {options.steps}")
     validated = _validated_plan(plan, origin)
     hardware = validated.hardware if validated is not None else hardware_from_dict(plan["hardware"], f"{origin}: hardware")
     problems = check_fits(plan, cfg, hardware, validated, options)
@@ -319,119 +228,96 @@ def run_prepared(prepared: list[Prepared], options: ExecuteOptions) -> list[dict
     report each against its single-process reference."""
     from advisor.executor.launch import LaunchOptions, launch
     from advisor.executor.train import run_reference
+    from advisor.runtime import progress
 
     backend = "nccl" if _device_type(options) == "cuda" else "gloo"
     by_world: dict[int, list[int]] = {}
     for i, prep in enumerate(prepared):
         by_world.setdefault(prep.cfg.parallel.world_size, []).append(i)
     ranks_of: dict[int, list[dict]] = {}
-    for world, indices in by_world.items():
-        workdir = None if options.workdir is None else str(Path(options.workdir) / f"world{world}")
-        opts = LaunchOptions(nproc=world, timeout_s=options.timeout_s, pg_timeout_s=options.pg_timeout_s,
-                             backend=options.backend, workdir=workdir)
-        per_rank = launch([run_config_to_dict(prepared[i].cfg) for i in indices], opts)
-        for j, i in enumerate(indices):
-            ranks_of[i] = [runs[j] for runs in per_rank]
     reports = []
-    for i, prep in enumerate(prepared):
-        reference = run_reference(prep.cfg)
-        reports.append(build_report(prep.cfg, ranks_of[i], reference, prep.memory_prediction, prep.time_estimate,
-                                    backend, list(prep.notes), prep.calibrated_probe_us))
+    with progress.bar(options.progress, "executing") as update:
+        for world, indices in by_world.items():
+            workdir = None if options.workdir is None else str(Path(options.workdir) / f"world{world}")
+            opts = LaunchOptions(nproc=world, timeout_s=options.timeout_s, pg_timeout_s=options.pg_timeout_s,
+                                 backend=options.backend, workdir=workdir)
+            hook = progress.ranks_progress(update, world) if options.progress else None
+            per_rank = launch([run_config_to_dict(prepared[i].cfg) for i in indices], opts, hook)
+            for j, i in enumerate(indices):
+                ranks_of[i] = [runs[j] for runs in per_rank]
+        for i, prep in enumerate(prepared):
+            update(i, len(prepared), "single-process reference")
+            reference = run_reference(prep.cfg)
+            reports.append(build_report(prep.cfg, ranks_of[i], reference, prep.memory_prediction, prep.time_estimate,
+                                        backend, list(prep.notes), prep.calibrated_probe_us))
     return reports
+
+
+def predict_ps(executed: dict[str, Any], time_hardware: str | None) -> dict[str, Any] | None:
+    """The cost model's figures for the parameter-server run as it ran (the --tiny model and batch,
+    the plan's servers and sharding): memory per role, and the step time on this machine's profile
+    when one is given (--hardware, from advisor calibrate)."""
+    from advisor.cost.recsys_estimate import estimate_recsys
+    from advisor.plan import plan_from_dict
+    from advisor.recsys_request import config_of
+    from advisor.specs.hardware import load_hardware
+
+    if not isinstance(executed.get("hardware"), dict):       # a hand-written plan without a profile
+        return None
+    plan = plan_from_dict(executed, "the executed plan")
+    config = config_of(plan)
+    memory = estimate_recsys(plan.model, plan.hardware, plan.cluster, plan.training, config).to_dict()
+    out = {k: memory[k] for k in ("worker_memory_gib", "server_memory_gib") if k in memory}
+    if time_hardware is not None:
+        timed = estimate_recsys(plan.model, load_hardware(time_hardware), plan.cluster, plan.training, config)
+        out["step_time_s"] = timed.step_time_s
+    return out
 
 
 def execute(plan_path: str | Path, options: ExecuteOptions) -> dict[str, Any]:
     """Run the plan (or read torchrun results), compare, and return the report."""
     from advisor.executor.train import run_reference
 
-    prep = prepare_plan(read_plan(plan_path), str(plan_path), options)
+    check_options(options)
+    plan = read_plan(plan_path)
+    if (plan.get("parallel") or {}).get("parameter_server"):      # servers and workers: advisor.executor.ps
+        from advisor.executor.ps.run import run_ps
+        return run_ps(plan, str(plan_path), steps=options.steps, tiny=options.tiny, dtype=options.dtype,
+                      nproc=options.nproc, timeout_s=options.timeout_s, pg_timeout_s=options.pg_timeout_s,
+                      workdir=options.workdir, results=options.results, oversubscribe=options.oversubscribe,
+                      predict=lambda executed: predict_ps(executed, options.time_hardware))
+    prep = prepare_plan(plan, str(plan_path), options)
     if options.results is None:
         return run_prepared([prep], options)[0]
     ranks, backend = _read_results(options.results, prep.cfg)
     reference = run_reference(prep.cfg)
-    return build_report(prep.cfg, ranks, reference, prep.memory_prediction, prep.time_estimate, backend,
-                        list(prep.notes), prep.calibrated_probe_us)
+    try:
+        return build_report(prep.cfg, ranks, reference, prep.memory_prediction, prep.time_estimate, backend,
+                            list(prep.notes), prep.calibrated_probe_us)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AdvisorError(f"--results: {options.results} lacks what advisor's workers write (at {exc!r:.60})") from None
 
 
 def _read_results(path: str, cfg: RunConfig) -> tuple[list[dict], str]:
+    """The ranks' results of a torchrun run (advisor.executor.worker --plan), checked to be that."""
     p = Path(path)
     if p.is_dir():
         p = p / "results.json"
     if not p.is_file():
         raise AdvisorError(f"--results: {path} has no results.json (written by rank 0 of the torchrun workers)")
-    data = json.loads(p.read_text())
-    if data["world_size"] != cfg.parallel.world_size:
-        raise AdvisorError(f"--results: {p} has {data['world_size']} ranks, the plan needs {cfg.parallel.world_size}")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise AdvisorError(f"--results: {p} is not a results file of advisor's workers ({type(exc).__name__})") from None
+    world = cfg.parallel.world_size
+    ranks = data.get("ranks") if isinstance(data, dict) else None
+    if not (isinstance(ranks, list) and isinstance(data.get("configs"), list) and data["configs"]
+            and isinstance(data.get("backend"), str) and data.get("world_size") == len(ranks)
+            and all(isinstance(r, list) and r and isinstance(r[0], dict) for r in ranks)):
+        raise AdvisorError(f"--results: {p} is not a results file of advisor's workers "
+                           "(expected the keys backend, world_size, configs and ranks, one list of runs per rank)")
+    if data["world_size"] != world:
+        raise AdvisorError(f"--results: {p} has {data['world_size']} ranks, the plan needs {world}")
     if data["configs"][0] != json.loads(json.dumps(run_config_to_dict(cfg))):
         raise AdvisorError(f"--results: {p} was produced by a different run (plan, --tiny, --steps or --dtype differ)")
-    return [runs[0] for runs in data["ranks"]], data["backend"]
-
-
-def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """(what, measured, predicted, verdict) rows for the rich table."""
-    rows = []
-    lo = report["loss"]
-    rows.append(("loss (last step)", f"{lo['parallel'][-1]:.6f}", f"{lo['reference'][-1]:.6f} (1 process)",
-                 f"max rel diff {report['loss_max_rel_diff']:.1e} ({'ok' if lo['ok'] else 'FAIL'} <= {LOSS_GOAL:g})"))
-    mem = report["memory"]
-    stage_rows = [r for r in mem["ranks"] if r["rel_error"] is not None]
-    for part in COMPARED_PARTS:
-        if stage_rows:
-            worst_row = max(stage_rows, key=lambda r: r["rel_error"][part])
-            rows.append((f"{part} (rank {worst_row['rank']})", _mib(worst_row["measured_bytes"][part]),
-                         _mib(worst_row["predicted_bytes"][part]), f"rel err {worst_row['rel_error'][part]:.1%}"))
-        else:
-            rows.append((part, _mib(max(r["measured_bytes"][part] for r in mem["ranks"])), "-", "no prediction"))
-    t = report["time"]
-    if t.get("load_average"):
-        rows.append(("machine load (1-min average)", f"{t['load_average']:.1f}", "-",
-                     f"CPU time {t['measured_cpu_step_s'] * 1e3:.1f} ms per step"))
-    speed = t.get("host_speed")
-    if speed and speed["slowdown"]:
-        rows.append(("host probe (tiny layer fwd+bwd)", f"{speed['during_run_us']:.0f} us",
-                     f"{speed['calibrated_us']:.0f} us (calibrated)",
-                     f"machine {speed['slowdown']:.2f}x as slow as when calibrated"))
-    phases, parts = t.get("measured_phases_s"), t.get("predicted_parts_s")
-    if phases and parts:
-        busy = sum(v for k, v in parts.items() if k not in ("dp_comm", "optimizer", "offload"))
-        rows.append(("  forward + backward", f"{phases['forward_backward'] * 1e3:.1f} ms", f"{busy * 1e3:.1f} ms",
-                     "compute, host, bubble, tp/pp comm"))
-        rows.append(("  gradient sync + optimizer", f"{(phases['gradient_sync'] + phases['optimizer']) * 1e3:.1f} ms",
-                     f"{(parts['dp_comm'] + parts['optimizer']) * 1e3:.1f} ms", "dp comm, optimizer"))
-    rows.append(("step time (median)", f"{t['measured_step_s'] * 1e3:.1f} ms",
-                 f"{t['predicted_step_s'] * 1e3:.1f} ms" if t["predicted_step_s"] else "-",
-                 f"ratio {t['ratio']:.2f}" if t["ratio"] else "no profile (--hardware)"))
-    return rows
-
-
-def _mib(nbytes: float) -> str:
-    return f"{nbytes / 2 ** 20:.3f} MiB"
-
-
-def write_report(report: dict[str, Any], path: str | Path) -> None:
-    try:
-        Path(path).write_text(json.dumps(report, indent=1) + "\n")
-    except OSError as exc:
-        raise AdvisorError(f"cannot write the report to {path}: {exc.strerror}") from None
-
-
-def render_report(console, report: dict[str, Any], saved_to: str | None = None) -> None:
-    """The rich table: measured next to predicted, with the verdicts."""
-    from rich.table import Table
-
-    ex = report["executed"]
-    p = ex["parallel"]
-    vpp = f" x{p['virtual_pipeline_stages']} virtual" if p["virtual_pipeline_stages"] > 1 else ""
-    title = (f"{report['name']}: dp {p['dp']} x tp {p['tp']}{' (sp)' if p['sequence_parallel'] else ''} x pp {p['pp']}"
-             f" ({p['pipeline_schedule']}{vpp}), ZeRO {p['zero_stage']}, recompute {p['recompute']}; "
-             f"{ex['world_size']} ranks over {ex['backend']}, {ex['steps']} steps")
-    table = Table(title=title)
-    for col in ("", "measured", "predicted", "verdict"):
-        table.add_column(col)
-    for row in summary_rows(report):
-        table.add_row(*row)
-    console.print(table)
-    for note in report["notes"]:
-        console.print(f"note: {note}", markup=False, highlight=False)
-    if saved_to:
-        console.print(f"report written to {saved_to}", markup=False, highlight=False)
+    return [runs[0] for runs in ranks], data["backend"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 def duration(seconds: float | None) -> str:
     if seconds is None:
@@ -23,3 +25,25 @@ def energy(kwh: float | None) -> str:
     if kwh is None:
         return "-"
     return f"{kwh / 1000.0:,.1f} MWh" if kwh >= 1000 else f"{kwh:,.0f} kWh"
+
+
+def count(n: float | None) -> str:
+    """A large count with three significant digits and an SI-style suffix: 70.6B, 334M, 1.01T."""
+    if n is None:
+        return "-"
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return f"{n:.3g}"
+
+
+def step_time(seconds: float | None) -> str:
+    """A step time in seconds with three significant digits and no exponent (0.0123, 1.23, 123, 1235):
+    the one format of every step-time column and figure (estimate, recommend, whatif)."""
+    if seconds is None:
+        return "-"
+    if seconds <= 0 or not math.isfinite(seconds):
+        return f"{seconds:g}"
+    rounded = float(f"{seconds:.3g}")       # 0.9996 -> 1.0, so that it prints 1.00, not 1.000
+    decimals = max(0, 2 - math.floor(math.log10(rounded)))
+    return f"{rounded:.{decimals}f}"

@@ -8,10 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from advisor.errors import AdvisorError
+from advisor.specs import limits
 from advisor.specs.hardware import HardwareProfile, load_hardware
 from advisor.specs.job import (ATTENTION, FP8_RECIPES, FRAMEWORKS, Cluster, TrainingJob, check_recompute_modules,
                                parse_token_count)
 from advisor.specs.model import ModelSpec, load_model
+from advisor.specs.recommendation import RecModelSpec
+from advisor.specs.untrusted import prefix
 
 # Default global batch: about 4M tokens per step, as Llama 2 and Llama 3 pre-training used
 # (Touvron et al. 2023, section 2.2; Dubey et al. 2024, section 3.4.1); GPT-3 175B used 3.2M.
@@ -32,6 +35,16 @@ def default_dtype(hardware: HardwareProfile) -> str:
     return "bf16" if "bf16" in peaks else ("fp16" if "fp16" in peaks else "fp32")
 
 
+def check_count(flag: str, value, bound: int, minimum: int = 1) -> int:
+    """A whole-number flag within [minimum, bound] (advisor.specs.limits), named in the error."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise AdvisorError(f"{flag} must be {kind}, got {prefix(value)}")
+    if value > bound:
+        raise AdvisorError(f"{flag} {prefix(value)} exceeds the bound {bound:,} advisor accepts (advisor/specs/limits.py)")
+    return value
+
+
 def resolve_inputs(
     model: str,
     hardware: str | HardwareProfile,
@@ -50,23 +63,26 @@ def resolve_inputs(
     spec = load_model(model)
     hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
     cluster = Cluster.of(hw, nodes=nodes, devices=devices)
-    seq = seq_len if seq_len is not None else spec.seq_length
-    if seq <= 0:
-        raise AdvisorError(f"--seq-len must be a positive integer, got {seq}")
-    gbs = global_batch if global_batch is not None else max(DEFAULT_BATCH_TOKENS // seq, 1)
-    if gbs <= 0:
-        raise AdvisorError(f"--global-batch must be a positive integer, got {gbs}")
+    seq = check_count("--seq-len", seq_len if seq_len is not None else spec.seq_length, limits.MAX_SEQ_LENGTH)
+    gbs = check_count("--global-batch", global_batch if global_batch is not None else max(DEFAULT_BATCH_TOKENS // seq, 1),
+                      limits.MAX_GLOBAL_BATCH)
+    if isinstance(spec, RecModelSpec):
+        if seq != 1:
+            raise AdvisorError(f"--seq-len {seq}: {spec.name} is a recommendation model (one sample per row)")
+        if global_batch is None:   # the published batch, rounded up to a multiple of the devices
+            gbs = -(-(spec.global_batch_size or cluster.devices) // cluster.devices) * cluster.devices
     dt = dtype or default_dtype(hw)
     if dt not in hw.device.peak_tflops:
-        raise AdvisorError(f"--dtype {dt}: the {hw.device.name} of profile '{hw.name}' has no {dt} peak "
+        shown = dt if dt.isascii() and dt.isalnum() and len(dt) <= 40 else prefix(dt)
+        raise AdvisorError(f"--dtype {shown}: the {hw.device.name} of profile '{hw.name}' has no {shown} peak "
                            f"(it has {', '.join(hw.device.peak_tflops)})")
     if attention not in ATTENTION:
-        raise AdvisorError(f"--attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+        raise AdvisorError(f"--attention must be one of {', '.join(ATTENTION)}, got {prefix(attention)}")
     if framework not in FRAMEWORKS:
-        raise AdvisorError(f"--framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
+        raise AdvisorError(f"--framework must be one of {', '.join(FRAMEWORKS)}, got {prefix(framework)}")
     if fp8_recipe is not None and (dt != "fp8" or fp8_recipe not in FP8_RECIPES):
         raise AdvisorError(f"--fp8-recipe must be one of {', '.join(FP8_RECIPES)} and goes with --dtype fp8 "
-                           f"(got --fp8-recipe {fp8_recipe} with --dtype {dt})")
+                           f"(got --fp8-recipe {prefix(fp8_recipe)} with --dtype {dt})")
     train_tokens = parse_token_count(tokens) if isinstance(tokens, str) else tokens
     modules = None
     if recompute_modules is not None:

@@ -16,9 +16,13 @@ from advisor.errors import AdvisorError
 from advisor.space.rules import violations
 from advisor.space.strategy import CP_COMM, MESH_DIMS, RECOMPUTE, SCHEDULES, Strategy
 from advisor.specs import _fields as f
+from advisor.specs import limits
+from advisor.specs.untrusted import check_tree, load_tree, prefix
 from advisor.specs.hardware import HardwareProfile, hardware_from_dict
 from advisor.specs.job import FP8_RECIPES, FRAMEWORKS, Cluster, TrainingJob
 from advisor.specs.model import ModelSpec, model_from_dict, model_to_dict
+from advisor.specs.recommendation import RecModelSpec
+from advisor.plan_ps import embedding_placement_from_dict, parameter_server_from_dict, rec_violations
 
 SCHEMA_VERSION = 1
 _TOP_REQUIRED = ("schema_version", "model", "hardware", "cluster", "training", "parallel")
@@ -27,7 +31,8 @@ _PARALLEL_REQUIRED = ("dp", "tp", "pp")
 _PARALLEL_OPTIONAL = (
     "cp", "ep", "sequence_parallel", "virtual_pipeline_stages", "micro_batch_size", "num_micro_batches",
     "zero_stage", "recompute", "recompute_layers", "pipeline_schedule", "stage_layers", "mesh_order",
-    "offload_optimizer", "cp_comm",
+    "offload_optimizer", "cp_comm", "parameter_server", "embedding_placement",
+    "grad_bucket_mb", "micro_batch_copies",
 )
 
 
@@ -43,6 +48,9 @@ class Plan:
     search: dict[str, Any] | None = None
     advisor_version: str = __version__
     model_raw: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    # recommendation models (advisor.plan_ps): the servers, and where the embedding tables live
+    parameter_server: dict[str, Any] | None = None
+    embedding_placement: str | None = None
 
 
 def strategy_to_dict(s: Strategy, num_layers: int) -> dict[str, Any]:
@@ -58,6 +66,9 @@ def strategy_to_dict(s: Strategy, num_layers: int) -> dict[str, Any]:
         "mesh_order": list(s.mesh_order),
         "offload_optimizer": s.offload_optimizer,
         "cp_comm": s.cp_comm,
+        # written only when set, so that plans without them save as they were read
+        **({"grad_bucket_mb": s.grad_bucket_mb} if s.grad_bucket_mb is not None else {}),
+        **({"micro_batch_copies": s.micro_batch_copies} if s.micro_batch_copies != 1 else {}),
     }
 
 
@@ -75,6 +86,11 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         training["fp8_recipe"] = plan.training.fp8_recipe
     if plan.training.recompute_modules is not None:
         training["recompute_modules"] = list(plan.training.recompute_modules)
+    parallel = strategy_to_dict(plan.strategy, plan.model.num_layers)
+    if plan.parameter_server is not None or isinstance(plan.model, RecModelSpec):
+        parallel["parameter_server"] = plan.parameter_server
+    if plan.embedding_placement is not None:
+        parallel["embedding_placement"] = plan.embedding_placement
     return {
         "schema_version": SCHEMA_VERSION,
         "advisor_version": plan.advisor_version,
@@ -82,7 +98,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "hardware": plan.hardware.raw,
         "cluster": {"nodes": plan.cluster.nodes, "devices": plan.cluster.devices},
         "training": training,
-        "parallel": strategy_to_dict(plan.strategy, plan.model.num_layers),
+        "parallel": parallel,
         "operator_strategies": plan.operator_strategies,
         "prediction": plan.prediction,
         "search": plan.search,
@@ -95,16 +111,16 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
     stage_layers = data.get("stage_layers")
     if stage_layers is not None:
         if not isinstance(stage_layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in stage_layers):
-            raise AdvisorError(f"{o}: key 'stage_layers' must be a list of positive integers, got {stage_layers!r}")
+            raise AdvisorError(f"{o}: key 'stage_layers' must be a list of positive integers, got {prefix(stage_layers)}")
         stage_layers = tuple(stage_layers)
     mesh = data.get("mesh_order", list(MESH_DIMS))
-    if not isinstance(mesh, list) or sorted(mesh) != sorted(MESH_DIMS):
-        raise AdvisorError(f"{o}: key 'mesh_order' must list each of {', '.join(MESH_DIMS)} once, got {mesh!r}")
+    if not isinstance(mesh, list) or not all(isinstance(x, str) for x in mesh) or sorted(mesh) != sorted(MESH_DIMS):
+        raise AdvisorError(f"{o}: key 'mesh_order' must list each of {', '.join(MESH_DIMS)} once, got {prefix(mesh)}")
     rl = data.get("recompute_layers")
     if isinstance(rl, list):
         if not rl or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in rl):
             raise AdvisorError(f"{o}: key 'recompute_layers' must be a positive integer or a list of non-negative "
-                               f"integers (one per pipeline stage), got {rl!r}")
+                               f"integers (one per pipeline stage), got {prefix(rl)}")
         rl = tuple(rl)
     elif rl is not None:
         rl = f.positive_int(data, "recompute_layers", o)
@@ -123,6 +139,8 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
         offload_optimizer=f.boolean(data, "offload_optimizer", o, default=False),
         mesh_order=tuple(mesh),
         cp_comm=f.choice(data, "cp_comm", o, CP_COMM, default="p2p"),
+        grad_bucket_mb=f.positive_float(data, "grad_bucket_mb", o) if data.get("grad_bucket_mb") is not None else None,
+        micro_batch_copies=f.positive_int(data, "micro_batch_copies", o, default=1),
     )
 
 
@@ -133,11 +151,11 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
     tokens = data.get("train_tokens")
     modules = data.get("recompute_modules")
     if modules is not None and (not isinstance(modules, list) or not all(isinstance(m, str) for m in modules)):
-        raise AdvisorError(f"{o}: key 'recompute_modules' must be a list of names, got {str(modules)[:80]!r}")
+        raise AdvisorError(f"{o}: key 'recompute_modules' must be a list of names, got {prefix(modules)}")
     recipe = data.get("fp8_recipe")
     dtype = f.choice(data, "dtype", o, ("fp32", "tf32", "fp16", "bf16", "fp8"), default="bf16")
     if recipe is not None and dtype != "fp8":
-        raise AdvisorError(f"{o}: key 'fp8_recipe' = {recipe!r} needs dtype fp8, got dtype {dtype!r}")
+        raise AdvisorError(f"{o}: key 'fp8_recipe' = {prefix(recipe)} needs dtype fp8, got dtype {dtype!r}")
     return TrainingJob(
         global_batch_size=f.positive_int(data, "global_batch_size", o),
         seq_length=f.positive_int(data, "seq_length", o),
@@ -154,9 +172,10 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
 
 
 def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
+    check_tree(data, origin)
     f.check_keys(data, origin, _TOP_REQUIRED, _TOP_OPTIONAL)
     if data["schema_version"] != SCHEMA_VERSION:
-        raise AdvisorError(f"{origin}: key 'schema_version' must be {SCHEMA_VERSION}, got {data['schema_version']!r}")
+        raise AdvisorError(f"{origin}: key 'schema_version' must be {SCHEMA_VERSION}, got {prefix(data['schema_version'])}")
     if not isinstance(data["model"], dict):
         raise AdvisorError(f"{origin}: key 'model' must be a mapping (the model description)")
     if not isinstance(data["hardware"], dict):
@@ -165,7 +184,8 @@ def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
     hardware = hardware_from_dict(data["hardware"], f"{origin}: hardware")
     co = f"{origin}: cluster"
     f.check_keys(data["cluster"], co, ("nodes", "devices"))
-    cluster = Cluster(nodes=f.positive_int(data["cluster"], "nodes", co), devices=f.positive_int(data["cluster"], "devices", co))
+    cluster = Cluster(nodes=f.positive_int(data["cluster"], "nodes", co, maximum=limits.MAX_DEVICES),
+                      devices=f.positive_int(data["cluster"], "devices", co, maximum=limits.MAX_DEVICES))
     if cluster.devices > cluster.nodes * hardware.node.devices_per_node:
         raise AdvisorError(
             f"{co}: key 'devices' = {cluster.devices} exceeds nodes x devices per node = "
@@ -173,29 +193,89 @@ def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
         )
     training = _training_from_dict(data["training"], origin)
     strategy = _strategy_from_dict(data["parallel"], origin)
-    broken = violations(model, cluster, training, strategy)
+    broken = (rec_violations if isinstance(model, RecModelSpec) else violations)(model, cluster, training, strategy)
     if broken:
         raise AdvisorError(f"{origin}: parallel: {broken[0]}")
     for key in ("prediction", "search"):
         if data.get(key) is not None and not isinstance(data[key], dict):
-            raise AdvisorError(f"{origin}: key '{key}' must be a mapping or null, got {data[key]!r}")
+            raise AdvisorError(f"{origin}: key '{key}' must be a mapping or null, got {prefix(data[key])}")
+    check_prediction(data.get("prediction"), f"{origin}: prediction")
+    check_search(data.get("search"), f"{origin}: search")
     return Plan(
         model=model, hardware=hardware, cluster=cluster, training=training, strategy=strategy,
         operator_strategies=data.get("operator_strategies"), prediction=data.get("prediction"),
         search=data.get("search"), advisor_version=str(data.get("advisor_version", __version__)),
         model_raw=data["model"],
+        parameter_server=(ps := parameter_server_from_dict(data["parallel"].get("parameter_server"), origin, model, cluster)),
+        embedding_placement=embedding_placement_from_dict(data["parallel"], origin, model, ps),
     )
 
 
+# The prediction block (advisor.recommend.prediction_of): the keys known to it must have their types;
+# keys added by later versions pass (checked only as JSON values by check_tree).
+_PREDICTION_NUMBERS = ("step_time_s", "tokens_per_s", "mfu", "hfu", "tflops_per_device", "energy_kwh",
+                       "emissions_tco2e")
+_PREDICTION_PARTS = ("memory_gib", "time_s")
+_SEARCH_COUNTS = ("candidates", "scored", "feasible", "rank")
+
+
+def _number_or_fail(value: Any, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise AdvisorError(f"{where} must be a number, got {prefix(value)}")
+
+
+def check_prediction(pred: dict[str, Any] | None, origin: str) -> None:
+    """Refuse a prediction whose known keys have the wrong types (a string step time, a list of memory)."""
+    if pred is None:
+        return
+    for key in _PREDICTION_NUMBERS:
+        if key in pred and pred[key] is not None:
+            _number_or_fail(pred[key], f"{origin}: key '{key}'")
+    for key in _PREDICTION_PARTS:
+        parts = pred.get(key)
+        if parts is None:
+            continue
+        if not isinstance(parts, dict):
+            raise AdvisorError(f"{origin}: key '{key}' must be a mapping of part to number, got {prefix(parts)}")
+        for part, value in parts.items():
+            _number_or_fail(value, f"{origin}: key '{key}.{part}'")
+    if pred.get("bottleneck") is not None and not isinstance(pred["bottleneck"], str):
+        raise AdvisorError(f"{origin}: key 'bottleneck' must be a string, got {prefix(pred['bottleneck'])}")
+    conf = pred.get("confidence")
+    if conf is not None:
+        if (not isinstance(conf, dict) or not isinstance(conf.get("calibrated"), bool)
+                or not isinstance(conf.get("extrapolated", []), list)
+                or not all(isinstance(x, str) for x in conf.get("extrapolated", []))):
+            raise AdvisorError(f"{origin}: key 'confidence' must be {{calibrated: true|false, extrapolated: [names]}}, "
+                               f"got {prefix(conf)}")
+
+
+def check_search(search: dict[str, Any] | None, origin: str) -> None:
+    if search is None:
+        return
+    if search.get("searcher") is not None and not isinstance(search["searcher"], str):
+        raise AdvisorError(f"{origin}: key 'searcher' must be a string, got {prefix(search['searcher'])}")
+    for key in _SEARCH_COUNTS:
+        value = search.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise AdvisorError(f"{origin}: key '{key}' must be a non-negative integer, got {prefix(value)}")
+    if search.get("seconds") is not None:
+        _number_or_fail(search["seconds"], f"{origin}: key 'seconds'")
+
+
 def dumps_plan(plan: Plan) -> str:
-    return json.dumps(plan_to_dict(plan), indent=2) + "\n"
+    """The plan as JSON text; never NaN or Infinity (RFC 8259 has neither; Python's json would write them)."""
+    try:
+        return json.dumps(plan_to_dict(plan), indent=2, allow_nan=False) + "\n"
+    except ValueError:
+        raise AdvisorError(f"the plan of {plan.model.name} holds an infinite or undefined number; not written") from None
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
-    try:
-        Path(path).write_text(dumps_plan(plan))
-    except OSError as exc:
-        raise AdvisorError(f"cannot write plan to {path}: {exc.strerror}") from None
+    """Written atomically: a failed write leaves the previous file as it was (advisor.runtime.files)."""
+    from advisor.runtime.files import write_atomic
+
+    write_atomic(path, dumps_plan(plan), what="the plan")
 
 
 def read_plan_dict(path: str | Path) -> dict[str, Any]:
@@ -203,10 +283,7 @@ def read_plan_dict(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise AdvisorError(f"plan file not found: {path}")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise AdvisorError(f"{path}: malformed JSON: {exc}") from None
+    data = load_tree(p, "plan", fmt="json")
     if not isinstance(data, dict):
         raise AdvisorError(f"{path}: a plan must be a JSON object")
     return data

@@ -10,6 +10,7 @@ more (cheap) searches: a pinned knob relaxed, or a larger cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Callable
 
 from advisor.cost.estimate import Estimate, estimate_batch, from_batch
@@ -17,14 +18,17 @@ from advisor.errors import AdvisorError, InfeasibleError
 from advisor.plan import Plan, plan_to_dict
 from advisor.rank import rank, simplicity_key
 from advisor.search import PIN_FLAGS, Pins, Progress, SearchOutcome, SearchStats
+from advisor.search import comm_knobs
 from advisor.search import enumerate as enumerate_searcher
 from advisor.search import operator_plan
+from advisor.search.intra_op import price_layouts
 from advisor.search.stages import rebalance as balance_stages
 from advisor.space.rules import RULES
 from advisor.space.strategy import RECOMPUTE
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
+from advisor.specs.recommendation import RecModelSpec
 
 Searcher = Callable[[ModelSpec, HardwareProfile, Cluster, TrainingJob, Pins, int, Progress], SearchOutcome]
 
@@ -57,13 +61,22 @@ class RecommendResult:
 
 def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job: TrainingJob, pins: Pins = Pins(),
               top_k: int = 5, searcher: str = "enumerate", progress: Progress = None,
-              suggest: bool = True) -> RecommendResult:
+              suggest: bool = True, ps_pins=None, operator_strategies=None) -> RecommendResult:
     """The top_k plans for training `model` on `cluster`, best first.
 
     Raises AdvisorError (exit 2) for an unknown searcher, a bad top_k or pins that leave no legal
     strategy, and InfeasibleError (exit 1) when no legal strategy fits, naming the smallest change
-    that would (found by further searches; suggest=False skips them, for sweeps)."""
+    that would (found by further searches; suggest=False skips them, for sweeps). Recommendation
+    models (family: recommendation) go to advisor.search.parameter_server (ps_pins: --ps-mode etc.)."""
+    if isinstance(model, RecModelSpec) or (ps_pins is not None and (ps_pins.mode not in (None, "none") or ps_pins.servers
+                                                                       is not None or not ps_pins.synchronous)):
+        return _recommend_recsys(model, hardware, cluster, job, pins, top_k, searcher, ps_pins)
     search = _searcher(searcher)
+    if operator_strategies is not None:     # semi-automatic: user-fixed operator strategies (drec / ilp only)
+        if searcher not in ("drec", "ilp"):
+            raise AdvisorError(f"--operator-strategies needs --searcher drec or ilp (the {searcher} searcher prices "
+                               f"Megatron's uniform layout only)")
+        search = partial(_semi_auto, searcher=searcher, fixed=operator_strategies)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
         raise AdvisorError(f"--top must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}")
     check_pins(cluster, pins)
@@ -72,16 +85,20 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
         if outcome.stats.candidates == 0:
             raise _no_legal_strategy(model, hardware, cluster, job, pins, outcome.stats)
         raise InfeasibleError(nothing_fits_message(model, hardware, cluster, job, pins, searcher, suggest))
-    batch = outcome.finalists
-    e = estimate_batch(model, hardware, cluster, job, batch)
+    # the finalists try gradient bucket sizes and micro-batch copies (communication fusion, multi-copy);
+    # operator-level layouts are priced for their own micro-batch, so those finalists keep theirs
+    batch = outcome.finalists if outcome.operator_strategies is not None else \
+        comm_knobs.refine(model, hardware, cluster, job, outcome.finalists)
+    e = price_layouts(estimate_batch(model, hardware, cluster, job, batch), batch, outcome.operator_strategies, hardware)
     # Balanced pipeline stages for the leading candidates (the search prices even splits).
     lead = rank(e.tokens_per_s, simplicity_key(batch, hardware), min(len(batch), BALANCE_LEADERS * top_k),
                 feasible=e.feasible, memory_bytes=e.memory.total)
     if len(lead):
         batch = balance_stages(model, hardware, cluster, job, batch.take(lead))
-        e = estimate_batch(model, hardware, cluster, job, batch)
         if outcome.operator_strategies is not None:
             outcome = replace(outcome, operator_strategies=[outcome.operator_strategies[int(i)] for i in lead])
+        e = price_layouts(estimate_batch(model, hardware, cluster, job, batch), batch, outcome.operator_strategies,
+                          hardware)
     order = rank(e.tokens_per_s, simplicity_key(batch, hardware), top_k, feasible=e.feasible, memory_bytes=e.memory.total)
     if len(order) == 0:   # a searcher proposed only plans that do not fit
         raise InfeasibleError(nothing_fits_message(model, hardware, cluster, job, pins, searcher, suggest))
@@ -95,6 +112,21 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
                           search={**summary, "rank": position}))
         estimates.append(est)
     return RecommendResult(tuple(plans), tuple(estimates), outcome.stats)
+
+
+def _semi_auto(model, hardware, cluster, job, pins, top_k, progress, *, searcher, fixed) -> SearchOutcome:
+    return operator_plan.operator_plan(model, hardware, cluster, job, searcher, pins, top_k, progress, fixed=fixed)
+
+
+def _recommend_recsys(model, hardware, cluster, job, pins, top_k, searcher, ps_pins):
+    from advisor.search.parameter_server import PsPins, describe, recommend_recsys
+
+    if not isinstance(model, RecModelSpec):
+        raise AdvisorError(f"{describe(ps_pins)}: parameter servers serve the embedding tables of "
+                           f"recommendation models (family: recommendation); {model.name} is a transformer")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        raise AdvisorError(f"--top must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}")
+    return recommend_recsys(model, hardware, cluster, job, ps_pins or PsPins(), top_k, searcher, pins)
 
 
 def _searcher(name: str) -> Searcher:
@@ -119,6 +151,13 @@ def prediction_of(e: Estimate) -> dict[str, Any]:
 # ---- pins ---------------------------------------------------------------------------------------
 def check_pins(cluster: Cluster, pins: Pins) -> None:
     """Pinned degrees must divide the device count, alone and together."""
+    from advisor.inputs import check_count
+    from advisor.specs import limits
+
+    for name, bound in (("ep", limits.MAX_DEVICES), ("micro_batch_size", limits.MAX_GLOBAL_BATCH),
+                        ("virtual_pipeline_stages", limits.MAX_LAYERS)):
+        if getattr(pins, name) is not None:
+            check_count(PIN_FLAGS[name], getattr(pins, name), bound)
     product = 1
     given = []
     for name in ("dp", "tp", "pp", "cp"):

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from advisor.formatting import duration, money
+from advisor.formatting import duration, money, step_time
 from advisor.cost.estimate import Estimate
 from advisor.recommend import RecommendResult
 from advisor.search import Progress as ProgressHook
@@ -59,7 +59,7 @@ def plans_table(result: RecommendResult) -> Table:
         table.add_row(
             str(rank), f"{s.dp}.{s.tp}.{s.pp}.{s.cp}" + (f".{s.ep}" if moe else ""),
             f"{s.micro_batch_size}x{s.num_micro_batches}", _knobs(s), f"{e.memory_gib.total:.1f}",
-            f"{e.step_time_s:.3g}", f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", _BOTTLENECK.get(e.bottleneck, e.bottleneck),
+            step_time(e.step_time_s), f"{e.tokens_per_s:,.0f}", f"{e.mfu:.1%}", _BOTTLENECK.get(e.bottleneck, e.bottleneck),
             _calibrated(e))
     return table
 
@@ -95,6 +95,9 @@ def _training_time(e: Estimate) -> str | None:
 
 
 def render_recommendation(console: Console, result: RecommendResult, saved_to: str | None = None) -> None:
+    if getattr(result, "family", None) == "recommendation":      # advisor.search.parameter_server
+        from advisor.report_recsys import render_recsys
+        return render_recsys(console, result, saved_to)
     console.print(plans_table(result))
     console.print(f"GiB: memory per device (of {result.estimates[0].capacity_gib:g}); knobs: sp = sequence parallel, "
                   "z = ZeRO stage (+off: optimizer offload), rc = recomputation, pipeline schedule, mesh order "

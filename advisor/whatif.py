@@ -17,9 +17,9 @@ import itertools
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from advisor.formatting import duration, energy, money
+from advisor.formatting import duration, energy, money, step_time
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.inputs import DEFAULT_BATCH_TOKENS, default_dtype
 from advisor.plan import Plan, strategy_to_dict
@@ -178,17 +178,34 @@ def _workers(requested: int | None, n: int) -> int:
     return max(1, min(cores, n if n >= 4 else 1))
 
 
-def _run(n: int, workers: int) -> list[dict[str, Any]]:
+def _run(n: int, workers: int, progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
     import multiprocessing as mp
 
+    from advisor.runtime.signals import deferred, ignore_in_child
+
+    tick = progress or (lambda done, total: None)
     if workers <= 1 or "fork" not in mp.get_all_start_methods():
-        return [_solve(i) for i in range(n)]
+        out = []
+        for i in range(n):
+            out.append(_solve(i))
+            tick(i + 1, n)
+        return out
     # Largest clusters first: they take longest, and dynamic hand-out keeps both workers busy.
     order = sorted(range(n), key=lambda i: -_TASKS[i].cluster.devices)
     out: list[dict[str, Any] | None] = [None] * n
-    with mp.get_context("fork").Pool(workers) as pool:
-        for i, res in zip(order, pool.imap(_solve, order, chunksize=1)):
+    # Ctrl-C reaches the workers too (one process group): they leave it to this process, which
+    # ends the pool on the way out. Forked with the signals held back until each worker has set
+    # its own handlers (and the pool's threads never take them: they stay with the main thread).
+    pool = None
+    try:
+        with deferred():
+            pool = mp.get_context("fork").Pool(workers, initializer=ignore_in_child)
+        for done, (i, res) in enumerate(zip(order, pool.imap(_solve, order, chunksize=1)), start=1):
             out[i] = res
+            tick(done, n)
+    finally:
+        if pool is not None:
+            pool.terminate()
     return out  # type: ignore[return-value]
 
 
@@ -206,14 +223,18 @@ def whatif(
     dtype: str | None = None,
     searcher: str = "enumerate",
     workers: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> WhatIfResult:
     """Sweep the grid and return the best plan at every point (in grid order: hardware, overrides,
-    batch, sequence length, then cluster size)."""
+    batch, sequence length, then cluster size); ``progress(done, total)`` after each point."""
     import time
 
     global _MODEL, _SEARCHER
     start = time.perf_counter()
     spec = model if isinstance(model, ModelSpec) else load_model(model)
+    if getattr(spec, "family", None) == "recommendation":
+        raise AdvisorError(f"advisor whatif sweeps transformer plans; {spec.name} is a recommendation model "
+                           f"(compare clusters with advisor recommend, or benchmarks/parameter_server.py)")
     if not hardware:
         raise AdvisorError("--hardware: give at least one hardware profile")
     if bool(nodes) == bool(devices):
@@ -254,7 +275,7 @@ def whatif(
     _MODEL = spec
     _SEARCHER = searcher
     try:
-        solved = _run(len(tasks), _workers(workers, len(tasks)))
+        solved = _run(len(tasks), _workers(workers, len(tasks)), progress)
     finally:
         _TASKS[:] = []
 
@@ -337,7 +358,7 @@ def whatif_tables(result: WhatIfResult) -> list:
             if not p.fits:
                 row += ["does not fit"] + ["-"] * (len(columns) - len(row) - 1)
             else:
-                row += [_degrees(p.plan), f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}", f"{p.step_time_s:.2f}",
+                row += [_degrees(p.plan), f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}", step_time(p.step_time_s),
                         "-" if p.scaling_efficiency is None else f"{p.scaling_efficiency:.0%}"]
                 if result.train_tokens:
                     row += [duration(p.time_to_train_s), money(p.cost_usd), energy(p.energy_kwh)]

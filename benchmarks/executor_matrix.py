@@ -13,7 +13,7 @@ calibrate`), the step time measured and predicted and their ratio.
 overhead, at scale 4 mostly arithmetic. --repeat R runs the whole matrix R times, one after the
 other. Each run's step time is the median of its steps (the first left out); per shape the table
 gives the median run's ratio, with the range over the runs: a virtual machine's speed drifts by up
-to 2x over seconds, and `advisor calibrate` keeps the median of five rounds for the same reason
+to 2x over seconds, and `advisor calibrate` keeps the median of its rounds (3 to 8, until they agree) for the same reason
 (``host x``: the executor's host probe during the run over its time at calibration).
 """
 

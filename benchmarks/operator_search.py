@@ -1,5 +1,11 @@
 """Operator-level search at scale, and balanced pipeline stages. Prints figures; not a pass/fail test.
 
+0. The searchers compared (issue 13): for each bundled transformer model at 8, 64 and 512 devices,
+   the best predicted tokens/s and the search time of ``--searcher enumerate``, ``drec`` and ``ilp``
+   (each a full, independent search as ``advisor recommend`` runs it: the composed searchers' time
+   includes their outer enumeration), global batch 1,536 x 2,048 tokens; "gain" is the operator-level
+   searchers' best over the enumerator's; "searched" counts the finalists whose operator layout
+   differs from Megatron's. Then the composed searchers' time at 4,096 devices.
 1. GPT-3 175B (96 layers: one layer template, so the problem size does not depend on depth) sharded
    operator by operator over 64, 512 and 4,096 A100s with no pipeline: D-Rec's time (goal <= 1 s at
    4,096 devices), the ILP's time (goal <= 30 s, everything included) with its status and gap, and
@@ -12,7 +18,8 @@
    batch 2,048): slowest/mean stage time for the uniform and the balanced split, and the step time
    the cost model gives each.
 
-Usage: python benchmarks/operator_search.py [--devices 64 512 4096] [--time-limit 30] [--hardware dgx-a100-80g]
+Usage: python benchmarks/operator_search.py [--sections compare operator stages] [--devices 64 512 4096]
+       [--compare-devices 8 64 512] [--models gpt3-1.3b ...] [--time-limit 30] [--hardware dgx-a100-80g]
 """
 
 from __future__ import annotations
@@ -24,13 +31,16 @@ from dataclasses import replace
 from advisor.cost.estimate import estimate
 from advisor.graph.transformer import transformer_graph
 from advisor.search.drec import drec_search
+from advisor.search import Pins
+from advisor.search import enumerate as enumerator
 from advisor.search.ilp import ilp_search
+from advisor.search.operator_plan import best_priced, operator_plan
 from advisor.search.sharding import DeviceMesh, ShardingOptions, ShardingProblem
 from advisor.search.stages import stage_plan
 from advisor.space.strategy import Strategy
 from advisor.specs.hardware import load_hardware
 from advisor.specs.job import Cluster, TrainingJob
-from advisor.specs.model import load_model
+from advisor.specs.model import bundled_models, load_model
 
 
 def gpt3_problem(hw, devices: int, fine: bool = False, zero_stages=(1, 2, 3)) -> ShardingProblem:
@@ -45,6 +55,58 @@ def gpt3_problem(hw, devices: int, fine: bool = False, zero_stages=(1, 2, 3)) ->
         if problem.fits(problem.min_memory_bytes()):
             return problem
     return problem
+
+
+def _timed_search(model, hw, cluster, job, searcher: str, time_limit: float):
+    start = time.perf_counter()
+    if searcher == "enumerate":
+        outcome = enumerator.search(model, hw, cluster, job, Pins(), 5)
+    else:
+        outcome = operator_plan(model, hw, cluster, job, searcher, Pins(), 5, time_limit_s=time_limit)
+    seconds = time.perf_counter() - start
+    best, _ = best_priced(model, hw, cluster, job, outcome)
+    searched = sum(r["layout"] == "searched" for r in outcome.operator_strategies or ())
+    return best, seconds, searched, len(outcome.finalists)
+
+
+def compare_table(hw, models, devices_list, time_limit: float) -> None:
+    job = TrainingJob(global_batch_size=1536, seq_length=2048)
+    print(f"Best predicted tokens/s and search time per searcher, {hw.name}, global batch "
+          f"{job.global_batch_size} x {job.seq_length}")
+    head = (f"{'model':<17} {'devices':>7} | {'enumerate':>11} {'s':>5} | {'drec':>11} {'s':>5} {'gain':>7} "
+            f"{'searched':>8} | {'ilp':>11} {'s':>5} {'gain':>7} {'searched':>8} | {'ilp/drec':>8}")
+    print(head)
+    print("-" * len(head))
+    worst = {"drec": float("inf"), "ilp": float("inf"), "ilp/drec": float("inf")}
+    for name in models:
+        model = load_model(name)
+        for devices in devices_list:
+            cluster = Cluster.of(hw, devices=devices)
+            row = {s: _timed_search(model, hw, cluster, job, s, time_limit) for s in ("enumerate", "drec", "ilp")}
+            base = row["enumerate"][0]
+
+            def gain(value):
+                return f"{value / base - 1:+7.2%}" if base > 0 else f"{'-':>7}"
+
+            cells = [f"{name:<17} {devices:>7} | {base:11,.0f} {row['enumerate'][1]:5.2f}"]
+            for s in ("drec", "ilp"):
+                best, secs, searched, finalists = row[s]
+                cells.append(f"{best:11,.0f} {secs:5.2f} {gain(best)} {f'{searched}/{finalists}':>8}")
+                if base > 0:
+                    worst[s] = min(worst[s], best / base)
+            ratio = row["ilp"][0] / row["drec"][0] if row["drec"][0] > 0 else float("nan")
+            if row["drec"][0] > 0:
+                worst["ilp/drec"] = min(worst["ilp/drec"], ratio)
+            print(" | ".join(cells) + f" | {ratio:8.4f}")
+    print(f"smallest ratio over the table: drec/enumerate {worst['drec']:.6f}, ilp/enumerate {worst['ilp']:.6f}, "
+          f"ilp/drec {worst['ilp/drec']:.6f} (1 or more: never slower)")
+    model = load_model("gpt3-175b")
+    cluster = Cluster.of(hw, devices=4096)
+    for s in ("enumerate", "drec", "ilp"):
+        best, secs, searched, finalists = _timed_search(model, hw, cluster, job, s, time_limit)
+        print(f"gpt3-175b on 4,096 devices, --searcher {s}: {best:,.0f} tokens/s, {secs:.2f} s "
+              f"({searched} of {finalists} finalists with a searched layout)")
+    print()
 
 
 def operator_table(hw, devices_list, time_limit: float) -> None:
@@ -109,10 +171,18 @@ def main() -> None:
     parser.add_argument("--devices", type=int, nargs="+", default=[64, 512, 4096])
     parser.add_argument("--time-limit", type=float, default=30.0, help="ILP time limit, seconds (everything included)")
     parser.add_argument("--hardware", default="dgx-a100-80g")
+    parser.add_argument("--sections", nargs="+", default=["compare", "operator", "stages"],
+                        choices=["compare", "operator", "stages"])
+    parser.add_argument("--compare-devices", type=int, nargs="+", default=[8, 64, 512])
+    parser.add_argument("--models", nargs="+", default=None, help="default: every bundled transformer model")
     args = parser.parse_args()
     hw = load_hardware(args.hardware)
-    operator_table(hw, args.devices, args.time_limit)
-    stage_table(hw)
+    if "compare" in args.sections:
+        compare_table(hw, args.models or bundled_models("transformer"), args.compare_devices, args.time_limit)
+    if "operator" in args.sections:
+        operator_table(hw, args.devices, args.time_limit)
+    if "stages" in args.sections:
+        stage_table(hw)
 
 
 if __name__ == "__main__":

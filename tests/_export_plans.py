@@ -91,3 +91,7 @@ def plans() -> dict[str, Plan]:
             {"dp": 9, "tp": 1, "pp": 1, "micro_batch_size": 1, "num_micro_batches": 4, "zero_stage": 1},
             devices=9, global_batch_size=36, seq_length=4096),
     }
+
+
+# (plan, target) pairs whose target would reject the plan: the export refuses them with this reason
+REFUSED = {("llama7b_zero2_pp", "deepspeed"): "zero_stage = 2 with pp = 2: DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3"}

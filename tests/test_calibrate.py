@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import sys
+import tempfile
 
 import pytest
 
-from advisor.calibrate import (COLLECTIVES, build_profile, efficiency_curve, fit_alpha_beta, fit_link, fit_per_op,
-                               merge_rounds, pipeline_action_overhead_us, ring_terms, write_profile)
+from advisor.calibrate import (COLLECTIVES, RoundRule, build_profile, calibration_warnings, efficiency_curve,
+                               fit_alpha_beta, fit_link, fit_per_op, merge_rounds, pipeline_action_overhead_us,
+                               ring_terms, write_profile)
 from advisor.specs.hardware import hardware_from_dict, load_hardware
 
 
@@ -77,11 +79,15 @@ def test_calibrate_command_writes_a_loadable_profile(tmp_path, monkeypatch, caps
     from advisor import cli
 
     out = tmp_path / "this-machine.yaml"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     monkeypatch.setattr(sys, "argv", ["advisor", "calibrate", "--quick", "--nproc", "2", "--out", str(out)])
     try:
         cli.main()
     except SystemExit as done:
         assert done.code in (0, None)
+    assert [p for p in scratch.iterdir() if p.name.startswith("advisor-")] == []   # the ranks' folder is gone
     hw = load_hardware(str(out))
     assert hw.device.peak_flops("fp32") > 1e9            # more than 1 GFLOP/s per rank
     assert 0 < hw.node.intra.latency_us < 1e5
@@ -184,3 +190,113 @@ def test_gpu_profiles_keep_the_fused_defaults():
     assert hw.device.asynchronous_launch and hw.device.overlaps_communication
     assert hw.device.optimizer_bytes_per_param is None and hw.device.memory_efficiency == 1.0
     assert hw.device.pipeline_action_overhead_us == ()
+
+
+# ---- stability: monotone curve, spread warnings, stopping rule -------------------------------------
+def test_efficiency_curve_never_decreases_with_size():
+    from advisor.calibration.fit import monotone_envelope
+
+    assert monotone_envelope([0.2, 0.5, 0.4, 0.9, 0.7, 1.0]) == [0.2, 0.5, 0.5, 0.9, 0.9, 1.0]
+    # a dip at 0.1 GFLOP and a drop after the peak, given out of order
+    peak, curve = efficiency_curve([[1.0, 9.0], [0.001, 2.0], [0.1, 3.0], [0.01, 6.0], [10.0, 7.5], [3.0, 10.0]])
+    assert peak == 10.0
+    assert [g for g, _ in curve] == [0.001, 0.01, 0.1, 1.0, 3.0, 10.0]
+    assert [e for _, e in curve] == [0.2, 0.6, 0.6, 0.9, 1.0, 1.0]
+
+
+def _round(bandwidth=10.0, host_us=1000.0, peak=0.05, allreduce_s=0.01, step_s=0.02):
+    return {"matmul": {"fp32": [[0.001, peak / 2], [0.1, peak]]},
+            "memory": {"bandwidth_gbps": bandwidth, "layer_host_us": host_us, "optimizer_us_per_tensor": 20.0},
+            "comm": {"groups": [2], "points": [
+                {"op": "all_reduce", "ranks": 2, "bytes": 4096, "seconds": 1e-4},
+                {"op": "all_reduce", "ranks": 2, "bytes": 16 << 20, "seconds": allreduce_s},
+                {"op": "all_reduce", "ranks": 3, "bytes": 4096, "seconds": None}]},
+            "pipeline": {"1f1b": {"step_s": step_s, "chunk_s": 1e-4, "micro_batches": 8, "virtual_stages": 1,
+                                  "stages": 2, "message_bytes": 32}}}
+
+
+def test_spreads_name_the_figures_whose_rounds_disagree():
+    from advisor.calibration.rounds import figure_spreads, key_figures, rank_summary, summarize
+
+    assert set(key_figures(_round())) == {
+        "peak_tflops fp32", "memory_bandwidth_gbps", "launch_overhead_us (probe layer host time)",
+        "optimizer_overhead_us_per_tensor", "all_reduce (2 ranks, 4 KiB)", "all_reduce (2 ranks, 16 MiB)",
+        "pipeline 1f1b step"}
+    rule = RoundRule()
+    # rank 0: bandwidth 10, 14, 11 -> (14 - 10) / 11 = 36%; host time 1000, 1100, 1050 -> 9.5%
+    rank0 = [_round(10.0, 1000.0), _round(14.0, 1100.0), _round(11.0, 1050.0)]
+    spreads = figure_spreads(rank0)
+    assert spreads["memory_bandwidth_gbps"] == pytest.approx(4 / 11)
+    assert spreads["launch_overhead_us (probe layer host time)"] == pytest.approx(100 / 1050)
+    assert spreads["peak_tflops fp32"] == 0.0
+    # rank 1: its all-reduce disagrees (0.01, 0.013, 0.01 -> 30%), its bandwidth does not
+    rank1 = [_round(allreduce_s=0.01), _round(allreduce_s=0.013), _round(allreduce_s=0.01)]
+    notes = summarize([rank_summary(rank0, "3 rounds (the bound)", rule), rank_summary(rank1, None, rule)])
+    assert notes["count"] == 3 and notes["stopped"] == "3 rounds (the bound)"
+    assert notes["spread"]["memory_bandwidth_gbps"] == pytest.approx(0.3636, abs=1e-4)   # worst over ranks
+    assert notes["spread"]["all_reduce (2 ranks, 16 MiB)"] == pytest.approx(0.3, abs=1e-4)
+    named = [w.split(":")[0] for w in notes["warnings"]]
+    assert named == ["memory_bandwidth_gbps", "all_reduce (2 ranks, 16 MiB)"]      # worst first; 9.5% not named
+    assert "36%" in notes["warnings"][0]
+    # the built profile records them, and the CLI's accessor finds them
+    ranks = _fake_ranks()
+    ranks[0]["rounds"] = rank_summary(rank0, "3 rounds (the bound)", rule)
+    ranks[1]["rounds"] = rank_summary(rank1, None, rule)
+    profile = build_profile(ranks, 2, name="noisy")
+    assert calibration_warnings(profile) == notes["warnings"]
+    assert profile["notes"]["rounds"]["rule"]["spread_target"] == 0.10
+    hardware_from_dict(profile, "noisy")                                            # still a valid profile
+
+
+def test_rounds_stop_when_the_figures_agree_or_at_a_bound():
+    from advisor.calibration.rounds import stop_reason, worst_spread
+
+    rule = RoundRule(min_rounds=3, max_rounds=6, spread_target=0.10, budget_s=100.0)
+
+    def run(bandwidths, round_s=1.0):
+        rounds = []
+        for i, bw in enumerate(bandwidths):
+            rounds.append(_round(bandwidth=bw))
+            reason = stop_reason(len(rounds), worst_spread(rounds, rule.min_rounds), (i + 1) * round_s, round_s, rule)
+            if reason:
+                return len(rounds), reason
+        return len(rounds), None
+
+    # agreeing within 5% from the start: stops at the minimum of three rounds
+    n, reason = run([10.0, 10.5, 10.2, 10.1, 10.3, 10.4])
+    assert n == 3 and "agree" in reason
+    # a first round 30% off: the last three rounds agree from round 4 on (the window forgets round 1)
+    n, reason = run([13.0, 10.0, 10.1, 10.0, 10.2, 10.1, 10.0])
+    assert n == 4 and "the last 3 rounds agree within 1%" in reason
+    # every round 15-30% off the one before: runs to the bound of six rounds
+    n, reason = run([10.0, 13.0, 10.5, 12.5, 10.0, 13.0, 10.0])
+    assert n == 6 and reason == "the bound of 6 rounds"
+    # slow rounds: 40 s each in a 100 s budget -> a third round would end at 120 s
+    n, reason = run([13.0, 10.0, 10.1, 10.0], round_s=40.0)
+    assert n == 2 and "time bound" in reason
+    # one round never agrees with itself: the quick rule stops after it by its bound
+    assert worst_spread([_round()], 1) == math.inf and worst_spread([_round()] * 2, 3) == math.inf
+    assert "bound" in stop_reason(1, math.inf, 1.0, 1.0, RoundRule.quick())
+
+
+def test_calibrate_options_are_checked_before_any_process_starts():
+    from advisor.calibrate import CalibrateOptions, check_options
+    from advisor.errors import AdvisorError
+
+    with pytest.raises(AdvisorError, match="--rounds"):
+        check_options(CalibrateOptions(nproc=2, max_rounds=0))
+    with pytest.raises(AdvisorError, match="--spread-target"):
+        check_options(CalibrateOptions(nproc=2, spread_target=float("nan")))
+    rule = CalibrateOptions(max_rounds=2, timeout_s=300.0).rule()
+    assert (rule.min_rounds, rule.max_rounds, rule.budget_s) == (2, 2, 200.0)
+    assert CalibrateOptions(quick=True).rule().max_rounds == 1
+
+
+def test_a_collective_whose_time_does_not_grow_has_no_bandwidth(tmp_path):
+    points = [{"op": "all_gather", "ranks": 2, "bytes": b, "seconds": t}
+              for b, t in ((4096, 3e-4), (1 << 20, 2e-4), (16 << 20, 1e-4))]     # noise: faster when larger
+    assert fit_alpha_beta(points)["all_gather@2"]["bus_bandwidth_gbps"] is None
+    profile = build_profile(_fake_ranks(), 2, name="noisy-comm")
+    profile["node"]["intra_node"]["notes"]["per_op"] = fit_alpha_beta(points)
+    write_profile(profile, tmp_path / "p.yaml")                                    # written, and loads again
+    assert load_hardware(str(tmp_path / "p.yaml")).name == "noisy-comm"

@@ -313,11 +313,12 @@ def test_out_of_memory_on_ascend_names_a_fitting_change():
     assert "closest change that fits: --" in r.stderr
 
 
-def test_out_of_memory_without_any_single_fitting_change():
+def test_out_of_memory_without_any_single_fitting_change_names_the_closest_pair():
+    # no single change fits (issue 12: the closest change is then named even when two are needed)
     r = advisor_estimate("--model", "megatron-22b", "--hardware", "dgx-a100-80g", "--nodes", "1", "--gbs", "64", "--mbs", "8")
     assert_no_traceback(r)
     assert r.returncode == 1
-    assert "does not fit" in r.stderr and "closest change" not in r.stderr
+    assert "does not fit" in r.stderr and "closest change that fits: --zero 3 --recompute full (" in r.stderr
 
 
 def test_out_of_memory_with_json_still_prints_the_object():

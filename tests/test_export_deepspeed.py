@@ -16,6 +16,7 @@ import shlex
 
 import pytest
 
+from _export_plans import REFUSED as REFUSED_PAIRS
 from _export_plans import plans
 from advisor.export import export_plan
 
@@ -35,9 +36,33 @@ DOC_FP16_KEYS = {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "l
                  "consecutive_hysteresis", "min_loss_scale"}
 
 
+# plans DeepSpeed's engine would reject: the export refuses them with the reason
+REFUSED = {name: reason for (name, target), reason in REFUSED_PAIRS.items() if target == "deepspeed"}
+
+
 @pytest.fixture(scope="module")
 def exported():
-    return {name: (plan, export_plan(plan, "deepspeed")) for name, plan in plans().items()}
+    return {name: (plan, export_plan(plan, "deepspeed")) for name, plan in plans().items() if name not in REFUSED}
+
+
+def test_plans_the_engine_rejects_are_refused_with_the_reason():
+    from advisor.errors import AdvisorError
+
+    for name, reason in REFUSED.items():
+        with pytest.raises(AdvisorError, match=reason):
+            export_plan(plans()[name], "deepspeed")
+
+
+def test_autotp_with_zero3_needs_a_release_that_accepts_it():
+    from dataclasses import replace
+
+    from advisor.errors import AdvisorError
+
+    plan = plans()["llama8b_dp_drec"]
+    plan = replace(plan, strategy=replace(plan.strategy, dp=plan.strategy.dp // 2, tp=2, pp=1, zero_stage=3))
+    assert json.loads(export_plan(plan, "deepspeed", "0.19").files["ds_config.json"])["zero_optimization"]["stage"] == 3
+    with pytest.raises(AdvisorError, match="ZeRO stage 2 at most"):
+        export_plan(plan, "deepspeed", "0.18")
 
 
 def _config(result) -> dict:
@@ -61,8 +86,13 @@ def test_batch_arithmetic_matches_the_plan(exported):
     for name, (plan, result) in exported.items():
         cfg, s = _config(result), plan.strategy
         # docs: train_batch_size = micro batch per GPU x gradient accumulation x data-parallel GPUs
-        assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * s.dp
-        assert cfg["train_batch_size"] == plan.training.global_batch_size
+        assert cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * s.dp \
+            == plan.training.global_batch_size, name
+        # AutoTP without an mpu (tp > 1, pp = 1): DeepSpeed derives train_batch_size itself (see test_batch_check_...)
+        if s.tp > 1 and s.pp == 1:
+            assert "train_batch_size" not in cfg, name
+        else:
+            assert cfg["train_batch_size"] == plan.training.global_batch_size, name
         assert cfg["zero_optimization"]["stage"] == s.zero_stage
         assert ("offload_optimizer" in cfg["zero_optimization"]) == s.offload_optimizer
         assert ("bf16" in cfg) == (plan.training.dtype in ("bf16", "fp8"))
@@ -174,5 +204,4 @@ def test_unexpressible_features_are_reported(exported):
     assert "full recomputation of 4 layer(s) per stage" in unsupported("mixtral_ep_vpp")
     assert "gpipe" in unsupported("gpt3_gpipe_fp16")
     assert "cp = 4" in unsupported("llama8b_cp_zero3_offload")
-    assert "zero_stage = 2 with pp = 2" in unsupported("llama7b_zero2_pp")
     assert exported["llama8b_dp_drec"][1].unsupported == ()

@@ -27,7 +27,7 @@ DOC_FIELDS = {
     "runPolicy": {"cleanPodPolicy", "backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished", "suspend"},
     "replica": {"replicas", "restartPolicy", "template"},
     "template": {"metadata", "spec"},
-    "podSpec": {"containers", "volumes", "nodeSelector", "tolerations", "affinity", "hostNetwork"},
+    "podSpec": {"initContainers", "containers", "volumes", "nodeSelector", "tolerations", "affinity", "hostNetwork"},
     "container": {"name", "image", "imagePullPolicy", "command", "args", "env", "resources", "volumeMounts"},
     "resources": {"limits", "requests"},
 }
@@ -61,6 +61,8 @@ def test_fields_are_documented(exported):
             (container,) = pod["containers"]
             assert set(container) <= DOC_FIELDS["container"], name
             assert container["name"] == "pytorch"       # the operator looks for this container name
+            for init in pod.get("initContainers", []):
+                assert set(init) <= DOC_FIELDS["container"], name
             assert set(container["resources"]) <= DOC_FIELDS["resources"]
 
 

@@ -62,7 +62,7 @@ LLAMA_CONFIG_ARGS = {  # llama_config.py LlamaConfig.__init__ (the ones the expo
     "intermediate_size", "vocab_size", "compute_dtype", "layernorm_compute_type", "softmax_compute_type",
     "rotary_dtype", "param_init_type", "pp_interleave_num", "offset", "use_flash_attention",
 }
-TOP_SECTIONS = {"parallel", "parallel_config", "recompute_config", "runner_config", "model"}
+TOP_SECTIONS = {"use_legacy", "parallel", "parallel_config", "recompute_config", "runner_config", "model"}
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,9 @@ def test_context_keywords_are_documented(exported):
 
 def test_mindformers_keys_are_documented(exported):
     for name, (plan, _, _, doc) in exported.items():
-        assert set(doc) == TOP_SECTIONS, name
+        # MoE plans add the experts (moe_config); dense plans must not have one
+        assert set(doc) == TOP_SECTIONS | ({"moe_config"} if plan.model.moe is not None else set()), name
+        assert doc["use_legacy"] is True, name
         assert set(doc["parallel_config"]) <= MINDFORMERS_PARALLEL_CONFIG, name
         assert set(doc["recompute_config"]) <= MINDFORMERS_RECOMPUTE_CONFIG, name
         assert set(doc["runner_config"]) <= MINDFORMERS_RUNNER_CONFIG, name

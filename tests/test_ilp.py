@@ -57,16 +57,26 @@ def test_finer_meshes_do_at_least_as_well_as_megatron():
     assert sol.cost_s <= megatron.cost_s * (1 + 1e-9)
 
 
-def test_status_gap_and_time_limit_are_reported():
+def test_status_gap_and_time_limit_are_reported(monkeypatch):
     hw = load_hardware("dgx-a100-80g")
     model = tiny_transformer()
     graph = transformer_graph(model, JOB, batch=64)
     p = ShardingProblem(graph, DeviceMesh.for_devices(hw, 64), hw, JOB, ShardingOptions())
+    import advisor.search.ilp as ilp_module
+
+    limits = []
+    real_solve = ilp_module._solve_cpsat
+
+    def spy(program, backend, limit_s, threads):
+        limits.append(limit_s)
+        return real_solve(program, backend, limit_s, threads)
+
+    monkeypatch.setattr(ilp_module, "_solve_cpsat", spy)
     result = ilp_search(p, time_limit_s=1.0)
+    assert limits == [1.0]      # the limit reaches the solver (its wall time: benchmarks/operator_search.py)
     assert result.status in ("OPTIMAL", "FEASIBLE", "UNKNOWN")     # UNKNOWN: the warm start stands
     assert result.gap is not None and 0.0 <= result.gap <= 1.0
     assert result.bound_s <= result.objective_s * (1 + 1e-9)
-    assert result.seconds < 6.0
     assert result.solution.details["status"] == result.status
     drec = drec_search(p)
     assert result.solution.cost_s <= drec.cost_s * (1 + 1e-9)       # the D-Rec warm start is never lost

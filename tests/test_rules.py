@@ -51,6 +51,8 @@ BROKEN = {
     "recompute layers": (DENSE, replace(BASE, recompute="selective", recompute_layers=2)),
     "ulysses heads": (DENSE, replace(BASE, cp_comm="a2a")),                              # cp = 1
     "recompute modules": (DENSE, replace(BASE, recompute="selective")),                  # moe_act below, dense model
+    "micro-batch copies": (DENSE, replace(BASE, micro_batch_copies=3)),                  # micro-batch of 2
+    "gradient bucket": (DENSE, replace(BASE, zero_stage=2, grad_bucket_mb=40.0)),        # ZeRO-2 reduces per unit
 }
 ODD_SEQ_RULES = {"sequence parallel divides seq", "cp divides seq"}
 

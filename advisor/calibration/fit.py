@@ -42,7 +42,8 @@ def fit_alpha_beta(points: list[dict]) -> dict[str, dict[str, float]]:
         c, a = np.polyfit(s, t, 1)
         bw_factor, _ = ring_terms(op, g)
         out[f"{op}@{g}"] = {"latency_us": max(a, 0.0) * 1e6,
-                            "bus_bandwidth_gbps": (bw_factor / c / 1e9) if c > 0 else float("inf"),
+                            # None: the time did not grow with the size (noise at small sizes), no bandwidth
+                            "bus_bandwidth_gbps": (bw_factor / c / 1e9) if c > 0 else None,
                             "spread": float(np.max(np.abs(a + c * s - t) / t))}
     return out
 
@@ -82,15 +83,31 @@ def fit_per_op(points: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+def monotone_envelope(values: list[float]) -> list[float]:
+    """The running maximum: each value raised to the largest before it, so the sequence never decreases.
+
+    A GEMM's achievable efficiency does not decrease with its size: a larger product can be computed
+    as blocks of a smaller one (the blocked algorithm of Goto and van de Geijn, "Anatomy of
+    High-Performance Matrix Multiplication", ACM TOMS 34(3), 2008), at that smaller size's rate. A
+    measured dip at a larger size is noise or a library's choice of kernel, not a property the cost
+    model should learn; the raw rates stay in the profile's notes."""
+    out: list[float] = []
+    for v in values:
+        out.append(v if not out else max(v, out[-1]))
+    return out
+
+
 def efficiency_curve(points: list[list[float]]) -> tuple[float, list[list[float]]]:
-    """(peak TFLOP/s, [[GFLOP per call, fraction of peak], ...]) from [[GFLOP, TFLOP/s], ...]."""
+    """(peak TFLOP/s, [[GFLOP per call, fraction of peak], ...]) from [[GFLOP, TFLOP/s], ...]:
+    the rate at each size over the best rate, made non-decreasing in size (``monotone_envelope``)."""
     peak = max(rate for _, rate in points)
-    curve = []
+    sizes, fractions = [], []
     for gflop, rate in sorted(points):
-        eff = min(1.0, max(rate / peak, 1e-4))
-        if curve and gflop <= curve[-1][0]:
+        if sizes and gflop <= sizes[-1]:
             continue
-        curve.append([float(f"{gflop:.6g}"), float(f"{eff:.4f}")])
+        sizes.append(gflop)
+        fractions.append(min(1.0, max(rate / peak, 1e-4)))
+    curve = [[float(f"{g:.6g}"), float(f"{e:.4f}")] for g, e in zip(sizes, monotone_envelope(fractions))]
     return peak, curve
 
 

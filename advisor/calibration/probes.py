@@ -13,13 +13,16 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from advisor.calibration.fit import PROBE_BATCH, PROBE_MODEL, merge_rounds
+from advisor.calibration.rounds import RoundRule, rank_summary, stop_reason, worst_spread
+from advisor.executor.host_probe import layer_host_us
+from advisor.runtime.rank import (die_if_asked, fail, leave_without_finalization, mark_ready, report_progress,
+                                  start_watchdog, write_result)
 
 MESSAGE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
 QUICK_MESSAGE_BYTES = (4 << 10, 256 << 10, 4 << 20)
 GEMM_SIZES = (32, 64, 128, 256, 512, 1024, 1536)   # n for an n x n by n x n matmul: 2n^3 FLOPs
 QUICK_GEMM_SIZES = (32, 128, 512)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
-ROUNDS = 5   # full calibration: every measurement five times, spread over the run, the median kept
 
 
 # ---- worker side (one per rank) ------------------------------------------------------------------
@@ -122,21 +125,6 @@ def _elementwise_probe_s(device, sync) -> float:
     return _timeit(lambda: cross_entropy(model(tokens[:, :-1]), tokens[:, 1:]).backward(), 10, sync, warmup=2)
 
 
-def layer_host_us(device, sync, repeats: int = 300) -> float:
-    """Forward + backward of one transformer layer of the executor's model at a negligible size
-    (hidden 32, 8 tokens): what eager PyTorch spends per layer besides the arithmetic."""
-    import torch
-
-    from advisor.executor.model import Block, ModelConfig
-
-    cfg = ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=2, num_kv_heads=2, ffn_hidden_size=64,
-                      ffn_activation="gelu", vocab_size=64, seq_length=8, norm="layernorm", use_bias=True,
-                      position_embedding="learned", attention="math")   # the cost model's reference layer
-    block = Block(cfg).to(device)
-    x = torch.randn(1, 8, 32, device=device, requires_grad=True)
-    return _timeit(lambda: block(x).sum().backward(), repeats, sync, warmup=10) * 1e6
-
-
 def _collectives(sizes, repeats: int) -> dict[str, Any]:
     """Median seconds per (op, group size, bytes) over groups of the first g ranks."""
     import torch
@@ -231,13 +219,15 @@ def worker_main(argv: list[str] | None = None) -> NoReturn:
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--min-rounds", type=int, default=RoundRule.min_rounds)
+    ap.add_argument("--max-rounds", type=int, default=RoundRule.max_rounds)
+    ap.add_argument("--spread-target", type=float, default=RoundRule.spread_target)
+    ap.add_argument("--budget-s", type=float, default=RoundRule.budget_s)
     ap.add_argument("--out-dir", required=True)
     args = ap.parse_args(argv)
     out = Path(args.out_dir)
     rank = int(os.environ.get("RANK", "0"))
-    from advisor.executor.worker import _watchdog, _write, leave_without_finalization
-
-    _watchdog()
+    start_watchdog()
     try:
         backend = args.backend if args.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":
@@ -253,36 +243,57 @@ def worker_main(argv: list[str] | None = None) -> NoReturn:
             dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
         timeout = datetime.timedelta(seconds=float(os.environ.get("ADVISOR_EXECUTOR_PG_TIMEOUT_S", "120")))
         dist.init_process_group(backend, timeout=timeout)
+        mark_ready(out, rank)
+        die_if_asked(rank)
         dist.barrier()
         sizes = QUICK_GEMM_SIZES if args.quick else GEMM_SIZES
-        rounds = []
-        for _ in range(1 if args.quick else ROUNDS):   # spread over time: the machine's speed drifts
+        rule = RoundRule(args.min_rounds, args.max_rounds, args.spread_target, args.budget_s)
+        rounds: list[dict[str, Any]] = []
+        n_rounds = rule.max_rounds
+        probes = len(dtypes) + 3      # per round: matmul per dtype, memory, collectives, pipeline
+
+        def step(r: int, i: int, what: str) -> None:   # for the launcher's progress bar
+            report_progress(out, rank, r * probes + i, n_rounds * probes, f"round {r + 1} (at most {n_rounds}): {what}")
+        started, stopped = time.perf_counter(), None
+        for r in range(n_rounds):   # spread over time: the machine's speed drifts (advisor.calibration.rounds)
+            round_start = time.perf_counter()
             matmul = {}
-            for name, dtype in dtypes.items():   # all ranks at once: contention as in a run
+            for i, (name, dtype) in enumerate(dtypes.items()):   # all ranks at once: contention as in a run
+                step(r, i, f"matmul {name}")
                 if backend == "nccl":
                     torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
                 matmul.update(_matmul(device, {name: dtype}, sizes, sync))
                 dist.barrier()
+            step(r, len(dtypes), "memory and host overheads")
             memory = _memory(device, sync)
             dist.barrier()
+            step(r, len(dtypes) + 1, "collectives")
             comm = _collectives(QUICK_MESSAGE_BYTES if args.quick else MESSAGE_BYTES, 3 if args.quick else 7)
             dist.barrier()
+            step(r, len(dtypes) + 2, "pipeline schedules")
             pipeline = _pipeline_actions(device, sync, 5 if args.quick else PIPELINE_PROBE["steps"])
             dist.barrier()
             rounds.append({"matmul": matmul, "memory": memory, "comm": comm, "pipeline": pipeline})
+            now = time.perf_counter()
+            # the worst figure of the last rounds over all ranks, and the slowest rank's clock: every
+            # rank takes the same decision
+            state = torch.tensor([worst_spread(rounds, rule.min_rounds), now - started, now - round_start], dtype=torch.float64,
+                                 device=device)
+            dist.all_reduce(state, op=dist.ReduceOp.MAX)
+            stopped = stop_reason(len(rounds), *state.tolist(), rule)
+            if stopped:
+                break
+        report_progress(out, rank, n_rounds * probes, n_rounds * probes, "writing the results")
         matmul, memory, comm, pipeline = merge_rounds(rounds)
         result = {"rank": rank, "backend": backend, "device": _device_name(device), "matmul": matmul,
                   "memory": memory, "comm": comm if rank == 0 else None, "pipeline": pipeline if rank == 0 else None,
-                  "device_memory_bytes": _device_memory(device), "threads": torch.get_num_threads()}
-        _write(out / f"rank{rank}.json", result)
+                  "device_memory_bytes": _device_memory(device), "threads": torch.get_num_threads(),
+                  "rounds": rank_summary(rounds, stopped, rule)}
+        write_result(out / f"rank{rank}.json", result)
         dist.barrier()
         dist.destroy_process_group()
-    except BaseException as exc:
-        import traceback
-
-        _write(out / f"rank{rank}.error.json", {"rank": rank, "error": f"{type(exc).__name__}: {exc}",
-                                                "traceback": traceback.format_exc()})
-        os._exit(1)
+    except BaseException as exc:   # report and leave at once; the others are stopped by the launcher
+        fail(out, rank, exc)
     leave_without_finalization(0)   # as the executor's worker: PyTorch's teardown can abort a finished run
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from advisor.calibration.fit import (efficiency_curve, elementwise_efficiency, fit_alpha_beta, fit_link, fit_per_op,
                                      pipeline_action_overhead_us)
-from advisor.errors import AdvisorError
+from advisor.calibration.rounds import summarize
+from advisor.runtime.files import write_atomic
 
 
 def build_profile(ranks: list[dict], nproc: int, name: str | None = None) -> dict[str, Any]:
@@ -21,6 +22,8 @@ def build_profile(ranks: list[dict], nproc: int, name: str | None = None) -> dic
     On GPUs (nccl) the probe layer is too small to time anything but kernel launches, and Megatron's
     fused Adam moves its 28 bytes per parameter: both keep the cost model's defaults there."""
     profile = _measured_profile(ranks, nproc, name)
+    if all("rounds" in r for r in ranks):
+        profile["notes"] = {"rounds": summarize([r["rounds"] for r in ranks])}
     if ranks[0]["backend"] == "nccl":
         profile["device"].pop("optimizer_bytes_per_param")
         return profile
@@ -83,6 +86,9 @@ def _measured_profile(ranks: list[dict], nproc: int, name: str | None = None) ->
             "matmul_efficiency": curves[reference],
             "notes": {"matmul_tflops_by_dtype": {k: [[g, round(r, 6)] for g, r in v] for k, v in _raw_matmul(ranks).items()},
                       "efficiency_by_dtype": curves, "threads_per_rank": ranks[0]["threads"],
+                      "matmul_efficiency": "measured rate over peak at each size, raised to the running maximum "
+                                           "over smaller sizes (never decreasing with size; raw rates in "
+                                           "matmul_tflops_by_dtype): advisor.calibration.fit.monotone_envelope",
                       "memory_bandwidth_gbps_by_rank": [round(r["memory"]["bandwidth_gbps"], 3) for r in ranks],
                       "op_with_autograd_us_by_rank": [round(r["memory"]["op_with_autograd_us"], 3) for r in ranks],
                       "layer_host_us_by_rank": [round(r["memory"]["layer_host_us"], 1) for r in ranks],
@@ -103,7 +109,8 @@ def _measured_profile(ranks: list[dict], nproc: int, name: str | None = None) ->
                 "notes": {"fit": "collectives: each operation's own latency and bandwidth through the cost "
                                  "model's ring formulas; latency_us / bandwidth_gbps: one link for all of them "
                                  f"(rms log error {rms:.2f}), used by operations without their own",
-                          "per_op": {k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in per_op.items()},
+                          "per_op": {k: {kk: vv if vv is None else round(vv, 4) for kk, vv in v.items()}
+                                     for k, v in per_op.items()},
                           "raw": comm_points},
             },
         },
@@ -157,14 +164,15 @@ def write_profile(profile: dict[str, Any], path: str | Path) -> None:
 
     from advisor.specs.hardware import hardware_from_dict
 
+    from advisor.specs.untrusted import check_tree
+
     profile = _plain(profile)
+    check_tree(profile, str(path))           # the loader's own checks (no infinite numbers, sizes)
     hardware_from_dict(profile, str(path))   # the result must load
     header = ("# Measured by `advisor calibrate` (advisor/calibration/). Units: *_gbps = 10^9 bytes/s,\n"
               "# *_gib = 2^30 bytes, *_us = microseconds, peak_tflops = 10^12 FLOP/s. Raw figures under notes.\n")
-    try:
-        Path(path).write_text(header + yaml.safe_dump(_plain(profile), sort_keys=False, width=110, default_flow_style=None))
-    except OSError as exc:
-        raise AdvisorError(f"cannot write profile to {path}: {exc.strerror}") from None
+    text = header + yaml.safe_dump(_plain(profile), sort_keys=False, width=110, default_flow_style=None)
+    write_atomic(path, text, what="the profile")
 
 
 def render_profile(console, profile: dict[str, Any], saved_to: str | None = None) -> None:
@@ -190,6 +198,9 @@ def render_profile(console, profile: dict[str, Any], saved_to: str | None = None
                   f"{link['latency_us']:.1f} us / {link['bandwidth_gbps']:.2f} GB/s")
     for op, fit in link.get("collectives", {}).items():
         table.add_row(f"  {op}", f"{fit['latency_us']:.1f} us per step / {fit['bandwidth_gbps']:.2f} GB/s")
+    rounds = (profile.get("notes") or {}).get("rounds") if isinstance(profile.get("notes"), dict) else None
+    if rounds:
+        table.add_row("rounds", f"{rounds['count']} (stopped: {rounds['stopped'] or 'all done'})")
     console.print(table)
     if saved_to:
         console.print(f"profile written to {saved_to} (use it with --hardware {saved_to})", markup=False, highlight=False)

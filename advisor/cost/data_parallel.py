@@ -26,13 +26,19 @@ data-parallel group (advisor.cost.placement), each priced where its members actu
   and one reduce-scatter per step instead of per micro-batch (advisor.cost.memory holds the
   unsharded weights). Each collective pays its start-up latency once per unit: time is affine in
   bytes, hence n x t(bytes / n) = the bandwidth term plus n latencies.
+* Communication fusion (a candidate's own gradient bucket size, advisor.cost.fusion): ZeRO-0/1's
+  reduction and ZeRO-1's gather run in ceil(bytes / bucket) bucketed collectives, each paying its
+  start-up, pipelined with the backward (or Megatron's next forward); the calibrated time above
+  stands for the framework's default buckets and a candidate's own size adds the bucket model's
+  difference between the two (so the default size gives the same figure). ZeRO-2/3 reduce per
+  wrapped unit (above) and take no bucket size.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from advisor.cost import comm
+from advisor.cost import comm, fusion
 from advisor.cost.memory import resharding
 from advisor.cost.placement import GroupPlacement
 from advisor.space.strategy import StrategyBatch
@@ -85,4 +91,41 @@ def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_par
     else:
         zero2 = m * rs_unit * units + gather
         zero3 = np.where(reshard, m * (2.0 * ag_unit + rs_unit) * units, (ag_unit + rs_unit) * units)
+    if np.any(fusion.explicit(b)):
+        legacy = {"all_reduce": zero0, "reduce_scatter": np.maximum(coll("reduce_scatter", grad_bytes) - hide_last, 0.0),
+                  "all_gather": np.maximum(gather - first_forward, 0.0)}
+        zero0, zero1 = _bucketed(job, b, coll, dense_params + expert_params, grad_bytes, weight_bytes, mb_forward_s,
+                                 mb_backward_s, dp_group.n, legacy, (zero0, zero1), overlap)
     return np.select([z == 0, z == 1, z == 2], [zero0, zero1, zero2], zero3)
+
+
+def _bucketed(job, b, coll, params, grad_bytes, weight_bytes, mb_forward_s, mb_backward_s, dp_members, legacy,
+              zero01, overlap):
+    """ZeRO-0/1 exposed time with the candidates' own bucket sizes; the others keep ``zero01``.
+    Each collective's calibrated time (``legacy``: one collective overlapped with the whole window,
+    which prices the framework's default buckets) moves by the bucket model's difference between the
+    candidate's size and the default (advisor.cost.fusion), but not below what the last bucket alone
+    leaves exposed, which no overlap hides (unless the calibrated time is lower still)."""
+    default_mb = fusion.default_bucket_bytes(job, dp_members) / fusion.MIB
+    overlaps = {"all_reduce": bool(job.overlap_grad_reduce and overlap),
+                "reduce_scatter": bool(job.overlap_grad_reduce and overlap),
+                # the updated weights come back in buckets of the same size; Megatron overlaps them with
+                # the next step's first forward (--overlap-param-gather), others wait for them
+                "all_gather": bool(job.framework == "megatron" and overlap)}
+    window = {"all_reduce": mb_backward_s, "reduce_scatter": mb_backward_s, "all_gather": mb_forward_s}
+    per_param = {"all_reduce": grad_bytes, "reduce_scatter": grad_bytes, "all_gather": weight_bytes}
+
+    def priced(op):
+        def exposed(size_mb):
+            n = fusion.bucket_count(params * per_param[op], size_mb)
+            bucket_s = coll(op, per_param[op], 1.0 / n)
+            tail = bucket_s if overlaps[op] else n * bucket_s
+            return fusion.exposed_s(bucket_s, n, window[op], overlaps[op]), tail
+        own, tail = exposed(b.grad_bucket_mb)
+        default, _ = exposed(default_mb)
+        return np.maximum(legacy[op] + own - default, np.minimum(tail, legacy[op]))
+
+    zero0, zero1 = zero01
+    on = fusion.explicit(b)
+    return (np.where(on, priced("all_reduce"), zero0),
+            np.where(on, priced("reduce_scatter") + priced("all_gather"), zero1))

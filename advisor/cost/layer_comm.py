@@ -8,6 +8,9 @@
   ring-exchange overlap; Wang et al., "Overlap Communication with Dependent Computation via
   Decomposition", ASPLOS 2023): one chunk stays exposed, and whatever the layer's linear GEMMs
   cannot cover.
+* Multi-copy parallelism (MindSpore MicroBatchInterleaved, MindFormers micro_batch_interleave_num):
+  the micro-batch runs as k copies, one copy's TP collectives under another's compute
+  (advisor.cost.multi_copy prices the overlap).
 * Expert parallelism: dispatch and combine all-to-alls in the forward, again in the backward
   (Lepikhin et al., GShard 2020), of the top-k token copies, over the ep group's placement. With
   ``ep_comm_overlap`` (Megatron-Core overlap_moe_expert_parallel_comm, after DeepSeek-V3's DualPipe
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.cost import comm
+from advisor.cost import comm, multi_copy
 from advisor.cost.placement import GroupPlacement
 from advisor.space.strategy import StrategyBatch
 from advisor.specs.hardware import HardwareProfile
@@ -104,6 +107,9 @@ def layer_comm(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: Strat
         tp_bwd = first + np.maximum(tp - first - 2.0 * linear_forward_s, 0.0)
     else:
         tp_fwd, tp_bwd = tp, tp
+    if multi_copy.active(b):
+        one_copy = tp_comm_s(model, hw, job, multi_copy.per_copy_batch(b), groups["tp"])
+        tp_fwd, tp_bwd = multi_copy.tp_exposed(hw, job, b, one_copy, tp_fwd, tp_bwd, layer_forward_s, 2.0 * layer_forward_s)
     ep = ep_comm_s(model, hw, job, b, groups["ep"])
     if job.ep_comm_overlap and hw.device.overlaps_communication:
         ep_fwd, ep_bwd = np.maximum(ep - layer_forward_s, 0.0), np.maximum(ep - 2.0 * layer_forward_s, 0.0)

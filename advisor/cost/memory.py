@@ -27,7 +27,8 @@ Sources:
   the unsharded gradient to reduce_dtype to accumulate it); ZeRO-2/3
   hold the unsharded gradients of the unit being reduced, in the reduction dtype (fp32: torchtitan's
   MixedPrecisionPolicy reduce_dtype, Megatron-FSDP's fp32 main grads); data-parallel gradient
-  reduction uses 2 buckets of 25 MB (PyTorch DDP's bucket_cap_mb default); sequence parallelism's
+  reduction uses 2 buckets of 25 MB (PyTorch DDP's bucket_cap_mb default; a candidate's own bucket
+  size, 2 of those: advisor.cost.fusion); sequence parallelism's
   all-gather uses one sbh-sized buffer (Megatron's global memory buffer). Activations add the last
   stage's fp32 logits gradient (advisor.cost.activations). Allowance: ALLOCATOR_OVERHEAD of the other parts for
   the caching allocator's reserved-over-allocated memory and the runtime's own workspace.
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.cost import fp8
+from advisor.cost import fp8, fusion
 from advisor.cost.activations import end_stage_activations, layer_activation_terms, logits_gradient_bytes
 from advisor.cost.recompute import kept_bytes
 from advisor.space.strategy import GPIPE, INTERLEAVED, RECOMPUTE_NONE, StrategyBatch
@@ -245,7 +246,7 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
         # ZeRO-3 gathers the current and the prefetched unit's weights
         np.where((z >= 3) & (dp_group > 1), 2.0 * layer_local * wb, 0.0)
         + np.where((z >= 2) & (dp_group > 1), unit_grads, 0.0)
-        + np.where(dp_group > 1, DDP_BUCKET_BYTES, 0.0)
+        + np.where(dp_group > 1, col(fusion.buffer_bytes(b, DDP_BUCKET_BYTES)), 0.0)
         + np.where(col(b.sequence_parallel), 2.0 * job.seq_length / col(b.cp) * col(b.micro_batch_size) * model.hidden_size * job.dtype_bytes / 2.0, 0.0)
         + np.where(active, fp8_copies, 0.0)
     )

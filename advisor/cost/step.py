@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.cost import bubble, comm, compute, recompute
+from advisor.cost import bubble, comm, compute, multi_copy, recompute
 from advisor.cost.data_parallel import dp_time_s
 from advisor.cost.layer_comm import layer_comm
 from advisor.cost.memory import GIB, MemoryArrays, col, linear_params, memory, stage_layer_counts, stage_masks, stage_params, state_bytes_per_param
@@ -76,8 +76,9 @@ def _host_layer_s(hw, launch_s, lc, lcomm, extra_forward, extra_backward):
 def _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_share):
     """Host time of the stage's layers per micro-batch that the devices do not hide; MoE layers add
     their routing and expert kernels."""
-    launch_s = hw.device.launch_overhead_us * 1e-6 * compute.layer_ops_factor(model, job)
-    plain = hw.device.launch_overhead_us * 1e-6
+    # each copy of a split micro-batch launches its own kernels (advisor.cost.multi_copy)
+    launch_s = hw.device.launch_overhead_us * 1e-6 * compute.layer_ops_factor(model, job) * multi_copy.launch_scale(b)
+    plain = hw.device.launch_overhead_us * 1e-6 * multi_copy.launch_scale(b)
     host_s = dense_n * _host_layer_s(hw, launch_s, dense, dense_c, 0.0, 0.0)
     if model.moe is not None:
         host_s = host_s + moe_n * _host_layer_s(hw, launch_s, moe, moe_c, MOE_KERNELS_FORWARD * plain,
@@ -127,14 +128,15 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     groups = placements(hw, b, ("tp", "cp", "dp_cp", "ep", "edp"))    # the groups the step's collectives use
 
     # ---- per layer, per micro-batch, one device ----------------------------------------------
-    dense = compute.layer_compute(model, hw, job, b, moe_layer=False)
-    moe = compute.layer_compute(model, hw, job, b, moe_layer=True) if model.moe is not None else dense
+    dense = multi_copy.with_copies(model, hw, job, b, False, compute.layer_compute(model, hw, job, b, moe_layer=False))
+    moe = (multi_copy.with_copies(model, hw, job, b, True, compute.layer_compute(model, hw, job, b, moe_layer=True))
+           if model.moe is not None else dense)
     ring = cp_ring_tier(hw, b)
     dense_c = layer_comm(model, hw, job, b, groups, ring, dense.linear_forward_s, dense.forward_s,
                          dense.core_forward_s, dense.core_backward_s)
     moe_c = layer_comm(model, hw, job, b, groups, ring, moe.linear_forward_s, moe.forward_s,
                        moe.core_forward_s, moe.core_backward_s) if model.moe is not None else dense_c
-    head_s, head_flops = compute.head_compute_s(model, hw, job, b)
+    head_s, head_flops = multi_copy.head_with_copies(model, hw, job, b, *compute.head_compute_s(model, hw, job, b))
 
     def layers(d, m):
         return dense_n * col(d) + moe_n * col(m)

@@ -11,8 +11,9 @@ optimizer offload, mixed precision, MoE, zero-bubble schedules with ZeRO-3) is r
 
 Modules: config (plan -> RunConfig, refusals, --tiny), model, data, parallel, measure (memory by
 part), train (one run on one rank; the single-process reference), worker (the per-rank entry
-point), launch (local processes: own sessions, hard deadline, no orphans), matrix (the validation
-plans). advisor.execute compares the results with advisor's prediction.
+point), launch (the runs for local worker processes; the processes themselves, with their own
+sessions, hard deadline and no orphans, are advisor.runtime.launch), host_probe (the host-speed
+probe, also measured by advisor calibrate), matrix (the validation plans). advisor.execute compares the results with advisor's prediction.
 
 One machine::
 

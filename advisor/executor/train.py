@@ -245,7 +245,10 @@ def _step(s: _Setup, x: torch.Tensor, y: torch.Tensor) -> float | None:
     for i in range(n):
         if keep_gathered:   # ZeRO-2: parameters stay whole through the step, gradients reduce-scattered each backward
             model.set_reshard_after_backward(i == n - 1)
-        loss = s.loss_fn(model(x[i * mbs:(i + 1) * mbs]), y[i * mbs:(i + 1) * mbs])
+        # each micro-batch in its own tensor, as a data loader hands it over: a view would keep the
+        # whole step's tokens alive in what the embedding and the loss save for backward
+        xb, yb = x[i * mbs:(i + 1) * mbs].clone(), y[i * mbs:(i + 1) * mbs].clone()
+        loss = s.loss_fn(model(xb), yb)
         (loss / n).backward()
         total += loss.item()
     return total / n
@@ -354,7 +357,7 @@ def _host_probe_us(device: torch.device) -> float:
     """``advisor calibrate``'s host-speed probe (one tiny layer's forward and backward), on every
     rank at once right before and after the timed steps: how fast this machine ran during the run
     next to how fast it ran when it was calibrated (virtual machines drift)."""
-    from advisor.calibration.probes import layer_host_us
+    from advisor.executor.host_probe import layer_host_us
 
     dist.barrier()
     return layer_host_us(device, lambda: _sync(device), repeats=60)

@@ -13,7 +13,8 @@ exits 1 at once, without waiting for the others (the launcher then stops them).
 Environment knobs: ADVISOR_EXECUTOR_PG_TIMEOUT_S (process-group timeout, default 60),
 ADVISOR_EXECUTOR_THREADS (intra-op threads per rank, default 1 on CPU),
 ADVISOR_EXECUTOR_PARENT_PID and ADVISOR_EXECUTOR_DEADLINE (set by the local launcher: exit when the
-launcher disappears or the deadline passes).
+launcher disappears or the deadline passes; advisor.runtime.rank), ADVISOR_TEST_SIGKILL_RANK (tests
+only: that rank kills itself with SIGKILL once the process group is up).
 """
 
 from __future__ import annotations
@@ -23,30 +24,11 @@ import datetime
 import json
 import os
 import sys
-import threading
-import time
-import traceback
 from pathlib import Path
 from typing import NoReturn
 
-
-def _watchdog() -> None:
-    parent = os.environ.get("ADVISOR_EXECUTOR_PARENT_PID")
-    deadline = os.environ.get("ADVISOR_EXECUTOR_DEADLINE")
-    if parent is None and deadline is None:
-        return
-
-    def watch():
-        while True:
-            time.sleep(0.5)
-            if parent is not None and os.getppid() != int(parent):
-                os._exit(3)
-            if deadline is not None and time.time() > float(deadline):
-                sys.stderr.write("advisor executor: rank passed its deadline, exiting\n")
-                sys.stderr.flush()
-                os._exit(124)
-
-    threading.Thread(target=watch, daemon=True).start()
+from advisor.runtime.rank import (die_if_asked, fail, leave_without_finalization, mark_ready, report_progress,
+                                  start_watchdog, write_result)
 
 
 def _runs(args) -> list[dict]:
@@ -57,12 +39,6 @@ def _runs(args) -> list[dict]:
     plan = json.loads(Path(args.plan).read_text())
     cfg = run_config_from_plan(plan, steps=args.steps, tiny=args.tiny, dtype=args.dtype, tiny_scale=args.tiny_scale)
     return [run_config_to_dict(cfg)]
-
-
-def _write(path: Path, obj) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -78,31 +54,16 @@ def main(argv: list[str] | None = None) -> NoReturn:
     args = parser.parse_args(argv)
     if not (args.spec or args.plan):
         parser.error("give --spec or --plan")
-    _watchdog()
+    start_watchdog()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("RANK", "0"))
     try:
         code = _main(args, out, rank)
     except BaseException as exc:  # report and leave at once; the others are stopped by the launcher
-        _write(out / f"rank{rank}.error.json", {
-            "rank": rank, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
-        sys.stderr.write(f"rank {rank} failed: {type(exc).__name__}: {exc}\n")
-        sys.stderr.flush()
-        os._exit(1)
+        fail(out, rank, exc)
+    # PyTorch's teardown after FSDP2 on gloo aborts about one finished run in seven: see there
     leave_without_finalization(code)
-
-
-def leave_without_finalization(code: int) -> NoReturn:
-    """Exit without interpreter finalization. Everything this rank owes is written and the process
-    group is destroyed by now; what finalization would still do is run C++ static destructors, and
-    after FSDP2 on gloo (PyTorch 2.13) one of them aborts with "terminate called without an active
-    exception" in about one run in seven (a 12-line script with fully_shard, three steps and
-    destroy_process_group reproduces it, no advisor code involved). torchrun then reports the
-    finished run as failed."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _main(args, out: Path, rank: int) -> int:
@@ -125,17 +86,21 @@ def _main(args, out: Path, rank: int) -> int:
         torch.set_num_threads(int(os.environ.get("ADVISOR_EXECUTOR_THREADS", "1")))
     timeout = datetime.timedelta(seconds=float(os.environ.get("ADVISOR_EXECUTOR_PG_TIMEOUT_S", "60")))
     dist.init_process_group(backend, timeout=timeout)
+    mark_ready(out, rank)
+    die_if_asked(rank)
     results = []
-    for cfg in runs:
+    for i, cfg in enumerate(runs):
+        report_progress(out, rank, i, len(runs), f"run {i + 1} of {len(runs)} ({cfg.steps} steps)")
         results.append(run_distributed(cfg, device))
-        _write(out / f"rank{rank}.json", {"rank": rank, "backend": backend, "runs": results})
+        write_result(out / f"rank{rank}.json", {"rank": rank, "backend": backend, "runs": results})
+    report_progress(out, rank, len(runs), len(runs), "gathering results")
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(results, gathered, dst=0)
     if rank == 0:
         from advisor.executor.config import run_config_to_dict
 
-        _write(out / "results.json", {"backend": backend, "world_size": dist.get_world_size(),
-                                      "configs": [run_config_to_dict(c) for c in runs], "ranks": gathered})
+        write_result(out / "results.json", {"backend": backend, "world_size": dist.get_world_size(),
+                                            "configs": [run_config_to_dict(c) for c in runs], "ranks": gathered})
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -2,14 +2,17 @@
 
 One module per target. Each exporter is a function ``(plan) -> ExportResult``: the files it writes
 (name -> text) and, as sentences naming the plan field, every plan feature the target cannot express
-(``unsupported``). The CLI prints those on stderr; nothing is dropped silently. Exporters read only
+(``unsupported``), and the notes a user must act on (placeholders, mock data, images). The CLI prints
+both on stderr; nothing is dropped silently. Every plan string that reaches a file is escaped for its
+syntax (shlex for bash, repr for Python, TOML basic strings, yaml.safe_dump; comment lines through
+_common.display), so a hand-written plan cannot put code into an export. Exporters read only
 the plan (model, hardware, cluster, training, parallel), never the cost model or the searchers.
 
 Targets and the vocabulary each one is checked against (tests/test_export_*.py):
 
 * ``megatron``   Megatron-LM ``pretrain_gpt.py`` flags (megatron/training/arguments.py)
 * ``deepspeed``  ``ds_config.json`` (DeepSpeedConfig) plus the pipeline settings (PipelineModule)
-* ``torchtitan`` the [parallelism], [training] and [activation_checkpoint] sections of torchtitan 0.2
+* ``torchtitan`` the [parallelism], [training] and [activation_checkpoint] sections of a torchtitan 0.2.x job TOML
 * ``mindspore``  ``mindspore.set_auto_parallel_context`` and a MindFormers parallel_config YAML
 * ``k8s``        a Kubeflow ``PyTorchJob`` (kubeflow.org/v1) that runs the plan with torchrun
 """
@@ -55,17 +58,25 @@ class ExportResult:
                 "notes": list(self.notes)}
 
 
-def _exporter(target: str) -> Callable[[Plan], ExportResult]:
+def _exporter(target: str) -> Callable[..., ExportResult]:
     module = importlib.import_module(f"advisor.export.{target}")
     return module.export
 
 
-def export_plan(plan: Plan, target: str) -> ExportResult:
-    """Export one plan to one target (one of TARGETS)."""
+def supported_versions(target: str) -> tuple[tuple[str, ...], str]:
+    """(the releases a target's export can write for, the default one)."""
+    module = importlib.import_module(f"advisor.export.{target}")
+    return tuple(module.VERSIONS), module.DEFAULT_VERSION
+
+
+def export_plan(plan: Plan, target: str, target_version: str | None = None) -> ExportResult:
+    """Export one plan to one target (one of TARGETS) for one release of it (None: the target's
+    DEFAULT_VERSION; each target module has a VERSIONS table and refuses others with AdvisorError)."""
     if target not in TARGETS:
-        raise AdvisorError(f"--to: unknown export target {target!r} (choose one of: {', '.join(TARGETS)})")
-    result = _exporter(target)(plan)
-    if plan.operator_strategies:
+        raise AdvisorError(f"--to: unknown export target {target[:20]!r} (choose one of: {', '.join(TARGETS)})")
+    result = _exporter(target)(plan, target_version)
+    written = target == "mindspore" and isinstance(plan.operator_strategies, dict) and "strategies" in plan.operator_strategies
+    if plan.operator_strategies and not written:   # mindspore writes them (advisor/export/mindspore_strategy.py)
         searcher = (plan.search or {}).get("searcher", "an operator-level")
         how = ("parallel_mode auto_parallel with search_mode recursive_programming lets MindSpore derive its own"
                if target == "mindspore" and searcher == "drec" else
@@ -79,13 +90,15 @@ def export_plan(plan: Plan, target: str) -> ExportResult:
 def write_export(result: ExportResult, out: str | Path) -> list[Path]:
     """Write the files. One file: ``out`` is the file (or an existing folder to put it in). Several
     files: ``out`` is a folder, created when missing. Returns the paths written."""
+    from advisor.runtime.files import write_atomic
+
     out = Path(out)
     written: list[Path] = []
     try:
         if len(result.files) == 1 and not out.is_dir():
             if out.parent and not out.parent.exists():
                 raise AdvisorError(f"--out: folder {out.parent} does not exist")
-            out.write_text(next(iter(result.files.values())))
+            write_atomic(out, next(iter(result.files.values())), what="the export")
             return [out]
         if out.exists() and not out.is_dir():
             raise AdvisorError(f"--out: {out} is a file, but the {result.target} export writes "
@@ -93,7 +106,7 @@ def write_export(result: ExportResult, out: str | Path) -> list[Path]:
         out.mkdir(parents=True, exist_ok=True)
         for name, body in result.files.items():
             path = out / name
-            path.write_text(body)
+            write_atomic(path, body, what="the export")   # each file whole, or the previous one kept
             written.append(path)
     except OSError as exc:
         raise AdvisorError(f"--out: cannot write {out}: {exc.strerror}") from None
@@ -101,7 +114,7 @@ def write_export(result: ExportResult, out: str | Path) -> list[Path]:
 
 
 def dumps_result(result: ExportResult) -> str:
-    return json.dumps(result.to_dict(), indent=2) + "\n"
+    return json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n"
 
 
 __all__ = ["TARGETS", "ExportResult", "export_plan", "write_export", "dumps_result"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from advisor.errors import AdvisorError
 from advisor.plan import Plan
 from advisor.space.strategy import DEFAULT_MESH_ORDER
 
@@ -61,12 +62,30 @@ def mesh_text(plan: Plan) -> str:
     return " > ".join(plan.strategy.mesh_order) + " (outermost to innermost)"
 
 
+def display(text: str) -> str:
+    """A plan string made safe for one line of a comment or a message: every character that is not
+    printable (newlines, carriage returns, NUL, escape sequences, Unicode line separators) is written
+    as its Python escape, so no name can end a comment line and become code in an export."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(text))
+
+
+def pick_version(target: str, requested: str | None, supported: tuple[str, ...], default: str) -> str:
+    """The target release an export writes for: `requested` when it is one of `supported`, else `default`."""
+    if requested is None:
+        return default
+    if requested not in supported:
+        raise AdvisorError(f"--target-version: the {target} export supports {', '.join(supported)} "
+                           f"(default {default}), not {display(requested[:20])!r}")
+    return requested
+
+
 def header_lines(plan: Plan, target: str) -> list[str]:
-    """A few comment lines: what the plan is and what it predicts."""
+    """A few comment lines: what the plan is and what it predicts. Names go through display()."""
     s, m, c, j = plan.strategy, plan.model, plan.cluster, plan.training
     lines = [
-        f"advisor plan -> {target} (advisor {plan.advisor_version})",
-        f"model {m.name} on {c.devices} x {plan.hardware.device.name} ({c.nodes} nodes, profile {plan.hardware.name})",
+        f"advisor plan -> {target} (advisor {display(plan.advisor_version)})",
+        f"model {display(m.name)} on {c.devices} x {display(plan.hardware.device.name)} ({c.nodes} nodes, "
+        f"profile {display(plan.hardware.name)})",
         f"dp={s.dp} tp={s.tp} pp={s.pp} cp={s.cp} ep={s.ep} sp={'on' if s.sequence_parallel else 'off'} "
         f"vpp={s.virtual_pipeline_stages} zero={s.zero_stage} recompute={s.recompute} schedule={s.pipeline_schedule}",
         f"global batch {j.global_batch_size} x seq {j.seq_length} = micro-batch {s.micro_batch_size} x "
@@ -81,7 +100,7 @@ def header_lines(plan: Plan, target: str) -> list[str]:
 
 
 def comment_block(lines: list[str], prefix: str = "# ") -> str:
-    return "".join(f"{prefix}{line}\n" for line in lines)
+    return "".join(f"{prefix}{display(line)}\n" for line in lines)
 
 
 def unwritten_model_features(plan: Plan, target: str, written: tuple[str, ...] = ()) -> list[str]:

@@ -8,19 +8,74 @@ DeepSpeed-Ulysses; ``tensor_parallel.autotp_size`` for AutoTP training). The pip
 the 1F1B TrainSchedule only and refuses ZeRO-2/3 ("ZeRO-2 and ZeRO-3 are incompatible with pipeline
 parallelism", deepspeed/runtime/pipe/engine.py); PipeModelDataParallelTopology orders ranks
 pipe > data > model (model innermost).
+
+Launch routes and DeepSpeed's batch check. DeepSpeedConfig asserts train_batch_size = micro batch x
+gradient accumulation x its world size (_batch_assertion in deepspeed/runtime/config.py), where the
+world size is the mpu's data-parallel size when deepspeed.initialize gets an mpu, and otherwise the
+whole world divided by sequence_parallel_size. The export names one route per plan:
+
+* pp > 1: train.py builds the PipelineModule of pipeline_settings.py; deepspeed.initialize takes the
+  module's own grid as mpu (deepspeed/__init__.py), whose data-parallel size is the topology's data
+  axis = dp. The topology has no sequence axis, so a plan with cp > 1 and pp > 1 is refused.
+* pp = 1: deepspeed.initialize(model=..., config="ds_config.json") without an mpu, tensor parallelism
+  by AutoTP (tensor_parallel.autotp_size, DeepSpeed 0.16.4 or newer: the AutoTP training blog and
+  tutorial). DeepSpeed then counts the tensor-parallel ranks as data parallel, so with tp > 1 the
+  file leaves train_batch_size out and DeepSpeed derives it; the samples per step stay
+  micro x accumulation x dp = the plan's global batch.
+
+Target releases (--target-version): 0.15 (no AutoTP training) to 0.19. From v0.16.4 to v0.19.3 the
+engine asserts ZeRO stage <= 2 with AutoTP ("the compatibility between 'autotp' and 'zero_stage = 3'
+has not been validated", deepspeed/runtime/engine.py); v0.19.4 lifted it ("AutoTP + ZeRO stage 3 is
+supported for both inference and training"), so target 0.19 means 0.19.4 or newer for such plans.
 """
 
 from __future__ import annotations
 
 import json
 
+from advisor.errors import AdvisorError
 from advisor.export import ExportResult
+from advisor.export import _comm_knobs
 from advisor.export._common import (
-    comment_block, header_lines, is_even_split, mesh_text, non_default_mesh, procs_per_node, stage_layers,
-    unwritten_model_features,
+    comment_block, header_lines, is_even_split, mesh_text, non_default_mesh, pick_version, procs_per_node,
+    stage_layers, unwritten_model_features,
 )
 from advisor.export._recompute import CORE_ATTENTION, FULL, NONE, cannot_express, priced_recompute
 from advisor.plan import Plan
+
+# release -> whether it trains with AutoTP (tensor_parallel.autotp_size; DeepSpeed >= 0.16.4)
+VERSIONS = {"0.15": False, "0.16": True, "0.17": True, "0.18": True, "0.19": True}
+# releases whose engine accepts AutoTP with ZeRO-3 (v0.19.4 and newer; see the module docstring)
+AUTOTP_ZERO3 = {"0.19"}
+DEFAULT_VERSION = "0.19"
+
+
+def launch_route(plan: Plan) -> str:
+    """The deepspeed.initialize call the export's files are written for (see the module docstring)."""
+    if plan.strategy.pp > 1:
+        return "deepspeed.initialize(model=PipelineModule from pipeline_settings.build_pipeline, ...): mpu = its grid"
+    return "deepspeed.initialize(model=..., config='ds_config.json') without an mpu"
+
+
+def check_route(plan: Plan, version: str) -> None:
+    """Refuse, with the reason, the plans DeepSpeed's batch check or engine rejects on the named route."""
+    s = plan.strategy
+    if s.cp > 1 and s.pp > 1:
+        raise AdvisorError(f"parallel.cp = {s.cp} with pp = {s.pp}: DeepSpeed's pipeline topology "
+                           "(PipeModelDataParallelTopology) has no sequence axis, so the cp ranks would train as data "
+                           "parallel and the batch would no longer be the plan's; re-plan with cp = 1 or pp = 1")
+    if s.tp > 1 and s.pp == 1 and not VERSIONS[version]:
+        raise AdvisorError(f"parallel.tp = {s.tp}: DeepSpeed {version} has no AutoTP training "
+                           "(tensor_parallel.autotp_size, DeepSpeed 0.16.4 or newer); export with --target-version 0.16 "
+                           "or newer")
+    if s.tp > 1 and s.pp == 1 and s.zero_stage == 3 and version not in AUTOTP_ZERO3:
+        raise AdvisorError(f"parallel.zero_stage = 3 with tp = {s.tp}: DeepSpeed {version}'s engine accepts AutoTP "
+                           "with ZeRO stage 2 at most (0.19.4 lifted this); export with --target-version 0.19 or "
+                           "re-plan with zero_stage <= 2")
+    if s.zero_stage >= 2 and s.pp > 1:
+        raise AdvisorError(f"parallel.zero_stage = {s.zero_stage} with pp = {s.pp}: DeepSpeed's pipeline engine "
+                           "refuses ZeRO-2 and ZeRO-3 (deepspeed/runtime/pipe/engine.py); re-plan with zero_stage <= 1 "
+                           "or pp = 1")
 
 
 def _every_layer_recomputed(plan: Plan) -> bool:
@@ -31,14 +86,24 @@ def _every_layer_recomputed(plan: Plan) -> bool:
 
 def ds_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
     s, j = plan.strategy, plan.training
-    cfg: dict = {
-        "train_batch_size": j.global_batch_size,
+    cfg: dict = {}
+    if s.tp > 1 and s.pp == 1:
+        # no mpu: DeepSpeed's world for the batch check is devices / cp = dp x tp (config.py)
+        counted = plan.strategy.devices // s.cp
+        notes.append(f"ds_config.json leaves train_batch_size out: without an mpu DeepSpeed counts all {counted} "
+                     f"ranks (dp x tp) as data parallel and derives {s.micro_batch_size * s.num_micro_batches * counted}; "
+                     f"the AutoTP ranks of one group read the same batch, so a step still trains "
+                     f"{j.global_batch_size} samples (micro {s.micro_batch_size} x accumulation {s.num_micro_batches} "
+                     f"x dp {s.dp})")
+    else:
+        cfg["train_batch_size"] = j.global_batch_size
+    cfg.update({
         "train_micro_batch_size_per_gpu": s.micro_batch_size,
         "gradient_accumulation_steps": s.num_micro_batches,
         "steps_per_print": 10,
         "gradient_clipping": 1.0,
         "wall_clock_breakdown": False,
-    }
+    })
     if j.dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     elif j.dtype == "fp16":
@@ -57,10 +122,9 @@ def ds_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
         zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True})
     if s.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    zero.update(_comm_knobs.deepspeed_keys(plan, j.dtype_bytes, unsupported))   # communication fusion
+    unsupported.extend(x for x in [_comm_knobs.copies_unsupported(plan, "DeepSpeed", "none")] if x)
     cfg["zero_optimization"] = zero
-    if s.zero_stage >= 2 and s.pp > 1:
-        unsupported.append(f"parallel.zero_stage = {s.zero_stage} with pp = {s.pp}: DeepSpeed's pipeline engine "
-                           "supports ZeRO stage 0 or 1 only")
 
     priced = priced_recompute(plan)
     if _every_layer_recomputed(plan):
@@ -74,10 +138,12 @@ def ds_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
     if s.pp > 1:
         cfg["pipeline"] = {"activation_checkpoint_interval": 1 if "activation_checkpointing" in cfg else 0,
                            "pipe_partitioned": True, "grad_partitioned": True}
-    if s.tp > 1:
+    if s.tp > 1 and s.pp == 1:
         cfg["tensor_parallel"] = {"autotp_size": s.tp}
-        notes.append("tensor_parallel.autotp_size uses DeepSpeed AutoTP training (Hugging Face models); with "
-                     "Megatron-DeepSpeed pass --tensor-model-parallel-size to the model instead")
+        notes.append("tensor_parallel.autotp_size uses DeepSpeed AutoTP training (Hugging Face models)")
+    elif s.tp > 1:
+        notes.append(f"tp = {s.tp} is the model axis of the pipeline topology: the layers in build_pipeline must be "
+                     "tensor-parallel themselves (as Megatron-DeepSpeed's are); AutoTP is not used with the pipeline engine")
     if s.sequence_parallel:
         unsupported.append("parallel.sequence_parallel = true: ds_config has no Megatron-style sequence parallelism "
                            "(it lives in the model code, e.g. Megatron-DeepSpeed --sequence-parallel)")
@@ -99,8 +165,6 @@ def pipeline_settings(plan: Plan, unsupported: list[str], notes: list[str]) -> s
     if s.virtual_pipeline_stages > 1:
         unsupported.append(f"parallel.virtual_pipeline_stages = {s.virtual_pipeline_stages}: DeepSpeed's pipeline "
                            "engine has no interleaved schedule; exported with one stage per rank")
-    if s.cp > 1 and s.pp > 1:
-        unsupported.append(f"parallel.cp = {s.cp} with pp = {s.pp}: PipeModelDataParallelTopology has no sequence axis")
     if non_default_mesh(plan):
         unsupported.append(f"parallel.mesh_order = {mesh_text(plan)}: DeepSpeed orders ranks pipe > data > model "
                            "(model innermost); exported with that order")
@@ -115,11 +179,12 @@ def pipeline_settings(plan: Plan, unsupported: list[str], notes: list[str]) -> s
     return (
         comment_block(header_lines(plan, "DeepSpeed pipeline settings"))
         + "# Pipeline settings for deepspeed.pipe.PipelineModule (DeepSpeed's pipeline engine runs 1F1B).\n"
+        + "# Launch route: " + launch_route(plan) + "\n"
         + "from deepspeed.pipe import PipelineModule\n"
         + "from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology\n\n"
         + f"NUM_STAGES = {s.pp}\n"
         + f"TENSOR_PARALLEL = {s.tp}\n"
-        + f"DATA_PARALLEL = {s.dp * s.cp}\n"
+        + f"DATA_PARALLEL = {s.dp * s.cp}\n"   # = dp on the pipeline route (cp > 1 with pp > 1 is refused)
         + f"EP_SIZE = {s.ep}\n"
         + f"STAGE_LAYERS = {layers}\n"
         + f"PARTITION_METHOD = {partition!r}\n"
@@ -134,10 +199,11 @@ def pipeline_settings(plan: Plan, unsupported: list[str], notes: list[str]) -> s
     )
 
 
-def launch_script(plan: Plan, nproc: int) -> str:
+def launch_script(plan: Plan, nproc: int, version: str) -> str:
     return (
         "#!/usr/bin/env bash\n"
-        + comment_block(header_lines(plan, "DeepSpeed launcher"))
+        + comment_block(header_lines(plan, f"DeepSpeed {version} launcher"))
+        + "# train.py calls " + launch_route(plan) + "\n"
         + "# hostfile: one line per node, e.g. 'node-0 slots=" + str(nproc) + "'; train.py is your training script.\n"
         + "set -euo pipefail\n"
         + f"deepspeed --num_nodes {plan.cluster.nodes} --num_gpus {nproc} --hostfile hostfile "
@@ -145,15 +211,17 @@ def launch_script(plan: Plan, nproc: int) -> str:
     )
 
 
-def export(plan: Plan) -> ExportResult:
+def export(plan: Plan, target_version: str | None = None) -> ExportResult:
+    version = pick_version("deepspeed", target_version, tuple(VERSIONS), DEFAULT_VERSION)
+    check_route(plan, version)
     unsupported: list[str] = []
     notes: list[str] = []
     nproc = procs_per_node(plan, "the deepspeed launcher", unsupported)
     unsupported += unwritten_model_features(plan, "DeepSpeed")
     cfg = ds_config(plan, unsupported, notes)
     files = {
-        "ds_config.json": json.dumps(cfg, indent=2) + "\n",
+        "ds_config.json": json.dumps(cfg, indent=2, allow_nan=False) + "\n",
         "pipeline_settings.py": pipeline_settings(plan, unsupported, notes),
-        "launch_deepspeed.sh": launch_script(plan, nproc),
+        "launch_deepspeed.sh": launch_script(plan, nproc, version),
     }
     return ExportResult(target="deepspeed", files=files, unsupported=tuple(unsupported), notes=tuple(notes))

@@ -8,17 +8,27 @@ embedding, t a transformer layer, L the loss, stages split by '|', virtual stage
 vpp_rank * pp + pp_rank). ZeRO-2/3 use Megatron FSDP (Megatron-Core developer guide, "Megatron FSDP":
 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads[_params]
 --no-gradient-accumulation-fusion --use-distributed-optimizer, checkpoint format fsdp_dtensor).
+
+Target releases (--target-version, VERSIONS below), each checked flag by flag in that release's
+megatron/training/arguments.py (tags core_v0.13.0, core_v0.14.0, core_v0.15.0 of NVIDIA/Megatron-LM):
+--pipeline-model-parallel-layout first appears in 0.13; --use-megatron-fsdp with the fsdp_dtensor
+checkpoint format in 0.14 (0.13 has only the older --use-custom-fsdp, without fsdp_dtensor), so
+ZeRO-2/3 plans need 0.14 or newer. The container each release's README names is
+nvcr.io/nvidia/pytorch:25.04-py3 for all three (README.md "Docker" section at each tag).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 
+from advisor.errors import AdvisorError
 from advisor.export import ExportResult
+from advisor.export import _comm_knobs
 from advisor.export._common import (
-    chunk_layers, comment_block, header_lines, is_even_split, mesh_text, procs_per_node, stage_layers, train_steps,
-    unwritten_model_features,
+    chunk_layers, comment_block, header_lines, is_even_split, mesh_text, pick_version, procs_per_node, stage_layers,
+    train_steps, unwritten_model_features,
 )
 from advisor.export._recompute import CORE_ATTENTION, FULL, MINDSPORE_SELECT, NONE, OP_LEVEL, cannot_express, priced_recompute
 from advisor.plan import Plan
@@ -28,6 +38,24 @@ SCRIPT = "pretrain_gpt.py"
 # default "tp-cp-ep-dp-pp", and "tp-cp-ep-pp-dp" with --use-tp-pp-dp-mapping.
 DEFAULT_ORDER = ("pp", "dp", "cp", "tp")
 TP_PP_DP_ORDER = ("dp", "pp", "cp", "tp")
+
+
+
+@dataclass(frozen=True)
+class MegatronRelease:
+    """What one Megatron-Core release accepts, as far as the export uses it."""
+
+    git_tag: str                  # the NVIDIA/Megatron-LM tag of the release
+    megatron_fsdp: bool           # --use-megatron-fsdp and --ckpt-format fsdp_dtensor (ZeRO-2/3)
+    container: str                # the NGC PyTorch container its README names
+
+
+VERSIONS = {
+    "0.13": MegatronRelease("core_v0.13.0", False, "nvcr.io/nvidia/pytorch:25.04-py3"),
+    "0.14": MegatronRelease("core_v0.14.0", True, "nvcr.io/nvidia/pytorch:25.04-py3"),
+    "0.15": MegatronRelease("core_v0.15.0", True, "nvcr.io/nvidia/pytorch:25.04-py3"),
+}
+DEFAULT_VERSION = "0.15"
 GROUPS = ("PARALLEL_ARGS", "MODEL_ARGS", "TRAINING_ARGS", "OPTIMIZER_ARGS", "DATA_ARGS", "LOGGING_ARGS")
 
 
@@ -37,6 +65,7 @@ class MegatronLaunch:
 
     nnodes: int
     nproc_per_node: int
+    version: str = DEFAULT_VERSION
     groups: dict[str, list[str]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     unsupported: list[str] = field(default_factory=list)
@@ -80,12 +109,14 @@ def moe_layer_freq(plan: Plan) -> str:
     return "[" + ",".join(str(x) for x in pattern) + "]"
 
 
-def megatron_launch(plan: Plan) -> MegatronLaunch:
+def megatron_launch(plan: Plan, target_version: str | None = None) -> MegatronLaunch:
     s, m, j = plan.strategy, plan.model, plan.training
+    version = pick_version("megatron", target_version, tuple(VERSIONS), DEFAULT_VERSION)
     unsupported: list[str] = []
     notes: list[str] = []
     nproc = procs_per_node(plan, "torchrun", unsupported)
-    launch = MegatronLaunch(nnodes=plan.cluster.nodes, nproc_per_node=nproc, unsupported=unsupported, notes=notes)
+    launch = MegatronLaunch(nnodes=plan.cluster.nodes, nproc_per_node=nproc, version=version, unsupported=unsupported,
+                            notes=notes)
 
     # ---- parallelism ---------------------------------------------------------------------------
     par = ["--tensor-model-parallel-size", str(s.tp), "--pipeline-model-parallel-size", str(s.pp),
@@ -112,8 +143,9 @@ def megatron_launch(plan: Plan) -> MegatronLaunch:
         if s.pipeline_schedule == "gpipe":
             unsupported.append("parallel.pipeline_schedule = gpipe: Megatron-LM has no GPipe schedule; it runs 1F1B "
                                "(same bubble, less activation memory than the plan assumes)")
-    zero_flags, fsdp = _zero_flags(plan, unsupported)
-    par += zero_flags
+    zero_flags, fsdp = _zero_flags(plan, unsupported, version)
+    par += zero_flags + _comm_knobs.megatron_flags(plan)     # communication fusion's bucket size
+    unsupported.extend(x for x in [_comm_knobs.copies_unsupported(plan, "Megatron-LM", "--tp-comm-overlap")] if x)
     active = _active(s.mesh_order, plan)
     if active == _active(TP_PP_DP_ORDER, plan) and active != _active(DEFAULT_ORDER, plan):
         par.append("--use-tp-pp-dp-mapping")
@@ -208,12 +240,17 @@ def megatron_launch(plan: Plan) -> MegatronLaunch:
     return launch
 
 
-def _zero_flags(plan: Plan, unsupported: list[str]) -> tuple[list[str], bool]:
+def _zero_flags(plan: Plan, unsupported: list[str], version: str) -> tuple[list[str], bool]:
     s = plan.strategy
     if s.zero_stage == 0:
         return ["--overlap-grad-reduce"], False
     if s.zero_stage == 1:
         return ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"], False
+    if not VERSIONS[version].megatron_fsdp:
+        newer = " or ".join(v for v, r in VERSIONS.items() if r.megatron_fsdp)
+        raise AdvisorError(f"parallel.zero_stage = {s.zero_stage}: Megatron-LM shards gradients through Megatron FSDP "
+                           f"(--use-megatron-fsdp), which Megatron-Core {version} does not have; export with "
+                           f"--target-version {newer}")
     strategy = "optim_grads" if s.zero_stage == 2 else "optim_grads_params"
     if s.pp > 1:
         unsupported.append(
@@ -245,11 +282,15 @@ def _recompute_flags(plan: Plan, unsupported: list[str]) -> list[str]:
     return []
 
 
+_ENV_DEFAULT = re.compile(r"\$\{[A-Z_]+:-[A-Za-z0-9._-]*\}")
+
+
 def _bash_array(name: str, args: list[str]) -> str:
     """One flag per line with its values (a flag may take several, as --recompute-modules), every value
     quoted for bash."""
     def quoted(value: str) -> str:
-        return f'"{value}"' if value.startswith("${") else shlex.quote(value)   # let bash expand ${VAR:-default}
+        # let bash expand the launcher's own ${VAR:-default} (a fixed pattern); quote everything else
+        return f'"{value}"' if _ENV_DEFAULT.fullmatch(value) else shlex.quote(value)
 
     lines, i = [], 0
     while i < len(args):
@@ -262,11 +303,14 @@ def _bash_array(name: str, args: list[str]) -> str:
 
 
 def render_script(plan: Plan, launch: MegatronLaunch) -> str:
-    out = ["#!/usr/bin/env bash\n", comment_block(header_lines(plan, "Megatron-LM pretrain_gpt.py")),
+    release = VERSIONS[launch.version]
+    out = ["#!/usr/bin/env bash\n",
+           comment_block(header_lines(plan, f"Megatron-LM pretrain_gpt.py (Megatron-Core {launch.version}, "
+                                            f"tag {release.git_tag})")),
            "# Run on every node (NODE_RANK 0..NNODES-1), with MASTER_ADDR set to node 0.\n",
            "set -euo pipefail\n", 'MEGATRON_LM="${MEGATRON_LM:-/workspace/Megatron-LM}"\n']
     for key, value in launch.env.items():
-        out.append(f"export {key}={value}\n")
+        out.append(f"export {key}={shlex.quote(value)}\n")
     out.append("\n")
     out.append(_bash_array("DISTRIBUTED_ARGS", [
         "--nnodes", str(launch.nnodes), "--nproc-per-node", str(launch.nproc_per_node),
@@ -285,7 +329,7 @@ def render_script(plan: Plan, launch: MegatronLaunch) -> str:
     return "".join(out)
 
 
-def export(plan: Plan) -> ExportResult:
-    launch = megatron_launch(plan)
+def export(plan: Plan, target_version: str | None = None) -> ExportResult:
+    launch = megatron_launch(plan, target_version)
     return ExportResult(target="megatron", files={"megatron_pretrain_gpt.sh": render_script(plan, launch)},
                         unsupported=tuple(launch.unsupported), notes=tuple(launch.notes))

@@ -11,6 +11,15 @@ num_layers // (pp x pp_interleave_num) + offset[v][p]; recompute as a per-stage 
 Plans found by the D-Rec searcher map to MindSpore's own recursive-programming search
 (parallel_mode auto_parallel, search_mode recursive_programming); all others are explicit
 (semi_auto_parallel) with MindFormers' data_parallel / model_parallel / pipeline_stage degrees.
+
+Target releases (--target-version): MindFormers 1.7.0 and 2.1.0 (default). The YAML is for their
+legacy model path, written explicitly as use_legacy: True (2.1.0's default too: template.py reads
+config.get('use_legacy', True)): LlamaConfig keys in model.model_config and MoE plans' experts in a
+top-level moe_config section, which build_parallel_config (mindformers/core/parallel_config.py)
+turns into MoEConfig(**moe_config) (mindformers/modules/transformer/moe.py: expert_num,
+num_experts_chosen, capacity_factor, moe_intermediate_size, expert_model_parallel). The mcore path
+(use_legacy: False) builds only the models registered for it (qwen2, qwen3, qwen3_moe, glm4,
+deepseek_v3 ..., chosen by model_type), none of which is the plan's generic model.
 """
 
 from __future__ import annotations
@@ -18,13 +27,16 @@ from __future__ import annotations
 import yaml
 
 from advisor.export import ExportResult
+from advisor.export import _comm_knobs
 from advisor.export._common import (
-    chunk_layers, comment_block, header_lines, mesh_text, non_default_mesh, stage_layers,
+    chunk_layers, comment_block, header_lines, mesh_text, non_default_mesh, pick_version, stage_layers,
     unwritten_model_features,
 )
 from advisor.export._recompute import FULL, MINDSPORE_SELECT, NONE, cannot_express, priced_recompute
 from advisor.plan import Plan
 
+VERSIONS = ("1.7.0", "2.1.0")
+DEFAULT_VERSION = "2.1.0"
 # MindSpore's set_pipeline_config allows schedulers other than 1f1b only with pipeline_interleave on;
 # a GPipe plan has no virtual stages, so it runs 1F1B (reported).
 SCHEDULERS = {"gpipe": "1f1b", "1f1b": "1f1b", "interleaved-1f1b": "1f1b"}
@@ -52,6 +64,9 @@ def auto_parallel_context(plan: Plan) -> dict:
                                   "pipeline_scheduler": SCHEDULERS[s.pipeline_schedule]}
     if s.ep > 1:
         ctx["enable_alltoall"] = True
+    fusion = _comm_knobs.mindspore_comm_fusion(plan)      # the plan's gradient bucket size
+    if fusion is not None:
+        ctx["comm_fusion"] = fusion
     return ctx
 
 
@@ -123,7 +138,9 @@ def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> 
         "recompute_slice_activation": False,
     }
     runner_config = {
-        "batch_size": s.micro_batch_size,
+        # per copy under multi-copy parallelism (global batch = batch_size x dp x micro_batch_num x
+        # micro_batch_interleave_num: mindformers/trainer/base_trainer.py)
+        "batch_size": s.micro_batch_size // s.micro_batch_copies,
         "gradient_accumulation_steps": 1 if s.pp > 1 else s.num_micro_batches,
     }
     model_config = {
@@ -158,12 +175,39 @@ def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> 
     if non_default_mesh(plan):
         unsupported.append(f"parallel.mesh_order = {mesh_text(plan)}: MindSpore places pipeline stages outermost and "
                            "the model-parallel dimension innermost; exported with that order")
-    return {
+    out = {
+        "use_legacy": True,
         "parallel": auto_parallel_context(plan),
         "parallel_config": parallel_config,
         "recompute_config": recompute_config,
         "runner_config": runner_config,
         "model": {"model_config": model_config},
+    }
+    if m.moe is not None:
+        out["moe_config"] = moe_config(plan, unsupported)
+    if s.micro_batch_copies > 1:
+        out["micro_batch_interleave_num"] = s.micro_batch_copies   # multi-copy parallelism
+    return out
+
+
+def moe_config(plan: Plan, unsupported: list[str]) -> dict:
+    """MindFormers' MoEConfig keys for the plan's experts (legacy path; see the module docstring)."""
+    m, s, j = plan.model, plan.strategy, plan.training
+    moe = m.moe
+    # MoEConfig's capacity per expert is ceil(k x tokens x capacity_factor / expert_num)
+    # (calculate_expert_capacity in moe.py): no token is dropped when it reaches all tokens, i.e.
+    # capacity_factor >= expert_num / k. A plan priced without dropless routing uses factor 1.0, as the
+    # Megatron export's --moe-expert-capacity-factor.
+    factor = moe.num_experts / moe.top_k if j.moe_dropless else 1.0
+    if moe.layer_frequency != 1:
+        unsupported.append(f"model.moe.layer_frequency = {moe.layer_frequency}: MindFormers' legacy Llama puts "
+                           "the experts of moe_config in every layer; set the dense layers in the model code")
+    return {
+        "expert_num": moe.num_experts,
+        "num_experts_chosen": moe.top_k,
+        "moe_intermediate_size": moe.expert_ffn_hidden_size,
+        "capacity_factor": float(factor),
+        "expert_model_parallel": s.ep,
     }
 
 
@@ -183,16 +227,25 @@ def context_script(plan: Plan, ctx: dict) -> str:
     )
 
 
-def export(plan: Plan) -> ExportResult:
+def export(plan: Plan, target_version: str | None = None) -> ExportResult:
+    if getattr(plan.model, "family", None) == "recommendation":   # PS / hybrid / collective recsys plans
+        from advisor.export.mindspore_ps import export as export_recsys
+        return export_recsys(plan, target_version)
+    version = pick_version("mindspore", target_version, VERSIONS, DEFAULT_VERSION)
     unsupported: list[str] = []
     notes: list[str] = []
     unsupported += unwritten_model_features(plan, "MindFormers")
     cfg = mindformers_config(plan, unsupported, notes)
-    yaml_text = (comment_block(header_lines(plan, "MindFormers parallel settings"))
+    yaml_text = (comment_block(header_lines(plan, f"MindFormers {version} parallel settings (legacy model path, "
+                                                  "use_legacy: True)"))
                  + "# Merge into your MindFormers training YAML (run_mode: train).\n"
                  + yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None))
     files = {
         "parallel_context.py": context_script(plan, cfg["parallel"]),
         "mindformers_parallel.yaml": yaml_text,
     }
+    from advisor.export.mindspore_launch import launch_files  # msrun, dynamic cluster, mpirun, rank table
+    files.update(launch_files(plan, notes, unsupported))
+    from advisor.export.mindspore_strategy import strategy_files  # shard() calls, strategy file (drec/ilp plans)
+    files.update(strategy_files(plan, notes, unsupported))
     return ExportResult(target="mindspore", files=files, unsupported=tuple(unsupported), notes=tuple(notes))

@@ -1,4 +1,10 @@
-"""torchtitan 0.2: the [parallelism], [training] and [activation_checkpoint] sections of a job TOML.
+"""torchtitan 0.2.x: the [parallelism], [training] and [activation_checkpoint] sections of a job TOML.
+
+Target releases (--target-version): 0.2.0, 0.2.1 and 0.2.2, the releases that read job TOML files
+(--job.config_file); every field written is in torchtitan/config/job_config.py at each of those tags.
+torchtitan after 0.2.2 (its main branch) configures a run with a Python function returning
+Trainer.Config, chosen with --module/--config (torchtitan/config/README.md), and no longer reads job
+TOML files: this export does not serve it.
 
 Field names and allowed values follow torchtitan 0.2's torchtitan/config/job_config.py (dataclasses
 Parallelism, Training, ActivationCheckpoint; ConfigManager refuses unknown fields) and
@@ -14,17 +20,19 @@ parameters until backward ("never"), ZeRO-0 = replicate (DDP).
 
 from __future__ import annotations
 
-import json
 from math import gcd
 
 from advisor.export import ExportResult
+from advisor.export import _comm_knobs
 from advisor.export._common import (
-    chunk_layers, comment_block, header_lines, mesh_text, non_default_mesh, stage_layers, train_steps,
+    chunk_layers, comment_block, header_lines, mesh_text, non_default_mesh, pick_version, stage_layers, train_steps,
     unwritten_model_features,
 )
 from advisor.export._recompute import CORE_ATTENTION, FULL, NONE, OP_LEVEL, cannot_express, priced_recompute
 from advisor.plan import Plan
 
+VERSIONS = ("0.2.0", "0.2.1", "0.2.2")
+DEFAULT_VERSION = "0.2.2"
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
 
 
@@ -48,6 +56,8 @@ def model_parts(plan: Plan) -> list[list[str]]:
 def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, dict]:
     s, m, j = plan.strategy, plan.model, plan.training
     par: dict = {}
+    unsupported.extend(x for x in [_comm_knobs.torchtitan_bucket_unsupported(plan),
+                                   _comm_knobs.copies_unsupported(plan, "torchtitan", "async tensor parallelism")] if x)
     # ---- data parallelism: FSDP2 ---------------------------------------------------------------------
     if s.zero_stage == 0:
         replicate, shard, reshard = s.dp, 1, "default"
@@ -143,13 +153,27 @@ def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, 
     return {"parallelism": par, "training": train, "activation_checkpoint": ac}
 
 
+def toml_string(text: str) -> str:
+    """A TOML basic string (TOML 1.0, "String"): backslash and quote escaped, every control character
+    (U+0000-U+001F, U+007F) as \\uXXXX, everything else as UTF-8."""
+    out = []
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def _toml_value(value, indent: str = "") -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)
+        return toml_string(value)
     if isinstance(value, list):
         if value and all(isinstance(v, list) for v in value):
             inner = ",\n".join(f"{indent}    {_toml_value(v)}" for v in value)
@@ -158,8 +182,8 @@ def _toml_value(value, indent: str = "") -> str:
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
-def render_toml(plan: Plan, secs: dict[str, dict]) -> str:
-    out = [comment_block(header_lines(plan, "torchtitan 0.2 job config")),
+def render_toml(plan: Plan, secs: dict[str, dict], version: str = DEFAULT_VERSION) -> str:
+    out = [comment_block(header_lines(plan, f"torchtitan {version} job config")),
            "# Merge these sections into your torchtitan job TOML (the [job], [model], [optimizer] ... sections\n"
            "# are yours); run with --job.config_file.\n"]
     for name, body in secs.items():
@@ -169,7 +193,8 @@ def render_toml(plan: Plan, secs: dict[str, dict]) -> str:
     return "".join(out)
 
 
-def export(plan: Plan) -> ExportResult:
+def export(plan: Plan, target_version: str | None = None) -> ExportResult:
+    version = pick_version("torchtitan", target_version, VERSIONS, DEFAULT_VERSION)
     unsupported: list[str] = []
     notes: list[str] = []
     if plan.cluster.devices % plan.cluster.nodes:
@@ -177,5 +202,5 @@ def export(plan: Plan) -> ExportResult:
                            "the same number of processes on every node")
     unsupported += unwritten_model_features(plan, "torchtitan")
     secs = sections(plan, unsupported, notes)
-    return ExportResult(target="torchtitan", files={"torchtitan.toml": render_toml(plan, secs)},
+    return ExportResult(target="torchtitan", files={"torchtitan.toml": render_toml(plan, secs, version)},
                         unsupported=tuple(unsupported), notes=tuple(notes))

@@ -15,7 +15,6 @@ mistake raises AdvisorError naming the file, the key and the value.
 
 from __future__ import annotations
 
-import json
 import math
 import string
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.graph.graph import GEMM_KINDS, KINDS, Link, Operator, OperatorGraph, Tensor
+from advisor.specs.untrusted import load_tree
 
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 _TOP_REQUIRED = ("name", "tensors", "operators")
@@ -43,10 +43,7 @@ def load_graph(path: str | Path) -> OperatorGraph:
     if not p.is_file():
         names = ", ".join(sorted(x.stem for x in EXAMPLES_DIR.glob("*.json")))
         raise AdvisorError(f"graph file not found: {path} (bundled examples: {names})")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise AdvisorError(f"{p}: malformed JSON: {exc}") from None
+    data = load_tree(p, "graph", fmt="json")   # bounded, UTF-8, finite, no control characters
     return graph_from_dict(data, str(p))
 
 

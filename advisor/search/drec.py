@@ -84,8 +84,7 @@ def _levels(problem: ShardingProblem, visit: list[int], weight: float, assumptio
     for level in range(n_axes):
         undecided = math.prod(problem.mesh.shape[level + 1:])
         for v in visit:
-            cands = [_with(current[v], level, lab) for lab in problem.choices(v)]
-            cands = [s for s in cands if problem.shard(v, s).valid]
+            cands = _level_candidates(problem, v, current[v], level)
             cost = _local_costs(problem, v, cands, current, level, assumption)
             if weight:
                 cost = cost + weight * problem.op_costs(v, cands)[1] / undecided
@@ -125,6 +124,13 @@ def _memory_weighted_levels(problem: ShardingProblem, visit: list[int], plain: l
     return best[1], runs
 
 
+def _level_candidates(problem: ShardingProblem, v: int, s: Strat, level: int) -> list[Strat]:
+    """v's strategy s with each legal label on axis ``level`` (for a fixed operator, only those that
+    can still end in one of its fixed strategies)."""
+    cands = [_with(s, level, lab) for lab in problem.choices(v)]
+    return [c for c in cands if problem.allows(v, c, level) and problem.shard(v, c).valid]
+
+
 def _with(s: Strat, level: int, label: str) -> Strat:
     out = list(s)
     out[level] = label
@@ -158,8 +164,7 @@ def _local_costs(problem: ShardingProblem, v: int, cands: list[Strat], current: 
         if pending and assumption == "adaptive":
             continue
         if pending and assumption == "lookahead":
-            replies = [_with(current[other], level, lab) for lab in problem.choices(other)]
-            replies = [r for r in replies if problem.shard(other, r).valid]
+            replies = _level_candidates(problem, other, current[other], level)
             own = problem.op_costs(other, replies)[0]
             mat = problem.edge_costs(e, cands, replies) if edge.src == v else problem.edge_costs(e, replies, cands).T
             total += (mat + own[None, :]).min(axis=1)
@@ -174,7 +179,7 @@ def _local_costs(problem: ShardingProblem, v: int, cands: list[Strat], current: 
 def neighbourhood(problem: ShardingProblem, v: int, s: Strat) -> list[Strat]:
     """All strategies of v when they are few, else those that change one axis of s."""
     choices = problem.choices(v)
-    if len(choices) ** len(problem.mesh.shape) <= FULL_NEIGHBOURHOOD:
+    if v in problem.fixed or len(choices) ** len(problem.mesh.shape) <= FULL_NEIGHBOURHOOD:
         return problem.strategies(v)
     out = [s]
     for level in range(len(s)):

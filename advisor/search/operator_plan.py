@@ -1,89 +1,205 @@
-"""Operator-level searchers (``--searcher drec`` and ``--searcher ilp``) composed with pipeline and
-data parallelism, behind the searcher interface of advisor.search.
+"""Operator-level searchers (``--searcher drec`` and ``--searcher ilp``) composed with data, pipeline
+and context parallelism and every other knob of the enumerator, behind the searcher interface of
+advisor.search.
 
-For each pipeline depth pp (a divisor of the device count, at most the layer count; or the pinned
-one) and a few micro-batch sizes of the whole stage (B sequences: the global batch is cut into
-m = global batch / B micro-batches, m >= pp), the operator graph of one stage (the embedding, the
-largest stage's share of the layers, the LM head and the loss: every operator kind the model has) is
-sharded over the stage's devices by D-Rec (its "lookahead" variant first; the three best
-configurations again with every variant); activations are counted for the micro-batches 1F1B keeps
-in flight on the first stage (min(pp, m)). The ILP searcher then re-solves the best D-Rec
-configurations exactly (warm-started, sharing the time limit).
+Composition:
 
-Each result becomes a Strategy for the cost model (advisor.recommend ranks those): dp is the cut of
-the batch label and cp the cut of the sequence label in the layer's heaviest operator, tp the rest
-of the stage's devices; sequence parallelism is on when the norms cut the sequence while the
-matmuls cut model dimensions; stage_layers come from the balanced partitioner (advisor.search.stages).
-The operator-level result itself (per operator, the cut of every tensor dimension) goes into the
-plan's ``operator_strategies``.
+1. Outer configurations. The enumerator (advisor.search.enumerate.search) walks its whole space
+   (degrees, schedule, virtual stages, micro-batch size, sequence parallelism, recomputation, ZeRO
+   stage, offload, mesh order, context-parallel kind) with the same pins, best-first with its
+   proven bounds, and returns the configurations that can place among the best (at least
+   OUTER_TOP_K, more when its tie band holds more), each priced by advisor.cost with Megatron's
+   uniform operator layout.
+2. Operator layouts. For each of them, D-Rec searches the operator-level sharding of one
+   tensor-parallel group of one stage (advisor.search.intra_op: every operator may cut any of its
+   labels on each axis of the group's mesh, not only Megatron's); ``ilp`` then re-solves the same
+   problem exactly with CP-SAT, warm-started with the better of D-Rec's answer and Megatron's
+   layout, the candidates taken best first and sharing ILP_TIME_LIMIT_S. Identical problems (same
+   group size, micro-batch, layers, micro-batches in flight, ZeRO stage, memory left) are solved once.
+3. Pricing. Each candidate is the cost model's estimate plus the difference between its chosen
+   layout and Megatron's in the sharding model (intra_op.price_layouts; advisor.recommend applies it
+   to the finalists it ranks). A layout is only chosen when cheaper than Megatron's and within the
+   memory left, so every candidate is at least as fast as the enumerator's, the same configuration
+   with Megatron's layout gives the enumerator's numbers exactly, and the ILP, whose warm start is
+   D-Rec's choice, is never worse than D-Rec.
+
+The outer search is the enumerator's, exact for uniform layouts; a configuration just outside its
+best few could in principle overtake them with a searched layout, and is not revisited.
+
+Semi-automatic (``fixed``, --operator-strategies; advisor.search.semi_auto): the strategies are
+checked against the model's graph first; the outer configurations are the enumerator's best among
+those whose tensor-parallel degree is a multiple of the group the strategies span (one enumerator run
+per such degree when --tp is not pinned), less those whose micro-batch or sequence the cuts do not
+divide; in each, the fixed operators keep their strategies, the others are searched around them, and
+the layout is priced and kept whatever it costs (a user's choice is priced, not second-guessed).
 """
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
+
+import numpy as np
+
 from typing import Any
 
+from advisor.cost.estimate import Estimate, estimate, estimate_batch, from_batch
+from advisor.errors import AdvisorError
 from advisor.graph.transformer import transformer_graph
-from advisor.search import Pins, Progress, SearchOutcome, SearchStats
-from advisor.search.drec import drec_search
-from advisor.search.ilp import ilp_search
-from advisor.search.sharding import REPLICATE, DeviceMesh, OperatorSolution, ShardingOptions, ShardingProblem
-from advisor.search.stages import balanced_stage_layers
+from advisor.search import Pins, Progress, SearchOutcome
+from advisor.search import enumerate as enumerator
+from advisor.search.intra_op import Layout, build_problem, choose_layout, headroom_bytes, layout_key, price_layouts, record
+from advisor.search.semi_auto import check_strategies, required_group
 from advisor.space.rules import violations
 from advisor.space.strategy import Strategy, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
+from advisor.specs.operator_strategies import OperatorStrategies
 
-BATCH_SHARES = (2, 8, 32)    # stage micro-batch sizes tried: about 1/2, 1/8 and 1/32 sequence per device
-REFINED = 3                  # configurations D-Rec re-solves with all its neighbour assumptions
-ILP_CONFIGS = 2              # configurations the ILP re-solves
-ILP_TIME_LIMIT_S = 30.0      # shared by them
-
-
-@dataclass(frozen=True)
-class OperatorCandidate:
-    model: ModelSpec
-    pp: int
-    batch: int                   # sequences per micro-batch of the whole stage
-    problem: ShardingProblem
-    solution: OperatorSolution
-    strategy: Strategy | None    # None when the result maps to no legal Strategy
-    ilp: dict | None = None
+OUTER_TOP_K = 8              # outer configurations asked of the enumerator, at least
+ILP_TIME_LIMIT_S = 30.0      # shared by the ILP's layout problems
 
 
 def operator_plan(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, searcher: str = "drec",
                   pins: Pins = Pins(), top_k: int = 5, progress: Progress = None,
-                  time_limit_s: float = ILP_TIME_LIMIT_S) -> SearchOutcome:
-    """Operator-level search composed with pipeline and data parallelism: the finalists (legal
-    Strategies, best operator-level cost first) and their operator strategies."""
+                  time_limit_s: float = ILP_TIME_LIMIT_S, outer: SearchOutcome | None = None,
+                  fixed: OperatorStrategies | None = None) -> SearchOutcome:
+    """The enumerator's best outer configurations, each with its operator layout searched by D-Rec
+    (``searcher="drec"``) or D-Rec then the ILP (``"ilp"``). ``outer``: the enumerator's outcome
+    when already computed (with the same pins and at least ``top_k``). ``fixed``: operator
+    strategies the user gives (see the module docstring)."""
     start = time.perf_counter()
-    configs = _configs(model, cluster, job, pins)
-    candidates: list[OperatorCandidate] = []
-    for done, (pp, batch) in enumerate(configs, start=1):
-        cand = _search_config(model, hw, cluster, job, pins, pp, batch)
-        if cand is not None:
-            candidates.append(cand)
-        if progress is not None:
-            progress(done, len(configs))
-    candidates.sort(key=lambda c: (not c.solution.fits, c.solution.cost_s))
-    candidates = [_refine_with_drec(c) for c in candidates[:REFINED]] + candidates[REFINED:]
-    candidates.sort(key=lambda c: (not c.solution.fits, c.solution.cost_s))
-    if searcher == "ilp":
-        candidates = _refine_with_ilp(candidates, time_limit_s)
-    kept = [c for c in candidates if c.solution.fits and c.strategy is not None and _matches(c.strategy, pins)]
-    seen, finalists = set(), []
-    for c in kept:
-        if c.strategy not in seen:
-            seen.add(c.strategy)
-            finalists.append(c)
-    finalists = finalists[:top_k]
-    batch = StrategyBatch.from_strategies([c.strategy for c in finalists], model.num_layers)
-    stats = SearchStats(searcher=searcher, candidates=len(candidates), scored=len(candidates),
-                        feasible=sum(c.solution.fits for c in candidates), seconds=time.perf_counter() - start)
-    return SearchOutcome(batch, stats, tuple(_record(c) for c in finalists))
+    if searcher not in ("drec", "ilp"):
+        raise ValueError(f"unknown operator-level searcher {searcher!r}")
+    if outer is None:
+        outer = (_fixed_outer(model, hw, cluster, job, pins, max(top_k, OUTER_TOP_K), progress, fixed) if fixed
+                 else enumerator.search(model, hw, cluster, job, pins, max(top_k, OUTER_TOP_K), progress))
+    if fixed and len(outer.finalists):
+        outer = _holding(model, job, outer, fixed)
+    batch = outer.finalists
+    if len(batch) == 0:
+        stats = replace(outer.stats, searcher=searcher, seconds=time.perf_counter() - start)
+        return SearchOutcome(batch, stats, ())
+    e = estimate_batch(model, hw, cluster, job, batch)
+    keys = [layout_key(model, job, batch, i) for i in range(len(batch))]
+    order = np.argsort(-np.where(e.feasible, e.tokens_per_s, 0.0), kind="stable")
+    problems: dict = {}
+    layouts: dict = {}
+    todo = len({(keys[i], headroom_bytes(e, i, hw)) for i in order if keys[i].tp > 1})
+    records: list = [None] * len(batch)
+    ilp_spent = 0.0
+    for i in order:
+        key = keys[i]
+        memo = (key, headroom_bytes(e, i, hw))
+        layout = layouts.get(memo)
+        if layout is None:
+            if key not in problems:
+                problems[key] = _problem(model, hw, job, key, fixed)
+            problem = problems[key]
+            budget = (time_limit_s - ilp_spent) / max(todo, 1) if key.tp > 1 else 0.0
+            t0 = time.perf_counter()
+            if isinstance(problem, str):    # no operator graph for this model: Megatron's layout stands
+                layout = layouts[memo] = Layout(None, None, None, False, problem)
+            else:
+                layout = layouts[memo] = choose_layout(problem, key, memo[1], searcher, budget)
+            if key.tp > 1:
+                todo -= 1
+                ilp_spent += time.perf_counter() - t0
+        records[int(i)] = record(layout, key, batch.strategy(int(i)), searcher)
+    stats = replace(outer.stats, searcher=searcher, seconds=time.perf_counter() - start)
+    return SearchOutcome(batch, stats, tuple(records))
+
+
+def _problem(model, hw, job, key, fixed=None):
+    """The layout problem of a key, or why there is none (a model the operator graphs do not cover)."""
+    if fixed:
+        return build_problem(model, hw, job, key, fixed)     # _holding kept only keys that can hold them
+    try:
+        return build_problem(model, hw, job, key)
+    except AdvisorError as err:
+        return f"{err}: Megatron's layout kept"
+
+
+def _fixed_outer(model, hw, cluster, job, pins: Pins, k: int, progress, fixed: OperatorStrategies) -> SearchOutcome:
+    """The enumerator's best configurations whose tensor-parallel degree can hold the fixed
+    strategies: the strategies checked against the whole model's graph at the largest micro-batch and
+    sequence (AdvisorError, exit 2, naming the operator and dimension), then one run per degree."""
+    graph = transformer_graph(model, job, batch=job.global_batch_size)
+    group = required_group(graph, fixed, pins.tp or cluster.devices)
+    if pins.tp is not None:
+        if pins.tp % group:
+            raise AdvisorError(f"{fixed.source}: the strategies span groups of {group} devices, which --tp {pins.tp} "
+                               f"is not a multiple of")
+        return enumerator.search(model, hw, cluster, job, pins, k, progress)
+    degrees = [t for t in range(group, cluster.devices + 1, group) if cluster.devices % t == 0]
+    outcomes = [enumerator.search(model, hw, cluster, job, replace(pins, tp=t), k, progress) for t in degrees]
+    found = [o for o in outcomes if len(o.finalists)]
+    stats = replace(outcomes[0].stats, candidates=sum(o.stats.candidates for o in outcomes),
+                    scored=sum(o.stats.scored for o in outcomes), feasible=sum(o.stats.feasible for o in outcomes))
+    if not found:
+        return SearchOutcome(outcomes[0].finalists, stats)
+    strategies = [o.finalists.strategy(i) for o in found for i in range(len(o.finalists))]
+    return SearchOutcome(StrategyBatch.from_strategies(strategies, model.num_layers), stats)
+
+
+def _holding(model, job, outer: SearchOutcome, fixed: OperatorStrategies) -> SearchOutcome:
+    """The outer configurations whose graph the fixed strategies divide; AdvisorError with the first
+    reason when none does."""
+    batch = outer.finalists
+    keep, reasons = [], []
+    for i in range(len(batch)):
+        key = layout_key(model, job, batch, i)
+        graph = transformer_graph(model, replace(job, seq_length=key.seq_length), batch=key.micro_batch_size,
+                                  layers=(0, key.graph_layers), first_stage=key.whole_model, last_stage=key.whole_model)
+        try:
+            check_strategies(graph, fixed, key.tp, f"tp {key.tp}, micro-batch {key.micro_batch_size}, "
+                                                   f"{key.seq_length} tokens per sequence")
+            keep.append(i)
+        except AdvisorError as err:
+            reasons.append(str(err))
+    if not keep:
+        raise AdvisorError(f"none of the {len(batch)} best configurations can hold the operator strategies: "
+                           f"{reasons[0]}; pin --tp, --mbs or --cp to a configuration they divide")
+    return SearchOutcome(batch.take(np.array(keep, dtype=np.int64)), outer.stats)
+
+
+def layout_of(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, strategy: Strategy,
+              fixed: OperatorStrategies | None = None, searcher: str = "drec",
+              time_limit_s: float = ILP_TIME_LIMIT_S) -> dict[str, Any]:
+    """The operator layout of one given configuration (``advisor estimate --operator-strategies``):
+    the fixed strategies kept, the rest searched, as the plan's operator_strategies record."""
+    batch = StrategyBatch.from_strategies([strategy], model.num_layers)
+    e = estimate_batch(model, hw, cluster, job, batch)
+    key = layout_key(model, job, batch, 0)
+    problem = build_problem(model, hw, job, key, fixed)
+    layout = choose_layout(problem, key, headroom_bytes(e, 0, hw), searcher, time_limit_s if key.tp > 1 else 0.0)
+    return record(layout, key, strategy, searcher)
+
+
+def estimate_with_layout(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob,
+                         strategy: Strategy, operator_record) -> Estimate:
+    """The cost model's estimate of a strategy with its operator layout priced in (price_layouts):
+    what ``advisor estimate --plan`` gives for a drec/ilp plan, equal to its recommend prediction."""
+    reasons = violations(model, cluster, job, strategy)
+    if reasons:
+        return estimate(model, hw, cluster, job, strategy)
+    batch = StrategyBatch.from_strategies([strategy], model.num_layers)
+    e = price_layouts(estimate_batch(model, hw, cluster, job, batch), batch, [operator_record], hw)
+    return from_batch(e, 0, model, hw, cluster, job, strategy=strategy)
+
+
+def best_priced(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob,
+                outcome: SearchOutcome) -> tuple[float, int]:
+    """(best predicted tokens/s among the feasible finalists, its index), the searched layouts
+    priced in; (0.0, -1) when none is feasible."""
+    if len(outcome.finalists) == 0:
+        return 0.0, -1
+    e = estimate_batch(model, hw, cluster, job, outcome.finalists)
+    e = price_layouts(e, outcome.finalists, outcome.operator_strategies, hw)
+    tps = np.where(e.feasible, e.tokens_per_s, 0.0)
+    i = int(np.argmax(tps))
+    return (float(tps[i]), i) if tps[i] > 0 else (0.0, -1)
 
 
 def drec_searcher(model, hw, cluster, job, pins: Pins, top_k: int, progress: Progress) -> SearchOutcome:
@@ -96,115 +212,5 @@ def ilp_searcher(model, hw, cluster, job, pins: Pins, top_k: int, progress: Prog
     return operator_plan(model, hw, cluster, job, "ilp", pins, top_k, progress)
 
 
-# ---- configurations ---------------------------------------------------------------------------
-def _configs(model: ModelSpec, cluster: Cluster, job: TrainingJob, pins: Pins) -> list[tuple[int, int]]:
-    n = cluster.devices
-    depths = [pins.pp] if pins.pp is not None else [p for p in _divisors(n) if p <= model.num_layers]
-    out = []
-    for pp in depths:
-        if n % pp:
-            continue
-        stage = n // pp
-        sizes = [b for b in _divisors(job.global_batch_size) if job.global_batch_size // b >= pp and b <= stage]
-        if pins.micro_batch_size is not None and pins.dp is not None:
-            sizes = [b for b in sizes if b == pins.micro_batch_size * pins.dp]
-        picked = []
-        for share in BATCH_SHARES:            # the largest size up to each share of the stage's devices
-            fitting = [b for b in sizes if b <= max(1, stage // share)]
-            if fitting and fitting[-1] not in picked:
-                picked.append(fitting[-1])
-        out += [(pp, b) for b in picked]
-    return out
-
-
-def _search_config(model, hw, cluster, job, pins: Pins, pp: int, batch: int) -> OperatorCandidate | None:
-    stage_devices = cluster.devices // pp
-    layers = math.ceil(model.num_layers / pp)
-    graph = transformer_graph(model, job, batch=batch, layers=(0, layers))
-    m = job.global_batch_size // batch
-    options = ShardingOptions(num_micro_batches=m, activations_in_flight=float(min(pp, m)),
-                              zero_stage=pins.zero_stage if pins.zero_stage is not None else 1)
-    mesh = DeviceMesh.for_devices(hw, stage_devices)
-    problem = ShardingProblem(graph, mesh, hw, job, options)
-    solution = drec_search(problem, assumptions=("lookahead",))
-    return OperatorCandidate(model, pp, batch, problem, solution, _strategy(model, hw, job, problem, solution, pp, batch))
-
-
-def _refine_with_drec(c: OperatorCandidate) -> OperatorCandidate:
-    sol = drec_search(c.problem)
-    if (sol.fits, -sol.cost_s) <= (c.solution.fits, -c.solution.cost_s):
-        return c
-    p = c.problem
-    return replace(c, solution=sol, strategy=_strategy(c.model, p.hw, p.job, p, sol, c.pp, c.batch))
-
-
-def _refine_with_ilp(candidates: list[OperatorCandidate], time_limit_s: float) -> list[OperatorCandidate]:
-    out = list(candidates)
-    chosen = [i for i, c in enumerate(out) if c.solution.fits][:ILP_CONFIGS]
-    for i in chosen:
-        c = out[i]
-        result = ilp_search(c.problem, time_limit_s=time_limit_s / max(len(chosen), 1), warm_start=c.solution)
-        if result.solution is None:
-            continue
-        info = {"status": result.status, "gap": result.gap, "seconds": result.seconds, "bound_s": result.bound_s}
-        p = c.problem
-        out[i] = replace(c, solution=result.solution, ilp=info,
-                         strategy=_strategy(c.model, p.hw, p.job, p, result.solution, c.pp, c.batch))
-    out.sort(key=lambda c: (not c.solution.fits, c.solution.cost_s))
-    return out
-
-
-# ---- from operator cuts to a Strategy ----------------------------------------------------------
-def _strategy(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, problem: ShardingProblem,
-              solution: OperatorSolution, pp: int, batch: int) -> Strategy | None:
-    n = problem.mesh.devices
-    heaviest = _heaviest_layer_operator(problem, solution)
-    labels = solution.assignment[heaviest]
-    sizes = problem.mesh.shape
-    dp = math.prod(s for s, lab in zip(sizes, labels) if lab == "b")
-    cp = math.prod(s for s, lab in zip(sizes, labels) if lab == "s")
-    tp = n // (dp * cp)
-    norms = [v for v, op in enumerate(problem.graph.operators) if op.kind == "norm" and op.count > 1]
-    sp = tp > 1 and any("s" in solution.assignment[v] for v in norms)
-    m = job.global_batch_size // batch
-    if batch % dp:
-        return None
-    strategy = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, sequence_parallel=sp, micro_batch_size=batch // dp,
-                        num_micro_batches=m, zero_stage=problem.options.zero_stage,
-                        recompute="none", pipeline_schedule="1f1b")
-    if pp > 1:
-        strategy = replace(strategy, stage_layers=balanced_stage_layers(model, hw, job, strategy))
-    cluster = Cluster(nodes=1, devices=strategy.devices)
-    if violations(model, cluster, job, strategy):
-        return None
-    return strategy
-
-
-def _heaviest_layer_operator(problem: ShardingProblem, solution: OperatorSolution) -> int:
-    ops = problem.graph.operators
-    layer_ops = [v for v, op in enumerate(ops) if op.count > 1 and op.is_gemm] or list(range(len(ops)))
-    costs = {v: problem.op_costs(v, [solution.assignment[v]])[0][0] for v in layer_ops}
-    return max(costs, key=costs.get)
-
-
-def _matches(s: Strategy, pins: Pins) -> bool:
-    for name, value in pins.pinned().items():
-        if name in ("dp", "tp", "pp", "cp", "micro_batch_size", "zero_stage", "sequence_parallel") and getattr(s, name) != value:
-            return False
-    return True
-
-
-def _record(c: OperatorCandidate) -> dict[str, Any]:
-    rec = c.solution.to_json(c.problem)
-    rec.update({"pipeline_stages": c.pp, "stage_batch": c.batch, "stage_devices": c.problem.mesh.devices,
-                "graph": "first stage with the LM head (the stage graph every stage's operators are taken from)"})
-    if c.ilp is not None:
-        rec["ilp"] = c.ilp
-    rec["operators"] = {name: {k: v for k, v in op.items()} for name, op in rec["operators"].items()}
-    for op in rec["operators"].values():
-        op["mesh_axes"] = [None if lab == REPLICATE else lab for lab in op["mesh_axes"]]
-    return rec
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+__all__ = ["operator_plan", "best_priced", "drec_searcher", "ilp_searcher", "layout_of", "estimate_with_layout",
+           "OUTER_TOP_K", "ILP_TIME_LIMIT_S"]

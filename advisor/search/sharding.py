@@ -289,6 +289,10 @@ class ShardingProblem:
         self._edge_cost: dict[tuple[int, tuple, tuple], float] = {}
         self._strategies: dict[int, list[Strat]] = {}
         self._templates: dict[tuple, tuple] = {}
+        # operators whose strategy a user fixed (advisor.search.semi_auto): v -> the mesh strategies
+        # that give the user's cuts, and every prefix of them (D-Rec decides one axis at a time)
+        self.fixed: dict[int, list[Strat]] = {}
+        self._fixed_prefixes: dict[int, set[Strat]] = {}
 
     @property
     def num_ops(self) -> int:
@@ -300,7 +304,19 @@ class ShardingProblem:
 
     def enumerable(self, v: int) -> bool:
         """Whether operator v's strategies can be listed (the ILP and brute force need them)."""
-        return len(self.info[v].choices) ** len(self.mesh.shape) <= ENUMERATION_LIMIT
+        return v in self.fixed or len(self.info[v].choices) ** len(self.mesh.shape) <= ENUMERATION_LIMIT
+
+    def fix(self, v: int, strategies: list[Strat]) -> None:
+        """Keep operator v to these strategies (a user's shard(); advisor.search.semi_auto)."""
+        if not strategies:
+            raise AdvisorError(f"operator '{self.info[v].op.name}': a fixed operator needs at least one strategy")
+        self.fixed[v] = list(strategies)
+        self._fixed_prefixes[v] = {s[:k] for s in strategies for k in range(len(s) + 1)}
+        self._strategies.pop(v, None)
+
+    def allows(self, v: int, strat: Strat, level: int) -> bool:
+        """Whether axes 0..level of a partial strategy can still end in one of v's fixed strategies."""
+        return v not in self.fixed or tuple(strat[: level + 1]) in self._fixed_prefixes[v]
 
     def strategies(self, v: int) -> list[Strat]:
         """Every legal full strategy of operator v."""
@@ -309,6 +325,8 @@ class ShardingProblem:
                 f"operator '{self.info[v].op.name}' has {len(self.info[v].choices)}^{len(self.mesh.shape)} strategies "
                 f"on the {self.mesh.describe()} mesh, too many to list; use a mesh with fewer axes "
                 f"(DeviceMesh.for_devices without fine=True)")
+        if v in self.fixed:
+            return self.fixed[v]
         if v not in self._strategies:
             pool = itertools.product(self.info[v].choices, repeat=len(self.mesh.shape))
             self._strategies[v] = [s for s in pool if self.shard(v, s).valid]

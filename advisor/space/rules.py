@@ -119,6 +119,17 @@ def _positive(m, c, j, b):
     return bad
 
 
+def _micro_batch_copies(m, c, j, b):
+    # MindSpore's MicroBatchInterleaved splits the micro-batch along its batch dimension into
+    # interleave_num parts (MindFormers: batch_size is then per copy), so the copies must divide it
+    return (b.micro_batch_copies < 1) | (b.micro_batch_size % np.maximum(b.micro_batch_copies, 1) != 0)
+
+
+def _grad_bucket(m, c, j, b):
+    # ZeRO-2/3 are priced per wrapped unit (FSDP), not per bucket (advisor.cost.fusion)
+    return ~np.isfinite(b.grad_bucket_mb) | (b.grad_bucket_mb < 0) | ((b.grad_bucket_mb > 0) & (b.zero_stage > 1))
+
+
 RULES: dict[str, tuple[Rule, str]] = {
     "positive degrees": (_positive, "every degree, the micro-batch size and the micro-batch count must be at least 1"),
     "device count": (_device_count, "dp x tp x pp x cp must equal the number of devices"),
@@ -139,6 +150,10 @@ RULES: dict[str, tuple[Rule, str]] = {
     "offload needs zero": (_offload, "optimizer offload needs ZeRO stage 1 or more"),
     "recompute layers": (_recompute_layers, "recomputed-layer counts need full recomputation (or selective with "
                          "framework mindspore), at least one layer, and at most the layers of a stage"),
+    "micro-batch copies": (_micro_batch_copies, "multi-copy parallelism needs the copies (at least 1) to divide the "
+                           "micro-batch size"),
+    "gradient bucket": (_grad_bucket, "a gradient bucket size must be a positive number of MiB and goes with ZeRO "
+                        "stage 0 or 1"),
 }
 
 
@@ -187,5 +202,7 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "offload needs zero": f"zero = {s.zero_stage}",
         "positive degrees": f"dp = {s.dp}, tp = {s.tp}, pp = {s.pp}, cp = {s.cp}, ep = {s.ep}",
         "recompute layers": f"recompute = {s.recompute}, recompute_layers = {s.recompute_layers}",
+        "micro-batch copies": f"copies = {s.micro_batch_copies}, micro-batch size = {s.micro_batch_size}",
+        "gradient bucket": f"grad_bucket_mb = {s.grad_bucket_mb}, zero = {s.zero_stage}",
     }
     return details.get(name, "")

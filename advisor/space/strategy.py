@@ -48,6 +48,12 @@ class Strategy:
     offload_optimizer: bool = False
     mesh_order: tuple[str, ...] = DEFAULT_MESH_ORDER
     cp_comm: str = "p2p"
+    # Communication fusion: data-parallel gradient bucket size in MiB (None: the framework's default
+    # buckets, priced as before; advisor.cost.fusion).
+    grad_bucket_mb: float | None = None
+    # Multi-copy parallelism: copies each micro-batch is split into so that one copy's tensor-parallel
+    # collectives run under another's compute (MindSpore MicroBatchInterleaved; advisor.cost.multi_copy).
+    micro_batch_copies: int = 1
 
     @property
     def devices(self) -> int:
@@ -121,10 +127,16 @@ class StrategyBatch:
     pp_stride: np.ndarray
     mesh_order: tuple[tuple[str, ...], ...] = field(default=(), compare=False)
     cp_comm: np.ndarray | None = None          # index into CP_COMM; None: all p2p
+    grad_bucket_mb: np.ndarray | None = None   # MiB; 0: the framework's default buckets; None: all 0
+    micro_batch_copies: np.ndarray | None = None   # None: all 1
 
     def __post_init__(self) -> None:
         if self.cp_comm is None:
             object.__setattr__(self, "cp_comm", np.zeros(len(self.dp), dtype=np.int64))
+        if self.grad_bucket_mb is None:
+            object.__setattr__(self, "grad_bucket_mb", np.zeros(len(self.dp)))
+        if self.micro_batch_copies is None:
+            object.__setattr__(self, "micro_batch_copies", np.ones(len(self.dp), dtype=np.int64))
 
     def __len__(self) -> int:
         return int(self.dp.shape[0])
@@ -156,6 +168,8 @@ class StrategyBatch:
             pp_stride=np.array([s.stride("pp") for s in strategies], dtype=np.int64),
             mesh_order=tuple(tuple(s.mesh_order) for s in strategies),
             cp_comm=np.array([CP_COMM.index(s.cp_comm) for s in strategies], dtype=np.int64),
+            grad_bucket_mb=np.array([s.grad_bucket_mb or 0.0 for s in strategies], dtype=float),
+            micro_batch_copies=np.array([s.micro_batch_copies for s in strategies], dtype=np.int64),
         )
 
     def take(self, index) -> "StrategyBatch":
@@ -187,4 +201,6 @@ class StrategyBatch:
             offload_optimizer=bool(self.offload_optimizer[i]),
             mesh_order=self.mesh_order[i] if self.mesh_order else DEFAULT_MESH_ORDER,
             cp_comm=CP_COMM[int(self.cp_comm[i])],
+            grad_bucket_mb=float(self.grad_bucket_mb[i]) if self.grad_bucket_mb[i] > 0 else None,
+            micro_batch_copies=int(self.micro_batch_copies[i]),
         )

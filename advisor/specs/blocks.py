@@ -13,6 +13,7 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.specs import _fields as f
+from advisor.specs import limits as lim
 
 _MOE_REQUIRED = ("num_experts", "top_k", "expert_ffn_hidden_size")
 _MOE_OPTIONAL = ("layer_frequency", "first_k_dense_layers", "num_shared_experts", "shared_expert_ffn_hidden_size")
@@ -63,13 +64,14 @@ def moe_from_dict(raw: Any, origin: str, num_layers: int) -> MoESpec:
     f.check_keys(raw, mo, _MOE_REQUIRED, _MOE_OPTIONAL)
     shared_ffn = raw.get("shared_expert_ffn_hidden_size")
     moe = MoESpec(
-        num_experts=f.positive_int(raw, "num_experts", mo),
-        top_k=f.positive_int(raw, "top_k", mo),
-        expert_ffn_hidden_size=f.positive_int(raw, "expert_ffn_hidden_size", mo),
-        layer_frequency=f.positive_int(raw, "layer_frequency", mo, default=1),
-        first_k_dense_layers=f.non_negative_int(raw, "first_k_dense_layers", mo, default=0),
-        num_shared_experts=f.non_negative_int(raw, "num_shared_experts", mo, default=0),
-        shared_expert_ffn_hidden_size=None if shared_ffn is None else f.positive_int(raw, "shared_expert_ffn_hidden_size", mo),
+        num_experts=f.positive_int(raw, "num_experts", mo, maximum=lim.MAX_EXPERTS),
+        top_k=f.positive_int(raw, "top_k", mo, maximum=lim.MAX_EXPERTS),
+        expert_ffn_hidden_size=f.positive_int(raw, "expert_ffn_hidden_size", mo, maximum=lim.MAX_FFN_HIDDEN),
+        layer_frequency=f.positive_int(raw, "layer_frequency", mo, default=1, maximum=lim.MAX_LAYERS),
+        first_k_dense_layers=f.non_negative_int(raw, "first_k_dense_layers", mo, default=0, maximum=lim.MAX_LAYERS),
+        num_shared_experts=f.non_negative_int(raw, "num_shared_experts", mo, default=0, maximum=lim.MAX_EXPERTS),
+        shared_expert_ffn_hidden_size=None if shared_ffn is None else f.positive_int(raw, "shared_expert_ffn_hidden_size", mo,
+                                                                                      maximum=lim.MAX_FFN_HIDDEN),
     )
     if moe.top_k > moe.num_experts:
         raise AdvisorError(f"{mo}: key 'top_k' = {moe.top_k} exceeds num_experts = {moe.num_experts}")
@@ -89,9 +91,9 @@ def mla_from_dict(raw: Any, origin: str) -> MLASpec:
     mo = f"{origin}: mla"
     f.check_keys(raw, mo, _MLA_REQUIRED, _MLA_OPTIONAL)
     return MLASpec(
-        kv_lora_rank=f.positive_int(raw, "kv_lora_rank", mo),
-        qk_nope_head_dim=f.positive_int(raw, "qk_nope_head_dim", mo),
-        qk_rope_head_dim=f.positive_int(raw, "qk_rope_head_dim", mo),
-        v_head_dim=f.positive_int(raw, "v_head_dim", mo),
-        q_lora_rank=f.non_negative_int(raw, "q_lora_rank", mo, default=0),
+        kv_lora_rank=f.positive_int(raw, "kv_lora_rank", mo, maximum=lim.MAX_HIDDEN),
+        qk_nope_head_dim=f.positive_int(raw, "qk_nope_head_dim", mo, maximum=lim.MAX_HIDDEN),
+        qk_rope_head_dim=f.positive_int(raw, "qk_rope_head_dim", mo, maximum=lim.MAX_HIDDEN),
+        v_head_dim=f.positive_int(raw, "v_head_dim", mo, maximum=lim.MAX_HIDDEN),
+        q_lora_rank=f.non_negative_int(raw, "q_lora_rank", mo, default=0, maximum=lim.MAX_HIDDEN),
     )

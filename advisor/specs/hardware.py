@@ -14,7 +14,6 @@ Link tiers, fastest first:
 from __future__ import annotations
 
 
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,11 @@ import numpy as np
 from advisor.errors import AdvisorError
 from advisor.specs.calibration import check_calibration
 from advisor.specs import _fields as f
+from advisor.specs import limits as lim
+from advisor.specs.curves import DTYPES, attention_curves, gemm_curves, reference_curve
+from advisor.specs.units import normalize_bandwidths
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "hardware_profiles"
-DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,8 @@ class HardwareProfile:
     price_per_device_hour_usd: float | None = None
     power_watts: float | None = None
     raw: dict[str, Any] = field(default=None, compare=False, repr=False)  # the mapping it was loaded from
+    # What the loader assumed for the user (a reference GEMM curve), for estimate/recommend to print
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     def with_overrides(
         self,
@@ -156,6 +159,10 @@ class HardwareProfile:
         memory_gib: float | None = None,
     ) -> "HardwareProfile":
         """A what-if variant; the raw mapping is updated too so plans record what was assumed."""
+        for flag, value in (("--inter-node-gbps", inter_node_gbps), ("--intra-node-gbps", intra_node_gbps),
+                            ("--memory-gib", memory_gib)):
+            if value is not None:
+                f.positive_float({flag: value}, flag, f"what-if of {self.name}")
         raw = _deep_copy(self.raw) if self.raw is not None else None
         prof = self
         if inter_node_gbps is not None:
@@ -212,7 +219,7 @@ def _per_op(value: Any, origin: str) -> tuple[tuple[str, float, float], ...]:
     if value is None:
         return ()
     if not isinstance(value, dict):
-        raise AdvisorError(f"{origin}: expected a mapping of operation to {{latency_us, bandwidth_gbps}}, got {value!r}")
+        raise AdvisorError(f"{origin}: expected a mapping of operation to {{latency_us, bandwidth_gbps}}, got {f.prefix(value)}")
     out = []
     for op, pair in value.items():
         if op not in COLLECTIVE_OPS:
@@ -230,88 +237,45 @@ def _action_overheads(value: Any, origin: str) -> tuple[tuple[str, float], ...]:
     if value is None:
         return ()
     if not isinstance(value, dict):
-        raise AdvisorError(f"{origin}: expected a mapping of pipeline schedule to microseconds, got {value!r}")
+        raise AdvisorError(f"{origin}: expected a mapping of pipeline schedule to microseconds, got {f.prefix(value)}")
     for schedule in value:
         if schedule not in SCHEDULES:
             raise AdvisorError(f"{origin}: unknown pipeline schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
     return tuple((k, f.non_negative_float(value, k, origin)) for k in value)
 
 
-def _efficiency_curve(value: Any, origin: str, name: str = "matmul_efficiency",
-                      unit: str = "gflop") -> tuple[tuple[float, float], ...]:
-    key = f"{origin}: key '{name}'"
-    if not isinstance(value, list) or not value:
-        raise AdvisorError(f"{key} must be a non-empty list of [{unit}, efficiency] pairs, got {value!r}")
-    points = []
-    for item in value:
-        ok = isinstance(item, (list, tuple)) and len(item) == 2 and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in item
-        )
-        if not ok or item[0] <= 0 or not 0 < item[1] <= 1:
-            raise AdvisorError(f"{key} has a bad point {item!r}: want [{unit} > 0, 0 < efficiency <= 1]")
-        points.append((float(item[0]), float(item[1])))
-    if any(b[0] <= a[0] for a, b in zip(points, points[1:])):
-        raise AdvisorError(f"{key} must list {unit} in increasing order, got {value!r}")
-    return tuple(points)
-
-
-def _attention_curves(value: Any, origin: str):
-    """((kernel, curve), ...) from a kernel -> [[tokens, efficiency], ...] mapping (optional)."""
-    from advisor.specs.job import ATTENTION_KERNELS
-
-    if value is None:
-        return ()
-    if not isinstance(value, dict) or not value:
-        raise AdvisorError(f"{origin}: key 'attention_efficiency' must map attention kernels "
-                           f"({', '.join(ATTENTION_KERNELS)}) to [[tokens, efficiency], ...] curves, got {value!r}")
-    out = []
-    for kernel, curve in value.items():
-        if kernel not in ATTENTION_KERNELS:
-            raise AdvisorError(f"{origin}: attention_efficiency has unknown kernel '{kernel}' (known: {', '.join(ATTENTION_KERNELS)})")
-        out.append((kernel, _efficiency_curve(curve, origin, f"attention_efficiency: {kernel}", "tokens")))
-    return tuple(out)
-
-
-def _gemm_curves(value: Any, origin: str):
-    """(default curve, ((dtype, curve), ...)) from a list or a dtype -> list mapping."""
-    if not isinstance(value, dict):
-        return _efficiency_curve(value, origin), ()
-    if not value:
-        raise AdvisorError(f"{origin}: key 'matmul_efficiency' must not be an empty mapping")
-    curves = []
-    for dtype, curve in value.items():
-        if dtype not in DTYPES:
-            raise AdvisorError(f"{origin}: matmul_efficiency has unknown dtype '{dtype}' (known: {', '.join(DTYPES)})")
-        curves.append((dtype, _efficiency_curve(curve, origin, f"matmul_efficiency: {dtype}")))
-    return curves[0][1], tuple(curves)
-
-
 def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
+    """The profile of a mapping; bandwidths with units ("200Gb/s") become GB/s numbers in it and in raw."""
     f.check_keys(data, origin, ("name", "source", "device", "node", "inter_node", "host"),
                  ("price_per_device_hour_usd", "power_watts", "notes", "calibration"))
+    data = normalize_bandwidths(data, origin)
     check_calibration(data.get("calibration"), origin)
     do = f"{origin}: device"
     dev = data["device"]
-    f.check_keys(dev, do, ("name", "memory_gib", "memory_bandwidth_gbps", "peak_tflops", "matmul_efficiency"),
-                 ("memory_efficiency", "launch_overhead_us", "asynchronous_launch",
+    f.check_keys(dev, do, ("name", "memory_gib", "memory_bandwidth_gbps", "peak_tflops"),
+                 ("matmul_efficiency", "memory_efficiency", "launch_overhead_us", "asynchronous_launch",
                   "optimizer_overhead_us_per_tensor", "optimizer_bytes_per_param", "pipeline_action_overhead_us",
                   "overlaps_communication", "attention_efficiency", "notes"))
     peaks = dev["peak_tflops"]
     if not isinstance(peaks, dict) or not peaks:
-        raise AdvisorError(f"{do}: key 'peak_tflops' must map dtypes to TFLOP/s, got {peaks!r}")
+        raise AdvisorError(f"{do}: key 'peak_tflops' must map dtypes to TFLOP/s, got {f.prefix(peaks)}")
     for dtype in peaks:
         if dtype not in DTYPES:
             raise AdvisorError(f"{do}: peak_tflops has unknown dtype '{dtype}' (known: {', '.join(DTYPES)})")
         f.positive_float(peaks, dtype, f"{do}: peak_tflops")
-    gemm_default, gemm_by_dtype = _gemm_curves(dev["matmul_efficiency"], do)
+    notes, curve = (), dev.get("matmul_efficiency")
+    if curve is None:
+        curve, note = reference_curve(f.name(dev, "name", do), PROFILES_DIR, origin)
+        notes = (note,)
+    gemm_default, gemm_by_dtype = gemm_curves(curve, do)
     device = DeviceSpec(
-        name=f.text(dev, "name", do),
+        name=f.name(dev, "name", do),
         memory_gib=f.positive_float(dev, "memory_gib", do),
         memory_bandwidth_gbps=f.positive_float(dev, "memory_bandwidth_gbps", do),
         peak_tflops={k: float(v) for k, v in peaks.items()},
         matmul_efficiency=gemm_default,
         matmul_efficiency_by_dtype=gemm_by_dtype,
-        attention_efficiency=_attention_curves(dev.get("attention_efficiency"), do),
+        attention_efficiency=attention_curves(dev.get("attention_efficiency"), do),
         memory_efficiency=f.fraction(dev, "memory_efficiency", do, default=0.8),
         launch_overhead_us=f.non_negative_float(dev, "launch_overhead_us", do, default=0.0),
         asynchronous_launch=f.boolean(dev, "asynchronous_launch", do, default=True),
@@ -326,7 +290,7 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
     no = f"{origin}: node"
     nd = data["node"]
     f.check_keys(nd, no, ("devices_per_node", "intra_node"), ("notes",))
-    per_node = f.positive_int(nd, "devices_per_node", no)
+    per_node = f.positive_int(nd, "devices_per_node", no, maximum=lim.MAX_DEVICES_PER_NODE)
     io = f"{no}: intra_node"
     intra = nd["intra_node"]
     f.check_keys(intra, io, ("bandwidth_gbps", "latency_us", "topology"),
@@ -336,7 +300,7 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
     cross = None
     group_size = per_node
     if topology == "mesh-groups":
-        group_size = f.positive_int(intra, "group_size", io)
+        group_size = f.positive_int(intra, "group_size", io, maximum=lim.MAX_DEVICES_PER_NODE)
         if per_node % group_size:
             raise AdvisorError(f"{io}: key 'group_size' = {group_size} does not divide devices_per_node = {per_node}")
         cross = Link(
@@ -365,7 +329,7 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
     price = data.get("price_per_device_hour_usd")
     power = data.get("power_watts")
     return HardwareProfile(
-        name=f.text(data, "name", origin),
+        name=f.name(data, "name", origin),
         source=f.text(data, "source", origin),
         device=device,
         node=node,
@@ -378,12 +342,13 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         price_per_device_hour_usd=None if price is None else f.positive_float(data, "price_per_device_hour_usd", origin),
         power_watts=None if power is None else f.positive_float(data, "power_watts", origin),
         raw=_deep_copy(data),
+        notes=notes,
     )
 
 
 def load_hardware(name_or_path: str) -> HardwareProfile:
     path = f.resolve_bundled(name_or_path, PROFILES_DIR, "hardware profile")
-    return hardware_from_dict(f.read_mapping(path), str(path))
+    return hardware_from_dict(f.read_mapping(path, "hardware profile"), str(path))
 
 
 def bundled_hardware() -> list[str]:

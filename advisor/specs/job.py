@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from advisor.errors import AdvisorError
+from advisor.specs import limits
 from advisor.specs.hardware import HardwareProfile
+from advisor.specs.untrusted import prefix
 
 # Bytes per element of weights, gradients and activations as stored. FP8 training keeps them in
 # BF16 and runs only the linear layers' GEMMs in FP8 (Transformer Engine, torchao float8;
@@ -109,10 +111,13 @@ class TrainingJob:
     recompute_modules: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        for key in ("global_batch_size", "seq_length"):
+        for key, bound in (("global_batch_size", limits.MAX_GLOBAL_BATCH), ("seq_length", limits.MAX_SEQ_LENGTH)):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise AdvisorError(f"training: '{key}' must be a positive integer, got {value!r}")
+                raise AdvisorError(f"training: '{key}' must be a positive integer, got {prefix(value)}")
+            if value > bound:
+                raise AdvisorError(f"training: '{key}' = {value} exceeds the bound {bound:,} advisor accepts "
+                                   f"(advisor/specs/limits.py)")
         if self.dtype not in DTYPE_BYTES:
             raise AdvisorError(f"training: 'dtype' must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
         if self.optimizer not in OPTIMIZERS:
@@ -135,8 +140,9 @@ class TrainingJob:
             raise AdvisorError("training: 'fp8_param_gather' needs dtype fp8")
         if self.recompute_modules is not None:
             check_recompute_modules(self.recompute_modules, self.framework, "training: 'recompute_modules'")
-        if self.train_tokens is not None and not self.train_tokens > 0:
-            raise AdvisorError(f"training: 'train_tokens' must be positive, got {self.train_tokens!r}")
+        if self.train_tokens is not None and not 0 < self.train_tokens <= limits.MAX_QUANTITY:
+            raise AdvisorError(f"training: 'train_tokens' must be a positive number of at most "
+                               f"{limits.MAX_QUANTITY:g}, got {prefix(self.train_tokens)}")
 
     @property
     def selective_modules(self) -> tuple[str, ...]:
@@ -198,12 +204,19 @@ class Cluster:
         per_node = hardware.node.devices_per_node
         if (nodes is None) == (devices is None):
             raise AdvisorError("give the cluster size with exactly one of --nodes or --devices")
+        bound = limits.MAX_DEVICES
         if nodes is not None:
             if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes <= 0:
-                raise AdvisorError(f"--nodes must be a positive integer, got {nodes!r}")
+                raise AdvisorError(f"--nodes must be a positive integer, got {prefix(nodes)}")
+            if nodes * per_node > bound:
+                raise AdvisorError(f"--nodes {prefix(nodes)} x {per_node} devices per node exceeds the bound of "
+                                   f"{bound:,} devices advisor accepts (advisor/specs/limits.py)")
             return Cluster(nodes=nodes, devices=nodes * per_node)
         if isinstance(devices, bool) or not isinstance(devices, int) or devices <= 0:
-            raise AdvisorError(f"--devices must be a positive integer, got {devices!r}")
+            raise AdvisorError(f"--devices must be a positive integer, got {prefix(devices)}")
+        if devices > bound:
+            raise AdvisorError(f"--devices {prefix(devices)} exceeds the bound of {bound:,} devices advisor accepts "
+                               f"(advisor/specs/limits.py)")
         return Cluster(nodes=-(-devices // per_node), devices=devices)
 
 
@@ -217,7 +230,8 @@ def parse_token_count(text: str) -> float:
         else:
             value = float(raw)
     except ValueError:
-        raise AdvisorError(f"--tokens: cannot read {text!r} as a token count (examples: 300B, 2T, 1.5e12)") from None
-    if not value > 0:
-        raise AdvisorError(f"--tokens must be positive, got {text!r}")
+        raise AdvisorError(f"--tokens: cannot read {prefix(str(text))} as a token count (examples: 300B, 2T, 1.5e12)") from None
+    if not 0 < value <= limits.MAX_QUANTITY:
+        raise AdvisorError(f"--tokens must be a positive, finite count of at most {limits.MAX_QUANTITY:g}, "
+                           f"got {prefix(str(text))}")
     return value

@@ -29,7 +29,9 @@ import numpy as np
 
 from advisor.errors import AdvisorError
 from advisor.specs import _fields as f
+from advisor.specs import limits as lim
 from advisor.specs.blocks import Linear, MLASpec, MoESpec, mla_from_dict, moe_from_dict
+from advisor.specs.recommendation import RecModelSpec, rec_model_from_dict, rec_model_to_dict
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 
@@ -276,14 +278,20 @@ class ModelSpec:
 
 
 def model_from_dict(data: dict[str, Any], origin: str) -> ModelSpec:
+    family = data.get("family") if isinstance(data, dict) else None
+    if family is not None:   # a model family other than the transformer (advisor.specs.recommendation)
+        f.choice(data, "family", origin, ("transformer", "recommendation"))
+        if family == "recommendation":
+            return rec_model_from_dict(data, origin)
+        data = {k: v for k, v in data.items() if k != "family"}
     f.check_keys(data, origin, _REQUIRED, _OPTIONAL)
-    name = f.text(data, "name", origin)
+    name = f.name(data, "name", origin)
     source = f.text(data, "source", origin)
-    num_layers = f.positive_int(data, "num_layers", origin)
-    hidden = f.positive_int(data, "hidden_size", origin)
-    heads = f.positive_int(data, "num_attention_heads", origin)
-    kv_heads = f.positive_int(data, "num_kv_heads", origin, default=heads)
-    head_dim = None if data.get("head_dim") is None else f.positive_int(data, "head_dim", origin)
+    num_layers = f.positive_int(data, "num_layers", origin, maximum=lim.MAX_LAYERS)
+    hidden = f.positive_int(data, "hidden_size", origin, maximum=lim.MAX_HIDDEN)
+    heads = f.positive_int(data, "num_attention_heads", origin, maximum=lim.MAX_HEADS)
+    kv_heads = f.positive_int(data, "num_kv_heads", origin, default=heads, maximum=lim.MAX_HEADS)
+    head_dim = None if data.get("head_dim") is None else f.positive_int(data, "head_dim", origin, maximum=lim.MAX_HIDDEN)
     if head_dim is None and hidden % heads:
         raise AdvisorError(f"{origin}: key 'num_attention_heads' = {heads} does not divide hidden_size = {hidden} "
                            f"(give 'head_dim' when the heads are not hidden_size / heads wide)")
@@ -299,8 +307,9 @@ def model_from_dict(data: dict[str, Any], origin: str) -> ModelSpec:
     published = data.get("published_params")
     if published is not None:
         published = f.positive_float(data, "published_params", origin)
-    window = None if data.get("sliding_window") is None else f.positive_int(data, "sliding_window", origin)
-    every = f.positive_int(data, "sliding_window_every", origin, default=1)
+    window = None if data.get("sliding_window") is None else f.positive_int(data, "sliding_window", origin,
+                                                                             maximum=lim.MAX_SEQ_LENGTH)
+    every = f.positive_int(data, "sliding_window_every", origin, default=1, maximum=lim.MAX_LAYERS)
     if data.get("sliding_window_every") is not None and (window is None or every > num_layers):
         raise AdvisorError(f"{origin}: key 'sliding_window_every' = {every} needs 'sliding_window' and at most "
                            f"num_layers = {num_layers}")
@@ -311,10 +320,10 @@ def model_from_dict(data: dict[str, Any], origin: str) -> ModelSpec:
         hidden_size=hidden,
         num_attention_heads=heads,
         num_kv_heads=kv_heads,
-        ffn_hidden_size=f.positive_int(data, "ffn_hidden_size", origin, default=4 * hidden),
+        ffn_hidden_size=f.positive_int(data, "ffn_hidden_size", origin, default=4 * hidden, maximum=lim.MAX_FFN_HIDDEN),
         ffn_activation=f.choice(data, "ffn_activation", origin, ("gelu", "swiglu"), default="gelu"),
-        vocab_size=f.positive_int(data, "vocab_size", origin),
-        seq_length=f.positive_int(data, "seq_length", origin),
+        vocab_size=f.positive_int(data, "vocab_size", origin, maximum=lim.MAX_VOCAB),
+        seq_length=f.positive_int(data, "seq_length", origin, maximum=lim.MAX_SEQ_LENGTH),
         tie_embeddings=f.boolean(data, "tie_embeddings", origin, default=False),
         norm=f.choice(data, "norm", origin, ("layernorm", "rmsnorm"), default="layernorm"),
         moe=moe,
@@ -332,6 +341,8 @@ def model_from_dict(data: dict[str, Any], origin: str) -> ModelSpec:
 
 def model_to_dict(model: ModelSpec) -> dict[str, Any]:
     """The description as a plain mapping (round-trips through model_from_dict)."""
+    if isinstance(model, RecModelSpec):
+        return rec_model_to_dict(model)
     out: dict[str, Any] = {
         "name": model.name, "source": model.source, "num_layers": model.num_layers,
         "hidden_size": model.hidden_size, "num_attention_heads": model.num_attention_heads,
@@ -370,8 +381,12 @@ def model_to_dict(model: ModelSpec) -> dict[str, Any]:
 
 def load_model(name_or_path: str) -> ModelSpec:
     path = f.resolve_bundled(name_or_path, MODELS_DIR, "model")
-    return model_from_dict(f.read_mapping(path), str(path))
+    return model_from_dict(f.read_mapping(path, "model description"), str(path))
 
 
-def bundled_models() -> list[str]:
-    return sorted(p.stem for p in MODELS_DIR.glob("*.yaml"))
+def bundled_models(family: str | None = None) -> list[str]:
+    """Bundled model names; with `family` ("transformer" or "recommendation") only that family's."""
+    names = sorted(p.stem for p in MODELS_DIR.glob("*.yaml"))
+    if family is None:
+        return names
+    return [n for n in names if (f.read_mapping(MODELS_DIR / f"{n}.yaml").get("family") or "transformer") == family]

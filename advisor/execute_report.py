@@ -1,0 +1,212 @@
+"""The validation report of ``advisor execute``: compare what the ranks measured with the
+single-process reference (losses, gradient norms) and with advisor's prediction (memory by part,
+step time), and render or write it.
+
+A report is a dict; ``json_ready`` makes the copy that is printed or written: a figure that is not
+finite (a diverged loss, a relative error against a prediction of zero) becomes null, with a note.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from advisor.executor.config import RunConfig, run_config_to_dict
+from advisor.runtime.files import write_json
+
+LOSS_GOAL = 1e-4
+MEMORY_GOAL = 0.10
+TIME_GOAL = 0.25
+GIB = 2.0 ** 30
+# per-rank measured part -> the prediction it is compared with
+COMPARED_PARTS = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "optimizer": "optimizer",
+    "activations_per_microbatch": "activations_per_microbatch",
+}
+
+
+# ---- comparison --------------------------------------------------------------------------------
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b) if b else (0.0 if a == b else math.inf)
+
+
+def compare_losses(parallel: list[float], reference: list[float]) -> float:
+    return max(_rel(a, b) for a, b in zip(parallel, reference, strict=True))
+
+
+def compare_memory(ranks: list[dict], prediction: dict[str, float] | None) -> dict[str, Any]:
+    """Per rank: measured bytes by part; on the predicted worst stage's ranks, the relative error of
+    each compared part (the prediction describes one device of that stage)."""
+    rows, worst = [], None
+    stage = prediction["stage"] if prediction else None
+    for r in ranks:
+        measured = r["memory_bytes"]
+        row = {"rank": r["rank"], "coords": r["coords"], "measured_bytes": measured, "predicted_bytes": None,
+               "rel_error": None}
+        if prediction is not None and r["coords"]["pp"] == stage:
+            row["predicted_bytes"] = {m: prediction[p] for m, p in COMPARED_PARTS.items()}
+            row["rel_error"] = {m: _rel(measured[m], prediction[p]) for m, p in COMPARED_PARTS.items()}
+            row["predicted_bytes"]["activations_in_flight"] = prediction["activations"]
+            row["rel_error_in_flight"] = _rel(measured["activations_in_flight"], prediction["activations"])
+            top = max(row["rel_error"].values())
+            worst = top if worst is None else max(worst, top)
+        rows.append(row)
+    return {"predicted_stage": stage, "prediction_bytes": prediction, "ranks": rows, "max_rel_error": worst,
+            "compared_parts": list(COMPARED_PARTS), "goal": MEMORY_GOAL}
+
+
+def measured_step_time_s(ranks: list[dict]) -> float:
+    """The slowest rank's median step time (steps after the first)."""
+    return max(r["median_step_time_s"] for r in ranks)
+
+
+def host_speed(ranks: list[dict], calibrated_us: float | None) -> dict[str, Any] | None:
+    """The host probe run on every rank right before and after the timed steps, next to the
+    profile's: above 1, this machine ran slower during the run than when it was calibrated."""
+    probes = [x for r in ranks for x in r.get("host_probe_us", [])]
+    if not probes:
+        return None
+    during = statistics.median(probes)
+    return {"probes_us": [r.get("host_probe_us") for r in ranks], "during_run_us": during,
+            "calibrated_us": calibrated_us, "slowdown": during / calibrated_us if calibrated_us else None,
+            "spread": max(probes) / min(probes)}
+
+
+def slowest_phases(ranks: list[dict]) -> dict[str, float] | None:
+    """The median phases (forward + backward, gradient sync, optimizer) of the slowest rank."""
+    slowest = max(ranks, key=lambda r: r["median_step_time_s"])
+    return slowest.get("median_phase_times_s")
+
+
+def build_report(cfg: RunConfig, ranks: list[dict], reference: dict, memory_pred, time_est, backend: str,
+                 notes: list[str], calibrated_us: float | None = None) -> dict[str, Any]:
+    ranks = sorted(ranks, key=lambda r: r["rank"])
+    losses = ranks[0]["losses"]
+    loss_diff = compare_losses(losses, reference["losses"])
+    norm_diff = compare_losses(ranks[0]["grad_norms"], reference["grad_norms"])
+    memory = compare_memory(ranks, memory_pred)
+    step = measured_step_time_s(ranks)
+    cpu_step = max(r["median_cpu_step_time_s"] for r in ranks) if all("median_cpu_step_time_s" in r for r in ranks) else None
+    predicted_step = time_est.step_time_s if time_est is not None else None
+    ratio = step / predicted_step if predicted_step else None
+    return {
+        "name": cfg.name,
+        "executed": {"model": run_config_to_dict(cfg)["model"], "parallel": run_config_to_dict(cfg)["parallel"],
+                     "seq_length": cfg.seq_length, "global_batch_size": cfg.global_batch_size, "dtype": cfg.dtype,
+                     "optimizer": cfg.optimizer, "steps": cfg.steps, "world_size": cfg.parallel.world_size,
+                     "backend": backend},
+        "notes": list(cfg.notes) + notes,
+        "loss_max_rel_diff": loss_diff,
+        "grad_norm_max_rel_diff": norm_diff,
+        "memory_max_rel_error": memory["max_rel_error"],
+        "time_ratio": ratio,
+        "loss": {"parallel": losses, "reference": reference["losses"], "goal": LOSS_GOAL, "ok": loss_diff <= LOSS_GOAL},
+        "grad_norm": {"parallel": ranks[0]["grad_norms"], "reference": reference["grad_norms"]},
+        "memory": memory,
+        "time": {"measured_step_s": step, "predicted_step_s": predicted_step, "ratio": ratio, "goal": TIME_GOAL,
+                 "measured_cpu_step_s": cpu_step,
+                 "cpu_ratio": cpu_step / predicted_step if (predicted_step and cpu_step is not None) else None,
+                 "load_average": max((r.get("load_average") or 0.0) for r in ranks),
+                 "predicted_parts_s": dict(time_est.time_s) if time_est is not None else None,
+                 "per_rank_median_s": [r["median_step_time_s"] for r in ranks],
+                 "measured_phases_s": slowest_phases(ranks), "host_speed": host_speed(ranks, calibrated_us)},
+        "ranks": ranks,
+    }
+
+
+def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(what, measured, predicted, verdict) rows for the rich table."""
+    rows = []
+    lo = report["loss"]
+    rows.append(("loss (last step)", f"{lo['parallel'][-1]:.6f}", f"{lo['reference'][-1]:.6f} (1 process)",
+                 f"max rel diff {report['loss_max_rel_diff']:.1e} ({'ok' if lo['ok'] else 'FAIL'} <= {LOSS_GOAL:g})"))
+    mem = report["memory"]
+    stage_rows = [r for r in mem["ranks"] if r["rel_error"] is not None]
+    for part in COMPARED_PARTS:
+        if stage_rows:
+            worst_row = max(stage_rows, key=lambda r: r["rel_error"][part])
+            rows.append((f"{part} (rank {worst_row['rank']})", _mib(worst_row["measured_bytes"][part]),
+                         _mib(worst_row["predicted_bytes"][part]), f"rel err {worst_row['rel_error'][part]:.1%}"))
+        else:
+            rows.append((part, _mib(max(r["measured_bytes"][part] for r in mem["ranks"])), "-", "no prediction"))
+    t = report["time"]
+    if t.get("load_average"):
+        rows.append(("machine load (1-min average)", f"{t['load_average']:.1f}", "-",
+                     f"CPU time {t['measured_cpu_step_s'] * 1e3:.1f} ms per step"))
+    speed = t.get("host_speed")
+    if speed and speed["slowdown"]:
+        rows.append(("host probe (tiny layer fwd+bwd)", f"{speed['during_run_us']:.0f} us",
+                     f"{speed['calibrated_us']:.0f} us (calibrated)",
+                     f"machine {speed['slowdown']:.2f}x as slow as when calibrated"))
+    phases, parts = t.get("measured_phases_s"), t.get("predicted_parts_s")
+    if phases and parts:
+        busy = sum(v for k, v in parts.items() if k not in ("dp_comm", "optimizer", "offload"))
+        rows.append(("  forward + backward", f"{phases['forward_backward'] * 1e3:.1f} ms", f"{busy * 1e3:.1f} ms",
+                     "compute, host, bubble, tp/pp comm"))
+        rows.append(("  gradient sync + optimizer", f"{(phases['gradient_sync'] + phases['optimizer']) * 1e3:.1f} ms",
+                     f"{(parts['dp_comm'] + parts['optimizer']) * 1e3:.1f} ms", "dp comm, optimizer"))
+    rows.append(("step time (median)", f"{t['measured_step_s'] * 1e3:.1f} ms",
+                 f"{t['predicted_step_s'] * 1e3:.1f} ms" if t["predicted_step_s"] else "-",
+                 f"ratio {t['ratio']:.2f}" if t["ratio"] else "no profile (--hardware)"))
+    return rows
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2 ** 20:.3f} MiB"
+
+
+def json_ready(report: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the report with every non-finite number (a diverged loss, a relative error against
+    a prediction of zero) as null, and a note saying so: JSON has no Infinity or NaN (RFC 8259)."""
+    replaced: list[int] = []
+
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            replaced.append(1)
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    out = clean(report)
+    if replaced:
+        out["notes"] = list(out.get("notes", [])) + [
+            f"{len(replaced)} figure(s) were not finite (NaN or infinity) and are written as null"]
+    return out
+
+
+def write_report(report: dict[str, Any], path: str | Path) -> None:
+    write_json(path, json_ready(report), what="the report")
+
+
+def render_report(console, report: dict[str, Any], saved_to: str | None = None) -> None:
+    """The rich table: measured next to predicted, with the verdicts."""
+    from rich.table import Table
+
+    if "parameter_server" in report:
+        from advisor.executor.ps.report import ps_title, summary_rows as rows_of
+        title = ps_title(report)
+    else:
+        ex = report["executed"]
+        p = ex["parallel"]
+        vpp = f" x{p['virtual_pipeline_stages']} virtual" if p["virtual_pipeline_stages"] > 1 else ""
+        title = (f"{report['name']}: dp {p['dp']} x tp {p['tp']}{' (sp)' if p['sequence_parallel'] else ''} x pp "
+                 f"{p['pp']} ({p['pipeline_schedule']}{vpp}), ZeRO {p['zero_stage']}, recompute {p['recompute']}; "
+                 f"{ex['world_size']} ranks over {ex['backend']}, {ex['steps']} steps")
+        rows_of = summary_rows
+    table = Table(title=title)
+    for col in ("", "measured", "predicted", "verdict"):
+        table.add_column(col)
+    for row in rows_of(report):
+        table.add_row(*row)
+    console.print(table)
+    for note in report["notes"]:
+        console.print(f"note: {note}", markup=False, highlight=False)
+    if saved_to:
+        console.print(f"report written to {saved_to}", markup=False, highlight=False)

@@ -1,0 +1,74 @@
+"""One process of a parameter-server run, a server or a worker by its rank (servers first):
+
+    python -m advisor.executor.ps.node --spec spec.json --out-dir DIR      (started by ps.launch)
+
+It joins the scheduler's store (127.0.0.1:ADVISOR_PS_STORE_PORT) and the gloo group of all roles,
+runs its role, writes DIR/rank<R>.json, and waits for the scheduler's "ps/exit" before leaving,
+so that nobody leaves while a peer still reads from it. A rank that raises writes
+DIR/rank<R>.error.json and exits 1 (advisor.runtime.rank). Knobs: ADVISOR_EXECUTOR_PG_TIMEOUT_S,
+ADVISOR_EXECUTOR_THREADS, and for tests ADVISOR_PS_TEST_KILL_WORKER / ADVISOR_PS_TEST_KILL_SERVER
+= ``index:step`` (that worker or server dies by SIGKILL when it starts that step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from advisor.runtime.rank import fail, leave_without_finalization, mark_ready, start_watchdog, write_result
+
+STORE_PORT = "ADVISOR_PS_STORE_PORT"
+EXIT_KEY = "ps/exit"
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    parser = argparse.ArgumentParser(prog="python -m advisor.executor.ps.node")
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--out-dir", required=True)
+    args = parser.parse_args(argv)
+    start_watchdog()
+    out = Path(args.out_dir)
+    rank = int(os.environ["RANK"])
+    try:
+        _main(json.loads(Path(args.spec).read_text()), out, rank)
+    except BaseException as exc:  # report and leave; the scheduler decides what it means
+        fail(out, rank, exc)
+    leave_without_finalization(0)
+
+
+def _main(spec: dict, out: Path, rank: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from advisor.executor.ps.config import ps_config_from_plan
+    from advisor.executor.ps.server import Server
+    from advisor.executor.ps.worker import Worker
+
+    torch.set_num_threads(int(os.environ.get("ADVISOR_EXECUTOR_THREADS", "1")))
+    cfg = ps_config_from_plan(spec["plan"], steps=spec["steps"], tiny=spec["tiny"], dtype=spec["dtype"])
+    timeout_s = float(os.environ.get("ADVISOR_EXECUTOR_PG_TIMEOUT_S", "60"))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore("127.0.0.1", int(os.environ[STORE_PORT]), None, False, timeout)
+    world = cfg.servers + cfg.workers
+    pg = dist.ProcessGroupGloo(dist.PrefixStore("ps/world/", store), rank, world, timeout)
+    mark_ready(out, rank)
+    role = Server(cfg, rank, pg, store, timeout_s) if rank < cfg.servers else Worker(cfg, rank - cfg.servers, pg, store, timeout_s)
+    result = role.run()
+    result["rank"] = rank
+    write_result(out / f"rank{rank}.json", result)
+    while True:        # the watchdog ends this wait if the scheduler is gone or the deadline passes
+        try:
+            store.wait([EXIT_KEY], timeout)
+            return
+        except RuntimeError:
+            time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

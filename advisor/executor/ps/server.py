@@ -1,0 +1,158 @@
+"""A server: holds its pieces of the server tensors, answers pulls, aggregates pushes, applies the
+optimizer (Li et al. 2014, OSDI, sections 3-4).
+
+Synchronous rounds, one per step: (A) answer one pull of every live worker (a sparse table's
+requested rows, every other piece whole); (B) take one push of every live worker (the gradients of
+exactly those rows and pieces, and its loss), then apply the optimizer once to the average, which
+is the gradient of the global batch's mean loss, as one process would compute it. A worker the
+scheduler declares gone (store key ps/left/<worker>) is dropped from the round it is missing in and
+from every later one: the barrier shrinks and the average is over the workers that pushed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+from advisor.executor.ps import wire
+from advisor.executor.ps.config import PsConfig
+from advisor.executor.ps.model import init_rows, make_optimizers, state_bytes
+
+POLL_S = 0.05
+
+
+def left_key(worker: int) -> str:
+    return f"ps/left/{worker}"
+
+
+class WorkerGone(Exception):
+    pass
+
+
+def kill_if_asked(env_var: str, index: int, step: int) -> None:
+    """Tests only: ``<env_var>=index:step`` makes that server or worker die by SIGKILL at that step."""
+    want = os.environ.get(env_var)
+    if want and want == f"{index}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Server:
+    def __init__(self, cfg: PsConfig, index: int, pg, store, timeout_s: float):
+        self.cfg, self.index, self.pg, self.store, self.timeout_s = cfg, index, pg, store, timeout_s
+        self.pieces = cfg.server_pieces(index)
+        torch.sparse.check_sparse_tensor_invariants.disable()   # said explicitly: no warning from torch.optim
+        self.data = [init_rows(cfg.model, p.param, p.start, p.end, cfg.seed).requires_grad_() for p in self.pieces]
+        self.optimizers = make_optimizers(cfg.optimizer, cfg.learning_rate, [(d, p.sparse) for d, p in zip(self.data, self.pieces)])
+        self.worker_ranks = [cfg.servers + w for w in range(cfg.workers)]   # worker w is rank servers + w
+        self.live = set(range(cfg.workers))
+        self.left: list[dict] = []
+        self.gradient_bytes = 0
+
+    # ---- waiting for a worker, or for the news that it is gone
+    def _next(self, pending: set[int], inbox: wire.Inbox, kind: int, step: int) -> tuple[int, wire.Message] | None:
+        ranks = {self.cfg.servers + w for w in pending}
+        errors: dict[int, tuple[Exception, float]] = {}
+        while True:
+            got = inbox.next_from(ranks, POLL_S)
+            if got is not None:
+                rank, item = got
+                w = rank - self.cfg.servers
+                if isinstance(item, Exception):
+                    errors[w] = (item, time.monotonic())
+                    ranks.discard(rank)
+                else:
+                    if item.kind != kind or item.step != step:
+                        raise RuntimeError(f"server {self.index}: worker {w} sent message kind {item.kind} of step "
+                                           f"{item.step}, expected kind {kind} of step {step}")
+                    return w, item
+            for w in list(pending):
+                if self.store.check([left_key(w)]):
+                    self._drop(w, step, pending)
+                    ranks.discard(self.cfg.servers + w)
+                elif w in errors and time.monotonic() - errors[w][1] > self.timeout_s:
+                    raise RuntimeError(f"server {self.index}: lost worker {w}: {errors[w][0]}")
+            if not pending:
+                return None
+
+    def _drop(self, w: int, step: int, pending: set[int]) -> None:
+        pending.discard(w)
+        if w in self.live:
+            self.live.discard(w)
+            self.left.append({"worker": w, "rank": self.cfg.servers + w, "step": step})
+
+    # ---- one round
+    def run(self) -> dict:
+        cfg = self.cfg
+        inbox = wire.Inbox(self.pg, self.worker_ranks, 2 * cfg.steps)
+        times, losses, contributors = [], [], []
+        for step in range(cfg.steps):
+            self.store.set(f"ps/step/server{self.index}", str(step))
+            kill_if_asked("ADVISOR_PS_TEST_KILL_SERVER", self.index, step)
+            t0 = time.perf_counter()
+            requested = self._serve_pulls(step, inbox)
+            pushed = self._take_pushes(step, inbox, requested)
+            if not pushed:
+                raise RuntimeError(f"server {self.index}: no worker is left at step {step}")
+            self._apply(pushed, requested)
+            contributors.append(sorted(pushed))
+            losses.append(sum(msg.values[0].item() for msg in pushed.values()) / len(pushed))
+            times.append(time.perf_counter() - t0)
+        return {"role": "server", "index": self.index, "pieces": len(self.pieces), "step_times_s": times,
+                "losses": losses, "contributors": contributors, "left": self.left,
+                "memory_bytes": {"parameters": sum(d.numel() * d.element_size() for d in self.data),
+                                 "optimizer": state_bytes(self.optimizers), "gradients": self.gradient_bytes}}
+
+    def _serve_pulls(self, step: int, inbox: wire.Inbox) -> dict[int, list[torch.Tensor]]:
+        pending, requested, sends = set(self.live), {}, []
+        while pending:
+            got = self._next(pending, inbox, wire.PULL, step)
+            if got is None:
+                break
+            w, msg = got
+            pending.discard(w)
+            rows = iter(msg.ids)
+            requested[w] = [next(rows) if p.sparse else None for p in self.pieces]
+            values = [d.detach()[r] if r is not None else d.detach() for d, r in zip(self.data, requested[w])]
+            sends.append((w, wire.send(self.pg, self.cfg.servers + w, wire.Message(wire.PULL, step, [], values))))
+        for w, works in sends:
+            try:
+                wire.wait_all(works)
+            except RuntimeError:
+                pass                    # a worker gone mid-answer is dropped when its push is missed
+        return requested
+
+    def _take_pushes(self, step: int, inbox: wire.Inbox, requested) -> dict[int, wire.Message]:
+        pending, pushed = {w for w in self.live if w in requested}, {}
+        for w in set(self.live) - pending:      # pulled nothing this step: gone before the round
+            self._drop(w, step, set())
+        while pending:
+            got = self._next(pending, inbox, wire.PUSH, step)
+            if got is None:
+                break
+            w, msg = got
+            pending.discard(w)
+            pushed[w] = msg
+        return pushed
+
+    def _apply(self, pushed: dict[int, wire.Message], requested) -> None:
+        n = len(pushed)
+        grad_bytes = 0
+        for i, (piece, data) in enumerate(zip(self.pieces, self.data)):
+            grads = [msg.values[1 + i] for msg in pushed.values()]
+            if piece.sparse:
+                rows = torch.cat([requested[w][i] for w in pushed])
+                values = torch.cat([g.reshape(-1, data.shape[1]) for g in grads]) / n
+                grad = torch.sparse_coo_tensor(rows.unsqueeze(0), values, data.shape, check_invariants=False)
+                grad_bytes += values.numel() * values.element_size() + rows.numel() * rows.element_size()
+            else:
+                grad = (torch.stack(grads).sum(0) / n).reshape(data.shape)
+                grad_bytes += grad.numel() * grad.element_size()
+            data.grad = grad
+        for opt in self.optimizers:
+            opt.step()
+        for data in self.data:
+            data.grad = None
+        self.gradient_bytes = max(self.gradient_bytes, grad_bytes)

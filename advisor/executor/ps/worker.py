@@ -1,0 +1,203 @@
+"""A worker: per step, pull what its batch needs, compute forward and backward, push the gradients.
+
+* pull: from every server, the rows of its sparse tables that this worker's batch looks up (each
+  unique id once) and every other piece whole (ps-lite's pull of the keys a worker needs, Li et al.
+  2014 section 3);
+* forward and backward on those tensors as the reference runs them, the looked-up rows as a small
+  table of their own (its gradient is the sparse gradient, one row per unique id);
+* push: the gradient of every pulled piece and the local loss, to the server it came from;
+* hybrid: the tensors not on servers live on every worker and their gradients are all-reduced over
+  a gloo group of the workers only (averaged over the workers in it), then the same optimizer is
+  applied locally. When a worker is gone (the scheduler's store says so) the others form a new group
+  without it and redo that all-reduce from their own gradients.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from advisor.executor.ps import wire
+from advisor.executor.ps.config import PsConfig
+from advisor.executor.ps.model import (forward, global_batch, init_rows, loss_of, make_optimizers, pool,
+                                       state_bytes, worker_slice)
+from advisor.executor.ps.server import POLL_S, kill_if_asked, left_key
+
+
+class SavedBytes:
+    """Bytes autograd saves for backward during a forward, by distinct storage, parameters left
+    out (what advisor.executor.measure.ActivationTracker counts per micro-batch, without its
+    DTensor and checkpoint cases, which a parameter-server worker does not have)."""
+
+    def __init__(self):
+        self.by_storage: dict[tuple[int, int], int] = {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, nn.Parameter) and not isinstance(t._base, nn.Parameter):
+            st = t.untyped_storage()
+            self.by_storage[(st.data_ptr(), st.nbytes())] = st.nbytes()
+        return t
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_storage.values())
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+class Worker:
+    def __init__(self, cfg: PsConfig, index: int, pg, store, timeout_s: float):
+        self.cfg, self.index, self.pg, self.store, self.timeout_s = cfg, index, pg, store, timeout_s
+        m = cfg.model
+        self.pieces = {s: cfg.server_pieces(s) for s in range(cfg.servers)}
+        torch.sparse.check_sparse_tensor_invariants.disable()   # said explicitly: no warning from torch.optim
+        shapes = m.param_shapes()
+        self.local = {name: nn.Parameter(init_rows(m, name, 0, shapes[name][0], cfg.seed))
+                      for name in cfg.replicated_params()}
+        self.sparse_tables = {t.name for t in m.tables if t.sparse}
+        self.optimizers = make_optimizers(cfg.optimizer, cfg.learning_rate,
+                                          [(p, n in self.sparse_tables) for n, p in self.local.items()])
+        self.members = list(range(cfg.workers))
+        self.group = None
+        self.memory = {"parameters": 0, "gradients": 0, "optimizer": 0, "activations_per_microbatch": 0}
+
+    def run(self) -> dict:
+        times, losses = [], []
+        if self.local:
+            self._form_group()
+        for step in range(self.cfg.steps):
+            kill_if_asked("ADVISOR_PS_TEST_KILL_WORKER", self.index, step)
+            t0 = time.perf_counter()
+            losses.append(self._step(step))
+            times.append(time.perf_counter() - t0)
+        return {"role": "worker", "index": self.index, "step_times_s": times, "losses": losses,
+                "memory_bytes": self.memory, "allreduce_members": self.members if self.local else None}
+
+    # ---- one step
+    def _step(self, step: int) -> float:
+        cfg, m = self.cfg, self.cfg.model
+        batch = worker_slice(global_batch(cfg, step), [self.index], cfg.local_batch_size)
+        unique = {}
+        for p in cfg.pieces:
+            if p.sparse and p.param not in unique:
+                unique[p.param] = torch.unique(batch[p.param], return_inverse=True)
+        sends = []
+        for s, pieces in self.pieces.items():
+            ids = [unique[p.param][0][(unique[p.param][0] >= p.start) & (unique[p.param][0] < p.end)] - p.start
+                   for p in pieces if p.sparse]
+            sends += wire.send(self.pg, s, wire.Message(wire.PULL, step, ids, []))
+        pulled = self._assemble({s: wire.receive(self.pg, s) for s in self.pieces}, unique)
+        wire.wait_all(sends)
+
+        for p in self.local.values():
+            p.grad = None
+        tensors = {**pulled, **self.local}
+        saved = SavedBytes()
+        with saved.hooks():
+            pooled = []
+            for t in m.tables:
+                ids = unique[t.name][1] if t.name in unique else batch[t.name]
+                pooled.append(pool(t, tensors[t.name], ids, sparse=False))
+            loss = loss_of(forward(m, tensors, pooled, batch["dense"]), batch["label"])
+        loss.backward()
+        self._measure(pulled, saved)
+
+        pushes = []
+        for s, pieces in self.pieces.items():
+            grads = [loss.detach().reshape(1)]
+            for p in pieces:
+                g = pulled[p.param].grad
+                grads.append(g[self._rows(unique, p)] if p.sparse else g[p.start:p.end])
+            pushes += wire.send(self.pg, s, wire.Message(wire.PUSH, step, [], grads))
+        if self.local:
+            self._update_local(batch)
+        wire.wait_all(pushes)
+        self.memory["optimizer"] = max(self.memory["optimizer"], state_bytes(self.optimizers))
+        return loss.item()
+
+    @staticmethod
+    def _rows(unique, piece) -> torch.Tensor:
+        ids = unique[piece.param][0]
+        return (ids >= piece.start) & (ids < piece.end)
+
+    def _assemble(self, answers: dict[int, wire.Message], unique) -> dict[str, nn.Parameter]:
+        """The pulled tensors: a sparse table's unique rows in id order, other parameters whole."""
+        shapes = self.cfg.model.param_shapes()
+        out: dict[str, torch.Tensor] = {}
+        for s, pieces in self.pieces.items():
+            for p, values in zip(pieces, answers[s].values):
+                if p.sparse:
+                    full = out.setdefault(p.param, torch.empty(len(unique[p.param][0]), shapes[p.param][1]))
+                    full[self._rows(unique, p)] = values.reshape(-1, shapes[p.param][1])
+                else:
+                    full = out.setdefault(p.param, torch.empty(shapes[p.param]))
+                    full[p.start:p.end] = values.reshape((p.end - p.start,) + shapes[p.param][1:])
+        return {name: nn.Parameter(t) for name, t in out.items()}
+
+    def _measure(self, pulled, saved: SavedBytes) -> None:
+        held = list(pulled.values()) + list(self.local.values())
+        now = {"parameters": _bytes(held), "gradients": _bytes(p.grad for p in held),
+               "activations_per_microbatch": saved.total}
+        self.memory.update({k: max(v, self.memory[k]) for k, v in now.items()})
+
+    # ---- hybrid: the replicated tensors
+    def _update_local(self, batch) -> None:
+        names = list(self.local)
+        parts = [self.local[n].grad.reshape(-1) for n in names]
+        masks = []
+        for n in names:
+            if n in self.sparse_tables:        # which rows this worker touched, summed over workers
+                masks.append(torch.bincount(batch[n].reshape(-1), minlength=self.local[n].shape[0]).clamp_(max=1).float())
+        total, n_workers = self._allreduce(torch.cat(parts + masks))
+        offset, mask_offset = 0, sum(p.numel() for p in parts)
+        for n in names:
+            p = self.local[n]
+            grad = total[offset:offset + p.numel()].reshape(p.shape) / n_workers
+            offset += p.numel()
+            if n in self.sparse_tables:
+                touched = total[mask_offset:mask_offset + p.shape[0]].nonzero().reshape(-1)
+                mask_offset += p.shape[0]
+                grad = torch.sparse_coo_tensor(touched.unsqueeze(0), grad[touched], p.shape, check_invariants=False)
+            p.grad = grad
+        for opt in self.optimizers:
+            opt.step()
+
+    def _form_group(self) -> None:
+        if len(self.members) == 1:
+            self.group = None
+            return
+        prefix = "ps/workers/" + "-".join(map(str, self.members)) + "/"
+        self.group = dist.ProcessGroupGloo(dist.PrefixStore(prefix, self.store), self.members.index(self.index),
+                                           len(self.members), datetime.timedelta(seconds=self.timeout_s))
+
+    def _gone(self) -> list[int]:
+        return [w for w in self.members if w != self.index and self.store.check([left_key(w)])]
+
+    def _allreduce(self, flat: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Sum over the live workers and their count; regroup without a worker that is gone."""
+        while True:
+            gone = self._gone()
+            if gone:
+                self.members = [w for w in self.members if w not in gone]
+                self._form_group()
+            if self.group is None:
+                return flat, 1
+            buf = flat.clone()
+            try:
+                self.group.allreduce([buf]).wait()
+                return buf, len(self.members)
+            except RuntimeError:
+                deadline = time.monotonic() + self.timeout_s
+                while not self._gone():
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(POLL_S)

@@ -1,0 +1,138 @@
+"""MindSpore for recommendation plans: parameter-server (ps), hybrid and collective-only.
+
+A PS or hybrid plan becomes (MindSpore "Parameter Server Training" tutorial, r2.x; the Wide&Deep
+model zoo script train_and_eval_parameter_server_distribute.py; ms-operator's PS samples):
+
+* ``ps_context.py``: ``mindspore.set_ps_context(enable_ps=True)``; for hybrid, workers all-reduce
+  what the servers do not hold (``set_auto_parallel_context(parallel_mode="data_parallel",
+  gradients_mean=True)`` after ``init()``); ``place_on_servers(network)`` calls
+  ``Parameter.set_param_ps()`` on the parameters of the plan's server tensors (names are matched
+  against the model description's table names and ``bottom_mlp_i`` / ``top_mlp_i``) and refuses to
+  run when one of them is not found, so a plan never trains silently without its servers;
+* ``run_scheduler.sh``, ``run_server.sh``, ``run_worker.sh``: one start script per role with the
+  role environment (MS_ROLE = MS_SCHED / MS_PSERVER / MS_WORKER, MS_SERVER_NUM, MS_WORKER_NUM,
+  MS_SCHED_HOST, MS_SCHED_PORT); the worker script starts one process per local device.
+
+A collective-only plan writes ``ps_context.py`` with the data-parallel context (replicated tables) or
+semi-auto parallel with row-sliced tables (sharded, nn.EmbeddingLookup slice_mode TABLE_ROW_SLICE).
+Only numbers and validated identifiers from the plan reach code, through repr(); comments go
+through _common.display; the scripts take the training script and scheduler address from the
+environment, never from the plan.
+"""
+
+from __future__ import annotations
+
+from advisor.export import ExportResult
+from advisor.export._common import display
+from advisor.plan import Plan
+
+DEFAULT_SCHED_PORT = 8081            # any free port; every role must use the same (MindSpore PS tutorial)
+
+
+def _header(plan: Plan) -> list[str]:
+    ps = plan.parameter_server
+    lines = [f"advisor plan -> MindSpore (advisor {display(plan.advisor_version)})",
+             f"model {display(plan.model.name)} on {plan.cluster.devices} x {display(plan.hardware.device.name)} "
+             f"({plan.cluster.nodes} nodes), global batch {plan.training.global_batch_size}"]
+    if ps is not None:
+        lines.append(f"{ps['mode']} parameter server, {'synchronous' if ps['synchronous'] else 'asynchronous'}, "
+                     f"{ps['servers']} {ps['server_placement']} servers, {len(ps['tensors'])} tensors on servers")
+    else:
+        lines.append(f"collective only: embedding tables {display(plan.embedding_placement or 'replicated')}")
+    pred = plan.prediction or {}
+    if isinstance(pred.get("samples_per_s"), (int, float)):
+        lines.append(f"predicted: {pred['samples_per_s']:,.0f} samples/s")
+    return lines
+
+
+def context_script(plan: Plan) -> str:
+    ps = plan.parameter_server
+    head = "".join(f"# {line}\n" for line in _header(plan))
+    if ps is None:
+        sharded = plan.embedding_placement == "sharded"
+        mode = "semi_auto_parallel" if sharded else "data_parallel"
+        return (head + "import mindspore as ms\nfrom mindspore.communication import init\n\n"
+                "ms.set_context(mode=ms.GRAPH_MODE)\ninit()\n"
+                f"ms.set_auto_parallel_context(parallel_mode={mode!r}, gradients_mean=True, "
+                f"device_num={plan.cluster.devices!r})\n"
+                + ("# shard the tables by rows: nn.EmbeddingLookup(..., slice_mode=nn.EmbeddingLookup.TABLE_ROW_SLICE)\n"
+                   if sharded else ""))
+    hybrid = ps["mode"] == "hybrid"
+    lines = [head, "import os\n\nimport mindspore as ms\n\n",
+             f"SERVER_TENSORS = {list(ps['tensors'])!r}\n",
+             f"SERVER_SHARDING = {dict(ps['sharding'])!r}   # tensor -> servers (rows split evenly)\n\n",
+             "ms.set_context(mode=ms.GRAPH_MODE)\n",
+             "ms.set_ps_context(enable_ps=True)\n"]
+    if hybrid:
+        lines += ["if os.environ.get('MS_ROLE') == 'MS_WORKER':\n",
+                  "    from mindspore.communication import init\n\n",
+                  "    init()\n",
+                  "    # what the servers do not hold is trained data parallel among the workers\n",
+                  f"    ms.set_auto_parallel_context(parallel_mode='data_parallel', gradients_mean=True, "
+                  f"device_num={plan.cluster.devices!r})\n"]
+    lines += ["\n\n",
+              "def place_on_servers(network):\n",
+              "    \"\"\"set_param_ps() on every parameter of the plan's server tensors; fails on a missing one.\"\"\"\n",
+              "    found = set()\n",
+              "    for param in network.trainable_params():\n",
+              "        parts = set(param.name.replace('/', '.').split('.'))\n",
+              "        for tensor in SERVER_TENSORS:\n",
+              "            if tensor in parts:\n",
+              "                param.set_param_ps()\n",
+              "                found.add(tensor)\n",
+              "    missing = [t for t in SERVER_TENSORS if t not in found]\n",
+              "    if missing:\n",
+              "        raise RuntimeError(f'no parameter of the network is named after server tensors {missing}')\n",
+              "    return network\n"]
+    return "".join(lines)
+
+
+def _script(plan: Plan, role: str, body: str) -> str:
+    ps = plan.parameter_server
+    head = "".join(f"# {line}\n" for line in _header(plan))
+    return ("#!/usr/bin/env bash\n" + head + "set -euo pipefail\n"
+            f"export MS_ROLE={role}\n"
+            f"export MS_SERVER_NUM={int(ps['servers'])}\n"
+            f"export MS_WORKER_NUM={int(plan.cluster.devices)}\n"
+            ": \"${MS_SCHED_HOST:?set MS_SCHED_HOST to the scheduler address}\"\n"
+            f"export MS_SCHED_HOST\nexport MS_SCHED_PORT=\"${{MS_SCHED_PORT:-{DEFAULT_SCHED_PORT}}}\"\n"
+            "TRAIN_SCRIPT=\"${TRAIN_SCRIPT:-train.py}\"   # your script: imports ps_context and calls place_on_servers\n"
+            + body)
+
+
+def role_scripts(plan: Plan) -> dict[str, str]:
+    per_node = plan.hardware.node.devices_per_node
+    ps = plan.parameter_server
+    where = ("on each of the first {n} worker nodes" if ps["server_placement"] == "colocated"
+             else "on each of {n} dedicated server hosts").format(n=int(ps["servers"]))
+    return {
+        "run_scheduler.sh": _script(plan, "MS_SCHED", "# run once, on the host named by MS_SCHED_HOST\n"
+                                    "python \"$TRAIN_SCRIPT\" \"$@\"\n"),
+        "run_server.sh": _script(plan, "MS_PSERVER", f"# run {where}\npython \"$TRAIN_SCRIPT\" \"$@\"\n"),
+        "run_worker.sh": _script(plan, "MS_WORKER",
+                                 f"# run on each of the {int(plan.cluster.nodes)} worker nodes: one worker per device\n"
+                                 f"LOCAL_WORKERS=\"${{LOCAL_WORKERS:-{int(min(per_node, plan.cluster.devices))}}}\"\n"
+                                 "for ((i = 0; i < LOCAL_WORKERS; i++)); do\n"
+                                 "  DEVICE_ID=$i python \"$TRAIN_SCRIPT\" \"$@\" > \"worker_$i.log\" 2>&1 &\n"
+                                 "done\nwait\n"),
+    }
+
+
+def export(plan: Plan, target_version: str | None = None) -> ExportResult:
+    notes = ["the scripts read TRAIN_SCRIPT (your training script, default train.py) and MS_SCHED_HOST / "
+             "MS_SCHED_PORT from the environment"]
+    unsupported: list[str] = []
+    if target_version is not None:
+        notes.append(f"--target-version {display(target_version[:20])}: the parameter-server API used here "
+                     "(set_ps_context, set_param_ps, MS_ROLE) is the same in MindSpore 1.x and 2.x")
+    files = {"ps_context.py": context_script(plan)}
+    if plan.parameter_server is not None:
+        files.update(role_scripts(plan))
+        if plan.parameter_server["server_placement"] == "colocated":
+            notes.append("co-located servers: start run_server.sh beside run_worker.sh on the first "
+                         f"{int(plan.parameter_server['servers'])} worker nodes")
+        if len(set(len(v) for v in plan.parameter_server["sharding"].values())) > 1:
+            unsupported.append("parallel.parameter_server.sharding: MindSpore places tensors on servers itself "
+                               "(large embeddings split by rows over all servers); the plan's placement is recorded "
+                               "in ps_context.py as SERVER_SHARDING for reference")
+    return ExportResult(target="mindspore", files=files, unsupported=tuple(unsupported), notes=tuple(notes))

@@ -1,0 +1,99 @@
+"""The plan fields of recommendation models: ``parallel.parameter_server`` and ``parallel.embedding_placement``.
+
+``parameter_server`` (DESIGN.md, second wave) is null for collective-only plans, else
+``{"mode": "ps"|"hybrid", "synchronous": bool, "servers": N, "server_placement": "dedicated"|"colocated",
+"tensors": [...], "sharding": {tensor: [server, ...]}}``: ``tensors`` are the parameters the servers
+hold (every one for ps; table names and tower layers ``bottom_mlp_i`` / ``top_mlp_i`` as
+advisor.specs.recommendation.RecModelSpec.tensor_params names them) and ``sharding`` lists the
+servers of each (a tensor on several servers is split evenly by rows, in that order).
+``embedding_placement`` says where the tables live: "replicated" (data parallel), "sharded" (over
+the devices, all-to-all) or "servers" (ps/hybrid). Validation names the field; nothing here knows
+the cost model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from advisor.errors import AdvisorError
+from advisor.specs import _fields as f
+from advisor.specs.job import Cluster, TrainingJob
+from advisor.specs.recommendation import RecModelSpec
+
+PS_MODES = ("ps", "hybrid")
+PLACEMENTS = ("dedicated", "colocated")
+EMBEDDING_PLACEMENTS = ("replicated", "sharded", "servers")
+MAX_SERVERS = 4096
+_KEYS = ("mode", "synchronous", "servers", "server_placement", "tensors", "sharding")
+
+
+def parameter_server_from_dict(value: Any, origin: str, model, cluster: Cluster) -> dict[str, Any] | None:
+    o = f"{origin}: parallel.parameter_server"
+    if value is None:
+        return None
+    if not isinstance(model, RecModelSpec):
+        raise AdvisorError(f"{o}: a parameter server needs a model with family: recommendation "
+                           f"(model {str(getattr(model, 'name', ''))[:40]!r} is a transformer)")
+    f.check_keys(value, o, _KEYS)
+    mode = f.choice(value, "mode", o, PS_MODES)
+    servers = f.positive_int(value, "servers", o)
+    if servers > MAX_SERVERS:
+        raise AdvisorError(f"{o}: key 'servers' = {servers} exceeds {MAX_SERVERS}")
+    placement = f.choice(value, "server_placement", o, PLACEMENTS)
+    if placement == "colocated" and servers > cluster.nodes:
+        raise AdvisorError(f"{o}: key 'servers' = {servers}: co-located servers run one per node and the cluster has "
+                           f"{cluster.nodes} nodes")
+    known = model.tensor_params()
+    tensors = value["tensors"]
+    if not isinstance(tensors, list) or not tensors or not all(isinstance(t, str) for t in tensors):
+        raise AdvisorError(f"{o}: key 'tensors' must be a non-empty list of parameter names, got {str(tensors)[:60]!r}")
+    for t in tensors:
+        if t not in known:
+            raise AdvisorError(f"{o}: key 'tensors' names {t[:40]!r}, which is not a parameter of {model.name}")
+    if len(set(tensors)) != len(tensors):
+        raise AdvisorError(f"{o}: key 'tensors' lists a tensor twice")
+    if mode == "ps" and set(tensors) != set(known):
+        missing = sorted(set(known) - set(tensors))[0]
+        raise AdvisorError(f"{o}: mode 'ps' holds every parameter on the servers, but 'tensors' lacks {missing!r} "
+                           f"(use mode 'hybrid' for a subset)")
+    sharding = value["sharding"]
+    if not isinstance(sharding, dict) or set(sharding) != set(tensors):
+        raise AdvisorError(f"{o}: key 'sharding' must map every tensor in 'tensors' (and nothing else) to a list of "
+                           f"servers, got keys {str(sorted(sharding) if isinstance(sharding, dict) else sharding)[:60]}")
+    for name, where in sharding.items():
+        ok = (isinstance(where, list) and where and len(set(where)) == len(where)
+              and all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < servers for s in where))
+        if not ok:
+            raise AdvisorError(f"{o}: sharding[{name[:40]!r}] must be a non-empty list of distinct server indices "
+                               f"0..{servers - 1}, got {str(where)[:60]}")
+    return {"mode": mode, "synchronous": f.boolean(value, "synchronous", o), "servers": servers,
+            "server_placement": placement, "tensors": list(tensors),
+            "sharding": {k: list(v) for k, v in sharding.items()}}
+
+
+def embedding_placement_from_dict(data: dict[str, Any], origin: str, model, parameter_server) -> str | None:
+    value = data.get("embedding_placement")
+    o = f"{origin}: parallel"
+    if value is None:
+        return None
+    if not isinstance(model, RecModelSpec):
+        raise AdvisorError(f"{o}: key 'embedding_placement' needs a model with family: recommendation")
+    placement = f.choice(data, "embedding_placement", o, EMBEDDING_PLACEMENTS)
+    if (placement == "servers") != (parameter_server is not None):
+        raise AdvisorError(f"{o}: key 'embedding_placement' = {placement!r} "
+                           f"{'needs' if placement == 'servers' else 'conflicts with'} a parameter_server")
+    return placement
+
+
+def rec_violations(model: RecModelSpec, cluster: Cluster, job: TrainingJob, strategy) -> list[str]:
+    """A recommendation plan trains its towers data parallel over every device (no tp/pp/cp/ep)."""
+    s = strategy
+    if (s.tp, s.pp, s.cp, s.ep) != (1, 1, 1, 1):
+        return [f"a recommendation model trains data parallel only: tp, pp, cp and ep must be 1 "
+                f"(got tp={s.tp} pp={s.pp} cp={s.cp} ep={s.ep})"]
+    if s.dp != cluster.devices:
+        return [f"dp = {s.dp} must equal the {cluster.devices} devices"]
+    if s.dp * s.micro_batch_size * s.num_micro_batches != job.global_batch_size:
+        return [f"dp x micro_batch_size x num_micro_batches = {s.dp * s.micro_batch_size * s.num_micro_batches} "
+                f"must equal the global batch {job.global_batch_size}"]
+    return []

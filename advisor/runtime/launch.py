@@ -1,0 +1,200 @@
+"""Start one process per rank on this machine, wait, collect; never hang, never orphan.
+
+Each rank runs in its own process session (so it and anything it starts can be signalled as a
+group, and a Ctrl-C at the terminal reaches only the launcher, which then stops them), with a short
+process-group timeout and a hard deadline. When a rank ends with an error the others are usually
+blocked in a collective: after a short grace period they are terminated (SIGTERM, then SIGKILL).
+The ranks also exit on their own when the launcher disappears or the deadline passes
+(advisor.runtime.rank).
+
+Which rank to blame: a rank killed by a signal (SIGKILL from the out-of-memory killer) leaves no
+error file, and its peers then fail with a lost connection; so a real error of a rank comes first,
+then a rank that a signal ended before the launcher stopped anything, then a rank that only lost a
+peer, then the deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from advisor.errors import AdvisorError
+
+
+class ExecutionFailed(AdvisorError):
+    """A rank failed or the run timed out (exit code 1)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, rank: int | None = None, timed_out: bool = False,
+                 exit_codes: dict[int, int] | None = None):
+        super().__init__(message)
+        self.rank = rank                          # the rank blamed, when one is
+        self.timed_out = timed_out                # the launcher's deadline passed (and no rank is to blame)
+        self.exit_codes = dict(exit_codes or {})  # ranks that ended on their own: code (negative: signal)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    nproc: int
+    timeout_s: float = 600.0          # hard limit for the whole launch
+    pg_timeout_s: float = 60.0        # torch.distributed process-group timeout
+    grace_s: float = 3.0              # after a rank fails, how long the others may take to exit
+    backend: str = "auto"
+    threads_per_rank: int | None = None
+    workdir: str | None = None        # where rank files go (default: a temporary directory)
+
+
+# Called while the ranks run: (out folder, exit code per rank or None while running).
+Progress = Callable[[Path, list], None]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_env(rank: int, opts: LaunchOptions, port: int, deadline: float) -> dict[str, str]:
+    env = dict(os.environ)
+    threads = opts.threads_per_rank or max(1, (os.cpu_count() or 1) // opts.nproc)
+    src = str(Path(__file__).resolve().parents[2])
+    env.update(RANK=str(rank), WORLD_SIZE=str(opts.nproc), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(opts.nproc),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
+               ADVISOR_EXECUTOR_THREADS=str(threads), ADVISOR_EXECUTOR_PG_TIMEOUT_S=str(opts.pg_timeout_s),
+               ADVISOR_EXECUTOR_PARENT_PID=str(os.getpid()), ADVISOR_EXECUTOR_DEADLINE=str(deadline),
+               PYTHONPATH=src + os.pathsep + env.get("PYTHONPATH", ""))
+    return env
+
+
+def launch_module(module: str, args: list[str], out: Path, opts: LaunchOptions,
+                  progress: Progress | None = None) -> None:
+    """Start ``python -m module *args --out-dir out`` once per rank and wait (see module doc). Each
+    rank writes out/rank<R>.json, or out/rank<R>.error.json when it fails."""
+    port = free_port()
+    deadline = time.time() + opts.timeout_s
+    procs: list[subprocess.Popen] = []
+    logs = []
+    try:
+        for rank in range(opts.nproc):
+            log = open(out / f"rank{rank}.log", "w")
+            logs.append(log)
+            cmd = [sys.executable, "-m", module, *args, "--out-dir", str(out)]
+            procs.append(subprocess.Popen(cmd, env=_rank_env(rank, opts, port, deadline + 5), stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+        exits, timed_out = _wait(procs, opts, deadline, out, progress)
+    finally:
+        stop(procs)
+        for log in logs:
+            log.close()
+    if timed_out or any(code != 0 for code in exits.values()):
+        rank, message = diagnose(out, exits, timed_out, opts.timeout_s)
+        raise ExecutionFailed(message, rank=rank, timed_out=timed_out and rank is None, exit_codes=exits)
+
+
+def stop(procs: list[subprocess.Popen], wait_s: float = 2.0) -> None:
+    """SIGTERM every rank's process group still running, then SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [p for p in procs if p.poll() is None]
+        for p in alive:
+            try:
+                os.killpg(p.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        end = time.monotonic() + wait_s
+        while any(p.poll() is None for p in alive) and time.monotonic() < end:
+            time.sleep(0.05)
+    for p in procs:
+        if p.poll() is None:
+            p.wait(timeout=30)
+
+
+def _wait(procs: list[subprocess.Popen], opts: LaunchOptions, deadline: float, out: Path,
+          progress: Progress | None) -> tuple[dict[int, int], bool]:
+    """Poll until all ranks exit, one fails (then give the rest ``grace_s``), or the deadline.
+    Returns the exit code of every rank that ended on its own, in the order they were seen
+    (negative: ended by that signal), and whether the deadline passed."""
+    exits: dict[int, int] = {}
+    first_failure = None
+    while True:
+        for rank, p in enumerate(procs):
+            code = p.poll()
+            if code is not None and rank not in exits:
+                exits[rank] = code
+                if code != 0 and first_failure is None:
+                    first_failure = time.monotonic()
+        if progress is not None:
+            progress(out, [exits.get(r) for r in range(len(procs))])
+        if len(exits) == len(procs):
+            return exits, False
+        if first_failure is not None and time.monotonic() > first_failure + opts.grace_s:
+            return exits, False
+        if time.time() > deadline:
+            return exits, True
+        time.sleep(0.05)
+
+
+# ---- which rank to blame ----------------------------------------------------------------------------
+# Errors a rank raises only because a peer went away: the root cause is elsewhere.
+_PEER_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "gloo", "NCCL", "timed out", "Timeout")
+
+
+def _errors(out: Path) -> list[tuple[int, int, dict]]:
+    """(mtime, rank, info) of every rank's error file."""
+    found = []
+    for path in out.glob("rank*.error.json"):
+        try:
+            info = json.loads(path.read_text())
+            found.append((path.stat().st_mtime_ns, int(path.name[4:-len(".error.json")]), info))
+        except (OSError, ValueError):
+            continue
+    return sorted(found, key=lambda x: x[:2])
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def diagnose(out: Path, exits: dict[int, int], timed_out: bool, timeout_s: float) -> tuple[int | None, str]:
+    """(rank blamed or None, one message) for a launch that did not succeed (see module doc)."""
+    errors = _errors(out)
+    primary = [(rank, info) for _, rank, info in errors if not any(m in info["error"] for m in _PEER_ERRORS)]
+    if primary:
+        rank, info = primary[0]
+        return rank, f"rank {rank} failed: {info['error']}\n{info['traceback']}"
+    killed = [(rank, -code) for rank, code in exits.items() if code < 0]
+    if killed:
+        rank, signum = killed[0]
+        name = _signal_name(signum)
+        why = (" (the kernel's out-of-memory killer sends SIGKILL when memory runs out; see `dmesg`)"
+               if signum == signal.SIGKILL else "")
+        lost = sorted({r for _, r, _ in errors} - {rank})
+        after = f"; rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} then lost the connection to it" \
+            if lost else ""
+        return rank, f"rank {rank} was killed by {name} (signal {signum}){why}{after}"
+    if errors:
+        _, rank, info = errors[0]
+        return rank, f"rank {rank} failed: {info['error']}\n{info['traceback']}"
+    if timed_out:
+        return None, f"the run did not finish within {timeout_s:g} s; all ranks were stopped"
+    failed = [rank for rank, code in exits.items() if code != 0]
+    rank = failed[0] if failed else 0
+    return rank, f"rank {rank} exited with code {exits.get(rank)}:\n{_tail(out / f'rank{rank}.log')}"
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""

@@ -1,0 +1,107 @@
+"""Predicted throughput of the recommendation modes: collective (replicated or sharded tables with
+all-to-all), parameter server and hybrid, for the bundled embedding-heavy models on 1-64 nodes, the
+mode `recommend` chooses, and where a PS mode overtakes the collective modes as the tables grow.
+
+Clusters: dgx-a100-80g as bundled (one 200 Gb/s HDR NIC per GPU, 25 GB/s) and the same nodes on
+100 Gb Ethernet per node (1.5625 GB/s per GPU: `whatif --inter-node-gbps`). Prints figures; asserts
+nothing. Also prints the published measurements the cost model is held against (advisor/validation/
+recsys_runs.yaml: NVIDIA DeepLearningExamples PyTorch DLRM on DGX A100 and DGX-2, 1-16 GPUs) with
+the error of each prediction.
+
+    python benchmarks/parameter_server.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from advisor.search.parameter_server import PsPins, recommend_recsys  # noqa: E402
+from advisor.specs.hardware import load_hardware  # noqa: E402
+from advisor.specs.job import Cluster, TrainingJob  # noqa: E402
+from advisor.specs.model import load_model  # noqa: E402
+from advisor.validation.recsys_runs import checks  # noqa: E402
+
+NODES = (1, 2, 4, 8, 16, 32, 64)
+ETHERNET_GBPS = 100 / 8 / 8        # 100 Gb/s per node shared by 8 GPUs, in GB/s per GPU
+
+
+def best(model, hw, cluster, job, mode: str) -> tuple[float, str]:
+    """Best samples/s of one mode family (none = collective), with what it chose."""
+    try:
+        r = recommend_recsys(model, hw, cluster, job, PsPins(mode=mode), top_k=1)
+    except Exception as exc:     # infeasible: nothing of this mode fits
+        return 0.0, type(exc).__name__
+    e = r.estimates[0]
+    c = e.config
+    what = c.mode if c.mode in ("replicated", "sharded") else f"{c.servers}{c.server_placement[0]}"
+    return e.samples_per_s, what
+
+
+def sweep(model_name: str, hw, label: str) -> None:
+    model = load_model(model_name)
+    print(f"\n{model_name} on {label}: best samples/s per mode (batch = published batch x nodes, ≥ 1 per device)")
+    print(f"{'nodes':>5} {'collective':>18} {'ps':>16} {'hybrid':>16}  chosen")
+    for nodes in NODES:
+        cluster = Cluster.of(hw, nodes=nodes)
+        batch = max(model.global_batch_size * nodes // cluster.devices, 1) * cluster.devices
+        job = TrainingJob(global_batch_size=batch, seq_length=1, dtype="bf16", optimizer="sgd")
+        cols = [best(model, hw, cluster, job, m) for m in ("none", "ps", "hybrid")]
+        chosen = recommend_recsys(model, hw, cluster, job, PsPins(), top_k=1).estimates[0].config
+        pick = chosen.mode + (f" ({chosen.servers} {chosen.server_placement})" if chosen.servers else "")
+        print(f"{nodes:>5} " + " ".join(f"{v / 1e6:>9.2f}M {w:>7}" for v, w in cols) + f"  {pick}")
+
+
+def crossover(model_name: str, hw, label: str, nodes: int) -> None:
+    """Scale every table's rows (and hold the batch): where does PS/hybrid overtake the collective modes?"""
+    model = load_model(model_name)
+    cluster = Cluster.of(hw, nodes=nodes)
+    batch = max(model.global_batch_size * nodes // cluster.devices, 1) * cluster.devices
+    job = TrainingJob(global_batch_size=batch, seq_length=1, dtype="bf16", optimizer="sgd")
+    print(f"\n{model_name} on {nodes} nodes of {label}, tables scaled: collective vs PS/hybrid (samples/s)")
+    first = None
+    for scale in (0.01, 0.1, 1, 4, 16, 64, 256):
+        tables = tuple(replace(t, rows=max(1, int(t.rows * scale))) for t in model.tables)
+        scaled = replace(model, tables=tables)
+        coll = max(best(scaled, hw, cluster, job, "none")[0], 0.0)
+        ps = max(best(scaled, hw, cluster, job, "ps")[0], best(scaled, hw, cluster, job, "hybrid")[0])
+        gib = scaled.embedding_params * 4 / 2 ** 30
+        mark = "PS wins" if ps > coll else ""
+        if ps > coll and first is None:
+            first = scale
+        print(f"  rows x{scale:<6g} tables {gib:9.1f} GiB  collective {coll / 1e6:8.2f}M  ps/hybrid {ps / 1e6:8.2f}M  {mark}")
+    print(f"  PS overtakes the collective modes from rows x{first} on" if first else "  PS never overtakes here")
+
+
+def published_check() -> None:
+    """Every published DLRM run of advisor/validation/recsys_runs.yaml (held out) against its prediction."""
+    print("Published DLRM throughput (NVIDIA DeepLearningExamples PyTorch DLRM README) vs prediction, sharded:")
+    rows = checks()
+    for c in rows:
+        print(f"  {c.label:32} measured {c.measured_samples_per_s / 1e6:6.2f}M  predicted "
+              f"{c.predicted_samples_per_s / 1e6:6.2f}M  ratio {c.ratio:4.2f}  error {100 * (c.ratio - 1):+5.0f}%  "
+              f"({c.bottleneck})")
+    worst = max(rows, key=lambda c: abs(c.ratio - 1))
+    print(f"  worst: {worst.label} ({worst.ratio:.2f}x); within 35%: {sum(abs(c.ratio - 1) <= 0.35 for c in rows)}"
+          f" of {len(rows)}")
+
+
+def main() -> None:
+    start = time.perf_counter()
+    a100 = load_hardware("dgx-a100-80g")
+    ether = a100.with_overrides(inter_node_gbps=ETHERNET_GBPS)
+    published_check()
+    for name in ("wide-deep-criteo", "dlrm-criteo-1tb"):
+        sweep(name, a100, "dgx-a100-80g (HDR, 25 GB/s per GPU)")
+        sweep(name, ether, f"dgx-a100-80g on 100GbE ({ETHERNET_GBPS:.3g} GB/s per GPU)")
+    crossover("wide-deep-criteo", a100, "dgx-a100-80g", nodes=8)
+    crossover("wide-deep-criteo", ether, "dgx-a100-80g on 100GbE", nodes=8)
+    print(f"\n{time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
