@@ -6,13 +6,16 @@ printed as one sentence on stderr with its exit code (2 bad input, 1 infeasible)
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Optional
 
 import typer
-from rich.console import Console
 
+from advisor.cli_options import (
+    DEVICES_HELP, FP8_HELP, FRAMEWORK_HELP, MODULES_HELP, NODES_HELP, OPSTRAT_HELP, PS_MODE_HELP, SEQ_HELP, console,
+    err_console, print_json, print_warnings,
+)
+from advisor.cli_run import calibrate_cmd, execute_cmd
 from advisor.errors import AdvisorError, InfeasibleError
 
 # Plain click help (rich_markup_mode=None): flags show no "<bool>", and option names are never cut at
@@ -20,37 +23,9 @@ from advisor.errors import AdvisorError, InfeasibleError
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"max_content_width": 200},
                   help="Parallelization advice for training large models: search, estimate, what-if, export, execute.")
-console = Console()
-err_console = Console(stderr=True)
 
-
-FRAMEWORK_HELP = ("megatron | pytorch | torchtitan | mindspore: whose implementation runs the plan (what "
-                  "selective recomputation means, fused kernels, the attention kernel)")
-FP8_HELP = "with --dtype fp8: delayed | tensorwise | mxfp8 | blockwise (default delayed)"
-OPSTRAT_HELP = ("YAML/JSON: operator name -> cuts per input (MindSpore shard() form), kept fixed; the other operators "
-                "are searched around them (drec | ilp)")
-PS_MODE_HELP = ("recommendation models: pin none (collectives only: replicated or sharded tables) | ps (every "
-                "tensor on parameter servers) | hybrid (tables on servers, towers all-reduced)")
-NODES_HELP = "cluster size in nodes of the profile (or give --devices)"
-DEVICES_HELP = "cluster size in devices (or give --nodes); need not fill the last node (a warning)"
-SEQ_HELP = "sequence length in tokens (default: the model's seq_length)"
-MODULES_HELP = ("with --framework megatron: what selective recomputation replays, comma-separated core_attn, layernorm, "
-                "moe_act, mla_up_proj, mlp (Megatron's --recompute-modules; default core_attn)")
-
-
-def print_warnings(warnings: list[str]) -> None:
-    """Input warnings (advisor.specs.input_notes) on stderr, one line each."""
-    for text in warnings:
-        err_console.print(f"warning: {text}", markup=False, highlight=False, soft_wrap=True)
-
-
-def print_json(obj) -> None:
-    """--json output: only JSON on stdout, and only JSON (no Infinity or NaN, RFC 8259)."""
-    try:
-        text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False)
-    except ValueError as exc:
-        raise AdvisorError(f"the result holds a non-finite number and cannot be printed as JSON ({exc})") from None
-    sys.stdout.write(text + "\n")
+# Moved to advisor.cli_options and advisor.cli_run; still importable from here.
+__all__ = ["app", "calibrate_cmd", "console", "err_console", "execute_cmd", "main", "print_json", "print_warnings"]
 
 
 @app.callback()
@@ -320,68 +295,9 @@ def export_cmd(
             err_console.print(f"note: {display(item)}", markup=False, highlight=False, soft_wrap=True)
 
 
-# ---- execute / calibrate (reference executor on torch.distributed) --------------------------------
-@app.command("execute")
-def execute_cmd(
-    plan_path: str = typer.Argument(..., metavar="PLAN", help="plan JSON (from advisor recommend --out, or by hand)"),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help="processes to start (must equal the plan's devices)"),
-    steps: int = typer.Option(5, "--steps", help="optimizer steps (the first is warm-up for timing)"),
-    tiny: bool = typer.Option(False, "--tiny", help="a tiny model of the same family, every parallel knob kept"),
-    tiny_scale: int = typer.Option(1, "--tiny-scale", help="with --tiny: head size and sequence length times this "
-                                   "(4 for time checks on a CPU, where the smallest model is all overhead)"),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="run in this dtype instead of the plan's (fp32)"),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="profile of this machine (advisor calibrate) for the time prediction"),
-    backend: str = typer.Option("auto", "--backend", help="auto | gloo | nccl"),
-    timeout: float = typer.Option(900.0, "--timeout", help="hard limit in seconds for the whole run"),
-    oversubscribe: bool = typer.Option(False, "--oversubscribe", help="start more than 4 ranks per core"),
-    results: Optional[str] = typer.Option(None, "--results", help="compare results.json written by torchrun workers instead of launching"),
-    out: Optional[str] = typer.Option(None, "--out", help="write the validation report (JSON) here"),
-    as_json: bool = typer.Option(False, "--json", help="print only the report JSON"),
-) -> None:
-    """Run the plan on torch.distributed; compare losses, memory and time with the prediction."""
-    from advisor.execute import ExecuteOptions, execute, render_report, write_report
-    from advisor.execute_report import json_ready
-    from advisor.runtime.progress import enabled
-
-    if tiny_scale != 1 and not tiny:
-        raise AdvisorError(f"--tiny-scale {tiny_scale} needs --tiny (it widens the tiny model)")
-    report = execute(plan_path, ExecuteOptions(nproc=nproc, steps=steps, tiny=tiny, tiny_scale=tiny_scale,
-                                               dtype=dtype, time_hardware=hardware,
-                                               backend=backend, timeout_s=timeout, results=results,
-                                               oversubscribe=oversubscribe, progress=enabled(as_json)))
-    if out:
-        write_report(report, out)
-    if as_json:
-        print_json(json_ready(report))
-    else:
-        render_report(console, report, saved_to=out)
-
-
-@app.command("calibrate")
-def calibrate_cmd(
-    backend: str = typer.Option("auto", "--backend", help="gloo | nccl (default: nccl when GPUs are present)"),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help="ranks to measure with (default: GPUs, or CPU cores up to 8)"),
-    out: Optional[str] = typer.Option(None, "--out", help="write the profile YAML here"),
-    quick: bool = typer.Option(False, "--quick", help="fewer sizes and repeats, one round"),
-    rounds: Optional[int] = typer.Option(None, "--rounds", help="at most this many measurement rounds (default 8)"),
-    spread_target: float = typer.Option(0.10, "--spread-target", help="stop once every key figure's rounds agree within this fraction"),
-    oversubscribe: bool = typer.Option(False, "--oversubscribe", help="start more than 4 ranks per core"),
-    as_json: bool = typer.Option(False, "--json", help="print only the profile as JSON"),
-) -> None:
-    """Measure this machine (matmul, memory, collectives) into a hardware profile."""
-    from advisor.calibrate import CalibrateOptions, calibrate, calibration_warnings, render_profile, write_profile
-    from advisor.runtime.progress import enabled
-
-    profile = calibrate(CalibrateOptions(backend=backend, nproc=nproc, quick=quick, oversubscribe=oversubscribe,
-                                         progress=enabled(as_json), max_rounds=rounds, spread_target=spread_target))
-    for warning in calibration_warnings(profile):
-        print(f"warning: {warning}", file=sys.stderr)
-    if out:
-        write_profile(profile, out)
-    if as_json:
-        print_json(profile)
-    else:
-        render_profile(console, profile, saved_to=out)
+# ---- execute / calibrate (reference executor on torch.distributed; advisor.cli_run) ---------------
+app.command("execute")(execute_cmd)
+app.command("calibrate")(calibrate_cmd)
 
 
 def _offending_value(exc) -> str | None:

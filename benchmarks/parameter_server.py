@@ -8,12 +8,23 @@ nothing. Also prints the published measurements the cost model is held against (
 recsys_runs.yaml: NVIDIA DeepLearningExamples PyTorch DLRM on DGX A100 and DGX-2, 1-16 GPUs) with
 the error of each prediction.
 
-    python benchmarks/parameter_server.py
+    python benchmarks/parameter_server.py [--execute [--hardware this-machine.yaml]]
+
+--execute also runs a PS plan (wide-deep-criteo) and a hybrid plan (dlrm-criteo-1tb) that
+`recommend` writes for 2 workers and 2 servers, with `advisor execute --tiny --dtype fp32` (real
+server and worker processes on gloo), and prints the loss match with one process, the largest
+memory error over the roles and, with --hardware (a profile of this machine from `advisor
+calibrate`), the measured over predicted step time.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -90,7 +101,30 @@ def published_check() -> None:
           f" of {len(rows)}")
 
 
+def executed(hardware: str | None) -> None:
+    print("\nexecutor: recommend (2 workers, 2 servers) -> execute --tiny --dtype fp32 on this machine")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    with tempfile.TemporaryDirectory(prefix="advisor-ps-bench-") as tmp:
+        for model, mode in (("wide-deep-criteo", "ps"), ("dlrm-criteo-1tb", "hybrid")):
+            plan = Path(tmp) / f"{model}.json"
+            subprocess.run([sys.executable, "-m", "advisor", "recommend", "--model", model, "--hardware",
+                            "dgx-a100-80g", "--devices", "2", "--ps-mode", mode, "--ps-servers", "2", "--out", str(plan),
+                            "--json"], check=True, capture_output=True, env=env, cwd=root)
+            cmd = [sys.executable, "-m", "advisor", "execute", str(plan), "--tiny", "--dtype", "fp32", "--steps", "6",
+                   "--json"] + (["--hardware", hardware] if hardware else [])
+            rep = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=root).stdout)
+            ratio = rep.get("time_ratio")
+            print(f"  {model:18} {mode:6}  loss max rel diff {rep['loss_max_rel_diff']:.1e}  memory max rel error "
+                  f"{100 * rep['memory_max_rel_error']:.1f}%  step time measured/predicted "
+                  f"{'-' if ratio is None else f'{ratio:.2f}'}")
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--execute", action="store_true", help="also run a PS and a hybrid plan on this machine")
+    ap.add_argument("--hardware", help="profile of this machine (advisor calibrate) for the time comparison")
+    args = ap.parse_args()
     start = time.perf_counter()
     a100 = load_hardware("dgx-a100-80g")
     ether = a100.with_overrides(inter_node_gbps=ETHERNET_GBPS)
@@ -100,6 +134,8 @@ def main() -> None:
         sweep(name, ether, f"dgx-a100-80g on 100GbE ({ETHERNET_GBPS:.3g} GB/s per GPU)")
     crossover("wide-deep-criteo", a100, "dgx-a100-80g", nodes=8)
     crossover("wide-deep-criteo", ether, "dgx-a100-80g on 100GbE", nodes=8)
+    if args.execute:
+        executed(args.hardware)
     print(f"\n{time.perf_counter() - start:.1f} s")
 
 

@@ -248,6 +248,23 @@ def test_k8s_msjob_has_the_roles():
         assert roles == {"Scheduler": "MS_SCHED", "PS": "MS_PSERVER", "Worker": "MS_WORKER"}
 
 
+def test_k8s_msjob_of_a_collective_plan_has_a_scheduler_and_a_worker_per_device():
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _export_plans import make_plan
+
+    for hardware, resource, image in (("dgx-a100-80g", "nvidia.com/gpu", "mindspore-gpu"),
+                                      ("ascend-910b", "huawei.com/Ascend910", "mindspore-ascend")):
+        plan = make_plan("llama3-8b", hardware, 2, {"dp": 16, "tp": 1, "pp": 1, "micro_batch_size": 1, "num_micro_batches": 4},
+                         global_batch_size=64, seq_length=4096)
+        doc = yaml.safe_load(export_msjob(plan).files["msjob.yaml"])
+        specs = doc["spec"]["msReplicaSpecs"]
+        assert set(specs) == {"Scheduler", "Worker"} and specs["Scheduler"]["replicas"] == 1
+        assert specs["Worker"]["replicas"] == 16 and "-ps-" not in doc["metadata"]["name"]
+        worker = specs["Worker"]["template"]["spec"]["containers"][0]
+        assert worker["resources"]["limits"] == {resource: 1} and image in worker["image"]
+        assert "resources" not in specs["Scheduler"]["template"]["spec"]["containers"][0]
+
+
 def test_hostile_model_name_stays_in_comments():
     plan = _plan("hybrid")
     evil = replace(plan, model=replace(plan.model, name="x\nimport os; os.system('rm -rf /')"), model_raw=None)

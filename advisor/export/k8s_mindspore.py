@@ -4,8 +4,10 @@ Fields follow mindspore-ai/ms-operator (pkg/apis/v1/msjob_types.go: apiVersion
 mindspore.gitee.com/v1, kind MSJob, spec.runPolicy, spec.successPolicy, spec.msReplicaSpecs keyed by
 replica type Scheduler / PS / Worker, each a kubeflow common ReplicaSpec {replicas, restartPolicy,
 template}; config/samples/ms_wide_deep_ps_distribute.yaml: container "mindspore", one GPU per worker
-pod, successPolicy AllWorkers). A PS or hybrid plan gets a Scheduler, ``servers`` PS replicas and one
-Worker per device; a collective-only plan Workers only. Every pod runs the training script of the
+pod, successPolicy AllWorkers). Every job gets one Scheduler: MindSpore's dynamic cluster starts the
+Workers (and Parameter Servers) and "an additional Scheduler" that does the networking and runs no
+training code (tutorials/source_en/parallel/dynamic_cluster.md in mindspore-ai/docs). A PS or hybrid
+plan adds ``servers`` PS replicas; every plan has one Worker per device. Every pod runs the training script of the
 mindspore export (advisor.export.mindspore_ps) with its role in MS_ROLE and the counts in
 MS_SERVER_NUM / MS_WORKER_NUM; the operator wires the scheduler's address. The manifest is written
 with yaml.safe_dump; no plan string reaches a command.
@@ -23,13 +25,20 @@ from advisor.export.k8s import device_resource
 from advisor.plan import Plan
 
 IMAGE = "swr.cn-south-1.myhuaweicloud.com/mindspore/mindspore-gpu:2.2.0"   # a MindSpore GPU image (replace)
+# the Ascend image of MindSpore's docker install guide (install/mindspore_ascend_install_docker_en.md:
+# swr.cn-south-1.myhuaweicloud.com/mindspore/mindspore-ascend:{tag}), tagged with the 2.7.1 release
+ASCEND_IMAGE = "swr.cn-south-1.myhuaweicloud.com/mindspore/mindspore-ascend:2.7.1"
 TRAIN_COMMAND = "python -s train.py"                                       # the user's script (replace)
 
 
 def job_name(plan: Plan) -> str:
-    raw = f"{plan.model.name}-ps-{plan.cluster.devices}x"
+    raw = f"{plan.model.name}{'-ps' if plan.parameter_server is not None else ''}-{plan.cluster.devices}x"
     name = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")
     return name[:63].rstrip("-") or "advisor-msjob"
+
+
+def image(plan: Plan) -> str:
+    return ASCEND_IMAGE if device_resource(plan).startswith("huawei.com/") else IMAGE
 
 
 def _replica(count: int, role: str, plan: Plan, device: bool) -> dict:
@@ -37,7 +46,7 @@ def _replica(count: int, role: str, plan: Plan, device: bool) -> dict:
     env = [{"name": "MS_ROLE", "value": role}, {"name": "MS_WORKER_NUM", "value": str(plan.cluster.devices)}]
     if ps is not None:
         env.append({"name": "MS_SERVER_NUM", "value": str(ps["servers"])})
-    container = {"name": "mindspore", "image": IMAGE, "imagePullPolicy": "IfNotPresent",
+    container = {"name": "mindspore", "image": image(plan), "imagePullPolicy": "IfNotPresent",
                  "command": ["/bin/bash", "-c", TRAIN_COMMAND], "env": env}
     if device:
         resource = device_resource(plan)
@@ -47,9 +56,8 @@ def _replica(count: int, role: str, plan: Plan, device: bool) -> dict:
 
 def manifest(plan: Plan) -> dict:
     ps = plan.parameter_server
-    specs: dict = {}
+    specs: dict = {"Scheduler": _replica(1, "MS_SCHED", plan, device=False)}
     if ps is not None:
-        specs["Scheduler"] = _replica(1, "MS_SCHED", plan, device=False)
         specs["PS"] = _replica(int(ps["servers"]), "MS_PSERVER", plan, device=False)
     specs["Worker"] = _replica(plan.cluster.devices, "MS_WORKER", plan, device=True)
     return {
@@ -61,9 +69,11 @@ def manifest(plan: Plan) -> dict:
 
 
 def export(plan: Plan, target_version: str | None = None) -> ExportResult:
-    notes = [f"image {IMAGE} and command {TRAIN_COMMAND!r} are placeholders: use your MindSpore image and the "
-             "training script that imports ps_context.py of 'advisor export --to mindspore'"]
     ps = plan.parameter_server
+    script = "imports ps_context.py" if ps is not None else "sets the parallel context"
+    notes = [f"image {image(plan)} and command {TRAIN_COMMAND!r} are placeholders: use your MindSpore image (its "
+             f"version matching the devices' driver) and the training script that {script} of "
+             "'advisor export --to mindspore'"]
     if ps is not None and ps["server_placement"] == "colocated":
         notes.append("co-located servers: add pod affinity so that each PS pod shares a node with Worker pods")
     head = (f"# advisor plan -> MindSpore Operator MSJob (advisor {display(plan.advisor_version)})\n"

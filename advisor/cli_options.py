@@ -1,0 +1,44 @@
+"""Shared pieces of the command line (advisor.cli): the consoles, the help texts of options that
+several commands take, and the printers of warnings and --json output.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+
+from advisor.errors import AdvisorError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+FRAMEWORK_HELP = ("megatron | pytorch | torchtitan | mindspore: whose implementation runs the plan (what "
+                  "selective recomputation means, fused kernels, the attention kernel)")
+FP8_HELP = "with --dtype fp8: delayed | tensorwise | mxfp8 | blockwise (default delayed)"
+OPSTRAT_HELP = ("YAML/JSON: operator name -> cuts per input (MindSpore shard() form), kept fixed; the other operators "
+                "are searched around them (drec | ilp)")
+PS_MODE_HELP = ("recommendation models: pin none (collectives only: replicated or sharded tables) | ps (every "
+                "tensor on parameter servers) | hybrid (tables on servers, towers all-reduced)")
+NODES_HELP = "cluster size in nodes of the profile (or give --devices)"
+DEVICES_HELP = "cluster size in devices (or give --nodes); need not fill the last node (a warning)"
+SEQ_HELP = "sequence length in tokens (default: the model's seq_length)"
+MODULES_HELP = ("with --framework megatron: what selective recomputation replays, comma-separated core_attn, layernorm, "
+                "moe_act, mla_up_proj, mlp (Megatron's --recompute-modules; default core_attn)")
+
+
+def print_warnings(warnings: list[str]) -> None:
+    """Input warnings (advisor.specs.input_notes) on stderr, one line each."""
+    for text in warnings:
+        err_console.print(f"warning: {text}", markup=False, highlight=False, soft_wrap=True)
+
+
+def print_json(obj) -> None:
+    """--json output: only JSON on stdout, and only JSON (no Infinity or NaN, RFC 8259)."""
+    try:
+        text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False)
+    except ValueError as exc:
+        raise AdvisorError(f"the result holds a non-finite number and cannot be printed as JSON ({exc})") from None
+    sys.stdout.write(text + "\n")

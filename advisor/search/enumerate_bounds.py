@@ -1,0 +1,119 @@
+"""The enumerator's bounds (advisor.search.enumerate): lower limits on step time and memory fit.
+
+Modified hardware profiles on which no candidate runs slower (free_hardware, fastest_link_hardware),
+the ZeRO/offload pairs needing the least memory, and the per-skeleton and per-family bounds priced
+with them. The properties these rest on are checked by tests/test_enumerate.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from advisor.cost.estimate import estimate_batch
+from advisor.cost.memory import GIB, memory
+from advisor.search.enumerate_rows import Rows, _count, _take, chunks_by_pp, to_batch
+from advisor.search.enumerate_space import _lone_options
+from advisor.specs.hardware import HardwareProfile
+from advisor.specs.job import Cluster, TrainingJob
+from advisor.specs.model import ModelSpec
+
+UNBOUNDED_GBPS = 1e12
+
+
+def _free_host(hw: HardwareProfile) -> dict:
+    host = replace(hw.host, pcie_bandwidth_gbps=UNBOUNDED_GBPS, memory_bandwidth_gbps=UNBOUNDED_GBPS)
+    return {"host": host, "device": replace(hw.device, launch_overhead_us=0.0)}
+
+
+def free_hardware(hw: HardwareProfile) -> HardwareProfile:
+    """The profile with free communication (unbounded bandwidth, zero latency), host transfers and
+    kernel launches; memory sizes unchanged. Every ZeRO stage, offload choice and mesh order of a
+    candidate runs at least this long on `hw`."""
+    def free(link):
+        return None if link is None else replace(link, bandwidth_gbps=UNBOUNDED_GBPS, latency_us=0.0, efficiency=1.0)
+
+    node = replace(hw.node, intra=free(hw.node.intra), cross=free(hw.node.cross))
+    return replace(hw, node=node, inter=free(hw.inter), **_free_host(hw))
+
+
+def fastest_link_hardware(hw: HardwareProfile, devices: int, moe: bool) -> HardwareProfile:
+    """A profile on which no candidate runs slower than on `hw` under any mesh order (its ZeRO stage
+    and offload choice kept).
+
+    Every tier becomes one link at the fastest tier's effective bandwidth with zero latency, and one
+    "node" holds the whole cluster, so a collective's bandwidth term telescopes to the flat ring's
+    (1 - 1/n) S / B for every placement (the hierarchical and flat forms in advisor.cost.comm both
+    cost at least that on the real tiers). An all-to-all's tiers run concurrently in the cost model,
+    so its time is at least the largest of its per-tier shares, which sum to (n - 1)/n: MoE models
+    get the tier count times the bandwidth to keep the bound. Host transfers and kernel launches are
+    free; memory sizes are unchanged (host-memory fit must be judged with the real node size)."""
+    tiers = [hw.node.intra, hw.inter] + ([hw.node.cross] if hw.node.cross is not None else [])
+    fastest = max(t.effective_bandwidth_bytes_per_s for t in tiers) / 1e9
+    link = replace(hw.node.intra, bandwidth_gbps=fastest * (len(tiers) if moe else 1), latency_us=0.0, efficiency=1.0)
+    node = replace(hw.node, devices_per_node=devices, group_size=devices, intra=link, cross=link)
+    return replace(hw, node=node, inter=link, **_free_host(hw))
+
+
+def leanest_options(options: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ZeRO/offload pairs that can need the least device memory: memory does not grow with the
+    stage up to 2 and offload only removes optimizer states; stage 3 trades sharded weights for a
+    gather buffer, so stages 2 and 3 are both kept. The first also has the least optimizer time."""
+    best_off = {z: max(o for zz, o in options if zz == z) for z, _ in options}
+    stages = sorted(best_off, reverse=True)
+    chosen = [z for z in stages if z >= 2] or stages[:1]
+    return [(z, best_off[z]) for z in chosen]
+
+
+def _with_lean_memory(rows: Rows, options: list[tuple[int, int]], pair: tuple[int, int]) -> Rows:
+    """The rows with a ZeRO/offload pair (rows without data parallelism get their own lone pair)."""
+    lone = _lone_options(options)[-1]
+    solo = rows["dp"] * rows["cp"] == 1
+    return {**rows, "zero": np.where(solo, lone[0], pair[0]), "offload": np.where(solo, lone[1], pair[1])}
+
+
+def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, rows: Rows,
+                    options: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(lower bound on step time, may fit) per skeleton, over all its ZeRO/offload/mesh variants:
+    priced on free_hardware with the leanest ZeRO/offload pair; "may fit" is false only when no
+    pair can fit in device memory."""
+    free = free_hardware(hw)
+    n = _count(rows)
+    lower = np.full(n, np.inf)
+    may_fit = np.zeros(n, dtype=bool)
+    capacity = hw.device.memory_gib * GIB
+    lean = leanest_options(options)
+    for idx in chunks_by_pp(rows):
+        part = _take(rows, idx)
+        e = estimate_batch(model, free, cluster, job, to_batch(model, job, _with_lean_memory(part, options, lean[0])))
+        fits = e.fits.copy()
+        for pair in lean[1:]:
+            todo = ~fits & (part["dp"] * part["cp"] > 1)
+            if todo.any():
+                other = _take(_with_lean_memory(part, options, pair), todo)
+                fits[todo] = memory(model, job, to_batch(model, job, other)).total <= capacity
+        lower[idx] = e.step_time_s
+        may_fit[idx] = fits
+    return lower, may_fit
+
+
+def family_bounds(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, rows: Rows,
+                  options: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(first row, lower bound on step time) per family of skeletons (rows that differ only in
+    sequence parallelism and recomputation), over all its members and their variants. On
+    free_hardware a family's fastest member is the one with sequence parallelism (it only shrinks
+    the memory-bound kernels' traffic once communication is free) and the least recomputation
+    (recomputation only adds work): that member is priced with the leanest ZeRO/offload pair."""
+    family = rows["family"]
+    n = _count(rows)
+    starts = np.flatnonzero(np.r_[True, family[1:] != family[:-1]]) if n else np.zeros(0, dtype=np.int64)
+    # Within a family, the fastest member first: least recomputation, then sequence parallelism on.
+    order = np.lexsort((-rows["sp"], rows["recompute"], family))
+    fastest = order[np.flatnonzero(np.r_[True, family[order][1:] != family[order][:-1]])] if n else starts
+    lower = np.zeros(len(starts))
+    reps = _with_lean_memory(_take(rows, fastest), options, leanest_options(options)[0])
+    free = free_hardware(hw)
+    for idx in chunks_by_pp(reps):
+        lower[idx] = estimate_batch(model, free, cluster, job, to_batch(model, job, _take(reps, idx))).step_time_s
+    return starts, lower

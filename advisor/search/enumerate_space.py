@@ -1,0 +1,226 @@
+"""The enumerator's space (advisor.search.enumerate): which candidates are generated.
+
+Parallel degrees, pipeline schedules, micro-batch sizes, sequence parallelism and recomputation as
+rows, with the legality rules of advisor.space.rules applied and every removed row counted; the
+ZeRO/offload pairs, mesh orders and context-parallel communication each skeleton is crossed with,
+and the de-duplication counts of that crossing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from advisor.cost.comm import slowest_tier
+from advisor.search import Pins
+from advisor.search.enumerate_rows import (
+    _IS_REPRESENTATIVE, MESH_ORDERS, Rows, _active_code, _add, _concat, _count, _cross, _options, _take,
+    chunks_by_pp, divisors, mesh_strides, to_batch,
+)
+from advisor.space.rules import illegal_masks
+from advisor.space.strategy import INTERLEAVED, MESH_DIMS, ONE_F_ONE_B, RECOMPUTE, SCHEDULES
+from advisor.specs.hardware import HardwareProfile
+from advisor.specs.job import Cluster, TrainingJob
+from advisor.specs.model import ModelSpec
+
+ZERO_STAGES = (0, 1, 2, 3)
+HCCS_REASON = "TP group would span HCCS groups"
+
+
+def _apply_rules(model: ModelSpec, cluster: Cluster, job: TrainingJob, rows: Rows, pruned: Counter) -> Rows:
+    """Keep the legal rows; count each illegal one under the first rule that rejects it. Rows are
+    checked one pipeline depth at a time so the stage arrays stay narrow."""
+    alive = np.zeros(_count(rows), dtype=bool)
+    for idx in chunks_by_pp(rows):
+        ok = np.ones(len(idx), dtype=bool)
+        for name, mask in illegal_masks(model, cluster, job, to_batch(model, job, _take(rows, idx))).items():
+            hit = mask & ok
+            if hit.any():
+                pruned[name] += int(hit.sum())
+            ok &= ~mask
+        alive[idx] = ok
+    return _take(rows, alive)
+
+
+# ---- the space ----------------------------------------------------------------------------------
+def tp_inside_fast_group(hw: HardwareProfile, tp: np.ndarray, tp_stride: np.ndarray) -> np.ndarray:
+    """True where every TP group stays inside one fast group (an HCCS group on mesh-groups nodes):
+    the slowest tier it spans is the first, and its aligned blocks tile the fast group."""
+    span = tp * tp_stride
+    return (tp == 1) | ((slowest_tier(hw, tp, tp_stride) == 0) & (hw.node.group_size % span == 0))
+
+
+def _keeps_tp_in_group(hw: HardwareProfile, pins: Pins) -> bool:
+    """Ascend-style nodes: a searched TP group never spans two HCCS groups (slow PCIe between them)."""
+    return hw.node.group_size < hw.node.devices_per_node and pins.tp is None
+
+
+def degree_rows(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, pins: Pins,
+                pruned: Counter) -> Rows:
+    """Legal (dp, tp, pp, cp, ep) combinations."""
+    n = cluster.devices
+    divs = divisors(n)
+    tp, pp, cp = (a.ravel() for a in np.meshgrid(_options(pins.tp, divs), _options(pins.pp, divs),
+                                                  _options(pins.cp, divs), indexing="ij"))
+    fits = n % (tp * pp * cp) == 0
+    tp, pp, cp = tp[fits], pp[fits], cp[fits]
+    rows = {"dp": n // (tp * pp * cp), "tp": tp, "pp": pp, "cp": cp}
+    if pins.dp is not None:
+        rows = _take(rows, rows["dp"] == pins.dp)
+    experts = divisors(model.moe.num_experts) if model.moe is not None else np.array([1])
+    rows = _cross(rows, {"ep": _options(pins.ep, experts)})
+    # Deeper pipelines than layers break the "stage layers" rule; counted here without building
+    # their (rows x pp) stage arrays.
+    deep = rows["pp"] > model.num_layers
+    if deep.any():
+        pruned["stage layers"] += int(deep.sum())
+        rows = _take(rows, ~deep)
+    if _keeps_tp_in_group(hw, pins):
+        split = ~tp_inside_fast_group(hw, rows["tp"], np.ones_like(rows["tp"]))
+        if split.any():
+            pruned[HCCS_REASON] += int(split.sum())
+            rows = _take(rows, ~split)
+    return _apply_rules(model, cluster, job, rows, pruned)
+
+
+def _expand_micro_batches(rows: Rows, job: TrainingJob, pins: Pins) -> Rows:
+    """Micro-batch sizes dividing each replica's share of the global batch (a pinned size is kept
+    as given; the "global batch" rule judges it)."""
+    out = _cross(rows, {"mbs": _options(pins.micro_batch_size, divisors(job.global_batch_size))})
+    if pins.micro_batch_size is None:
+        out = _take(out, (job.global_batch_size // out["dp"]) % out["mbs"] == 0)
+    out["m"] = np.maximum(job.global_batch_size // (out["dp"] * out["mbs"]), 1)
+    return out
+
+
+def _expand_pipeline(rows: Rows, model: ModelSpec, pins: Pins, dedup: Counter) -> Rows:
+    """(schedule, virtual stages): with pp = 1 only 1F1B (every schedule is the same there);
+    interleaving with each virtual-stage count dividing the layers per stage."""
+    single = rows["pp"] == 1
+    wanted_schedules = [pins.pipeline_schedule] if pins.pipeline_schedule else list(SCHEDULES)
+    flat = _take(rows, single)
+    if _count(flat):
+        if pins.pipeline_schedule is None:
+            dedup["pipeline schedule with pp = 1"] += _count(flat)   # GPipe, identical to 1F1B here
+        sched = SCHEDULES.index(pins.pipeline_schedule) if pins.pipeline_schedule else ONE_F_ONE_B
+        flat = _cross(flat, {"schedule": [sched], "vpp": [_pin_or(pins.virtual_pipeline_stages, 1)]})
+    deep = _take(rows, ~single)
+    parts = [flat]
+    if _count(deep):
+        plain = [SCHEDULES.index(s) for s in wanted_schedules if s != "interleaved-1f1b"]
+        if plain and pins.virtual_pipeline_stages in (None, 1):
+            parts.append(_cross(deep, {"schedule": plain, "vpp": [1] * len(plain)}))
+        if "interleaved-1f1b" in wanted_schedules:
+            vs = _options(pins.virtual_pipeline_stages, divisors(model.num_layers)[1:])
+            inter = _cross(deep, {"vpp": vs})
+            per_stage = np.maximum(model.num_layers // inter["pp"], 1)
+            inter = _take(inter, (per_stage % inter["vpp"] == 0) | (pins.virtual_pipeline_stages is not None))
+            inter["schedule"] = np.full(_count(inter), INTERLEAVED, dtype=np.int64)
+            parts.append(inter)
+    return _concat([p for p in parts if _count(p)], {**rows, "schedule": rows["pp"], "vpp": rows["pp"]})
+
+
+def _pin_or(value, default):
+    return default if value is None else value
+
+
+def _expand_sequence_parallel(rows: Rows, pins: Pins, dedup: Counter) -> Rows:
+    options = [0, 1] if pins.sequence_parallel is None else [int(pins.sequence_parallel)]
+    out = _cross(rows, {"sp": options})
+    redundant = (out["tp"] == 1) & (out["sp"] == 1) & (pins.sequence_parallel is None)
+    if redundant.any():
+        dedup["sequence parallelism with tp = 1"] += int(redundant.sum())
+    return _take(out, ~redundant)
+
+
+def skeleton_rows(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, pins: Pins,
+                  pruned: Counter, dedup: Counter) -> Rows:
+    """Legal candidates without their ZeRO/offload choice and mesh order. Column "family" numbers
+    the skeletons that differ only in sequence parallelism and recomputation (see family_bounds)."""
+    rows = degree_rows(model, hw, cluster, job, pins, pruned)
+    rows = _expand_pipeline(rows, model, pins, dedup)
+    rows = _expand_micro_batches(rows, job, pins)
+    rows["family"] = np.arange(_count(rows))
+    rows = _expand_sequence_parallel(rows, pins, dedup)
+    recompute = [RECOMPUTE.index(pins.recompute)] if pins.recompute else list(range(len(RECOMPUTE)))
+    rows = _cross(rows, {"recompute": recompute})
+    return _apply_rules(model, cluster, job, rows, pruned)
+
+
+def zero_offload_options(pins: Pins) -> list[tuple[int, int]]:
+    """(ZeRO stage, offload) pairs allowed by the pins; offload needs ZeRO >= 1 (rule "offload needs zero")."""
+    zeros = [pins.zero_stage] if pins.zero_stage is not None else list(ZERO_STAGES)
+    offloads = [int(pins.offload_optimizer)] if pins.offload_optimizer is not None else [0, 1]
+    return [(z, o) for z in zeros for o in offloads if not (o and z == 0)]
+
+
+def _lone_options(options: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Without data parallelism (dp x cp = 1) a ZeRO stage shards nothing: the lowest allowed stage
+    stands for all of them (with and without offload)."""
+    lowest: dict[int, int] = {}
+    for z, o in options:
+        lowest[o] = min(z, lowest.get(o, z))
+    return [(z, o) for o, z in sorted(lowest.items())]
+
+
+def zero_variants(rows: Rows, options: list[tuple[int, int]]) -> Rows:
+    """Each row with each ZeRO/offload pair it can use."""
+    out = _cross(rows, {"zero": [z for z, _ in options], "offload": [o for _, o in options]})
+    lone = _lone_options(options)
+    keep = (out["dp"] * out["cp"] > 1) | np.isin(out["zero"] * 2 + out["offload"], [z * 2 + o for z, o in lone])
+    return _take(out, keep)
+
+
+def cp_comm_options(model: ModelSpec, rows: Rows, pins: Pins) -> np.ndarray:
+    """(rows, 2) bool: whether each row can use ring (p2p) and Ulysses (a2a) context parallelism.
+    Without context parallelism only p2p is generated (the choice changes nothing)."""
+    split = rows["tp"] * rows["cp"]
+    a2a = (rows["cp"] > 1) & (model.num_attention_heads % split == 0) & (model.num_kv_heads % split == 0)
+    p2p = np.ones_like(a2a)
+    if pins.cp_comm is not None:
+        a2a &= pins.cp_comm == "a2a"
+        p2p &= (pins.cp_comm == "p2p") | (rows["cp"] == 1)
+    return np.stack([p2p, a2a], axis=1)
+
+
+def order_variants(rows: Rows, hw: HardwareProfile, pins: Pins) -> Rows:
+    """Each row with each mesh order that gives distinct strides and, on HCCS nodes, keeps TP in one
+    group (unless TP is pinned)."""
+    out = _cross(rows, {"mesh": np.arange(len(MESH_ORDERS))})
+    keep = _IS_REPRESENTATIVE[_active_code(out), out["mesh"]]
+    if _keeps_tp_in_group(hw, pins):
+        keep &= tp_inside_fast_group(hw, out["tp"], mesh_strides(out, out["mesh"])["tp_stride"])
+    return _take(out, keep)
+
+
+def mesh_variants(rows: Rows, hw: HardwareProfile, pins: Pins, model: ModelSpec) -> Rows:
+    """order_variants, each with each context-parallel communication it can use."""
+    out = _cross(order_variants(rows, hw, pins), {"cp_comm": [0, 1]})
+    allowed = cp_comm_options(model, out, pins)
+    return _take(out, allowed[np.arange(_count(out)), out["cp_comm"]])
+
+
+def mesh_counts(skel: Rows, hw: HardwareProfile, pins: Pins, options, pruned: Counter, dedup: Counter,
+                model: ModelSpec) -> np.ndarray:
+    """How many (mesh order, context-parallel communication) variants each skeleton keeps (they depend
+    on the degrees only, so the orders are worked out once per (tp, pp, cp, ep)); counts, in complete
+    candidates, the de-duplications and HCCS prunes of crossing the skeletons with their ZeRO/offload
+    pairs and mesh orders."""
+    n = _count(skel)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    base = int(max(skel["tp"].max(), skel["pp"].max(), skel["cp"].max(), skel["ep"].max())) + 1
+    key = ((skel["tp"] * base + skel["pp"]) * base + skel["cp"]) * base + skel["ep"]
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    tagged = {d: skel[d][first] for d in (*MESH_DIMS, "ep")}
+    tagged["row"] = np.arange(len(first))
+    kept = order_variants(tagged, hw, pins)
+    orders = np.bincount(kept["row"], minlength=len(first))[inverse]
+    kinds = cp_comm_options(model, skel, pins).sum(axis=1)
+    reps = _IS_REPRESENTATIVE.sum(axis=1)[_active_code(skel)]
+    zeros = np.where(skel["dp"] * skel["cp"] == 1, len(_lone_options(options)), len(options))
+    _add(dedup, "ZeRO stage without data parallelism", int(((len(options) - zeros) * orders * kinds).sum()))
+    _add(dedup, "mesh orders with identical strides", int((zeros * (len(MESH_ORDERS) - reps)).sum()))
+    _add(pruned, HCCS_REASON, int((zeros * (reps - orders)).sum()))
+    return orders * kinds
