@@ -11,11 +11,11 @@ from typing import Optional
 
 import typer
 
-from advisor.cli_options import (
+from advisor.commands.cli_options import (
     DEVICES_HELP, FP8_HELP, FRAMEWORK_HELP, MODULES_HELP, NODES_HELP, OPSTRAT_HELP, PS_MODE_HELP, SEQ_HELP, console,
     err_console, print_json, print_warnings,
 )
-from advisor.cli_run import calibrate_cmd, execute_cmd
+from advisor.commands.cli_run import calibrate_cmd, execute_cmd
 from advisor.errors import AdvisorError, InfeasibleError
 
 # Plain click help (rich_markup_mode=None): flags show no "<bool>", and option names are never cut at
@@ -24,7 +24,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   context_settings={"max_content_width": 200},
                   help="Parallelization advice for training large models: search, estimate, what-if, export, execute.")
 
-# Moved to advisor.cli_options and advisor.cli_run; still importable from here.
+# Moved to advisor.commands.cli_options and advisor.commands.cli_run; still importable from here.
 __all__ = ["app", "calibrate_cmd", "console", "err_console", "execute_cmd", "main", "print_json", "print_warnings"]
 
 
@@ -37,7 +37,7 @@ def _root() -> None:
 @app.command("list")
 def list_cmd(what: str = typer.Argument(..., help="models | hardware")) -> None:
     """List the bundled model descriptions or hardware profiles."""
-    from advisor.listing import render_list
+    from advisor.render.listing import render_list
     from advisor.specs.untrusted import prefix
 
     if what not in ("models", "hardware"):
@@ -87,9 +87,9 @@ def estimate_cmd(
     as_json: bool = typer.Option(False, "--json", help="print only JSON"),
 ) -> None:
     """Score one given strategy, with the full breakdown of memory and time."""
-    from advisor.breakdown import render_estimate
-    from advisor.estimate_request import estimate_request
-    from advisor.recsys_request import wants_recsys
+    from advisor.render.breakdown import render_estimate
+    from advisor.commands.estimate_request import estimate_request
+    from advisor.commands.recsys_request import wants_recsys
     from advisor.specs.input_notes import input_warnings
 
     if wants_recsys(model, plan):
@@ -120,8 +120,8 @@ def estimate_cmd(
 
 
 def _estimate_recsys(model, hardware, nodes, devices, gbs, dtype, plan, ps_mode, ps_servers, ps_async, as_json) -> None:
-    from advisor.recsys_request import recsys_estimate_request
-    from advisor.report_recsys import render_recsys_estimate
+    from advisor.commands.recsys_request import recsys_estimate_request
+    from advisor.render.report_recsys import render_recsys_estimate
     from advisor.search.parameter_server import PsPins
 
     result = recsys_estimate_request(model=model, hardware=hardware, nodes=nodes, devices=devices, gbs=gbs, dtype=dtype,
@@ -173,10 +173,10 @@ def recommend_cmd(
     as_json: bool = typer.Option(False, "--json", help="print only JSON: {plans, search}"),
 ) -> None:
     """Search the strategy space and rank the plans; the best is saved with --out."""
-    from advisor.inputs import resolve_inputs
+    from advisor.commands.inputs import resolve_inputs
     from advisor.plan import save_plan
-    from advisor.recommend import recommend
-    from advisor.report import render_recommendation, search_progress
+    from advisor.commands.recommend import recommend
+    from advisor.render.report import render_recommendation, search_progress
     from advisor.search import Pins
     from advisor.search.parameter_server import PsPins
     from advisor.specs.input_notes import input_warnings
@@ -201,7 +201,7 @@ def recommend_cmd(
     if out:
         save_plan(result.best, out)
     if plot:
-        from advisor.plots import recommend_plot
+        from advisor.render.plots import recommend_plot
 
         recommend_plot(result, plot)
     if as_json:
@@ -246,7 +246,7 @@ def whatif_cmd(
             tokens=tokens, dtype=dtype, searcher=searcher, workers=workers, progress=update,
         )
     if plot:
-        from advisor.plots import whatif_plot
+        from advisor.render.plots import whatif_plot
 
         whatif_plot(result, plot)
     if as_json:
@@ -295,7 +295,7 @@ def export_cmd(
             err_console.print(f"note: {display(item)}", markup=False, highlight=False, soft_wrap=True)
 
 
-# ---- execute / calibrate (reference executor on torch.distributed; advisor.cli_run) ---------------
+# ---- execute / calibrate (reference executor on torch.distributed; advisor.commands.cli_run) ---------------
 app.command("execute")(execute_cmd)
 app.command("calibrate")(calibrate_cmd)
 

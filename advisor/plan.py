@@ -211,7 +211,7 @@ def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
     )
 
 
-# The prediction block (advisor.recommend.prediction_of): the keys known to it must have their types;
+# The prediction block (advisor.commands.recommend.prediction_of): the keys known to it must have their types;
 # keys added by later versions pass (checked only as JSON values by check_tree).
 _PREDICTION_NUMBERS = ("step_time_s", "tokens_per_s", "mfu", "hfu", "tflops_per_device", "energy_kwh",
                        "emissions_tco2e")

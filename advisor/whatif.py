@@ -2,7 +2,7 @@
 
 Axes (every combination is a point): hardware profiles, cluster sizes (nodes or devices), inter-node
 bandwidth, intra-node bandwidth, device memory (overrides on top of a profile, via
-HardwareProfile.with_overrides), global batch and sequence length. At each point advisor.recommend
+HardwareProfile.with_overrides), global batch and sequence length. At each point advisor.commands.recommend
 runs the search (top 1) and the point reports the best plan's tokens/s, MFU, step time, time, cost
 and energy to train the token budget, or why nothing fits.
 
@@ -19,9 +19,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from advisor.formatting import duration, energy, money, step_time
+from advisor.render.formatting import duration, energy, money, step_time
 from advisor.errors import AdvisorError, InfeasibleError
-from advisor.inputs import DEFAULT_BATCH_TOKENS, default_dtype
+from advisor.commands.inputs import DEFAULT_BATCH_TOKENS, default_dtype
 from advisor.plan import Plan, strategy_to_dict
 from advisor.specs.hardware import HardwareProfile, load_hardware
 from advisor.specs.job import Cluster, TrainingJob, parse_token_count
@@ -153,7 +153,7 @@ def _raw_link(profile: HardwareProfile) -> tuple[float, float]:
 
 def _solve(index: int) -> dict[str, Any]:
     """Best plan at one point (run in a worker process or in-line)."""
-    from advisor.recommend import recommend
+    from advisor.commands.recommend import recommend
 
     task = _TASKS[index]
     try:
@@ -239,7 +239,7 @@ def whatif(
         raise AdvisorError("--hardware: give at least one hardware profile")
     if bool(nodes) == bool(devices):
         raise AdvisorError("give the cluster sizes with exactly one of --nodes or --devices (a comma-separated list)")
-    from advisor.recommend import SEARCHERS
+    from advisor.commands.recommend import SEARCHERS
 
     if searcher not in SEARCHERS:
         raise AdvisorError(f"--searcher {searcher}: unknown searcher (available: {', '.join(sorted(SEARCHERS))})")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from advisor.published import published_errors, vtrain_ranking  # noqa: E402
+from advisor.validation.published import published_errors, vtrain_ranking  # noqa: E402
 from advisor.validation.accuracy import by_feature, by_group, predict, predictions  # noqa: E402
 from advisor.validation.ranking import foundry_rankings  # noqa: E402
 from advisor.validation.runs import load_runs  # noqa: E402
@@ -144,9 +144,9 @@ def leave_one_out() -> None:
 
 
 def recommend_examples() -> None:
-    from advisor.inputs import resolve_inputs
-    from advisor.recommend import recommend
-    from advisor.report import _knobs
+    from advisor.commands.inputs import resolve_inputs
+    from advisor.commands.recommend import recommend
+    from advisor.render.report import _knobs
     from advisor.validation.examples import EXAMPLES, closest_runs
 
     print("\n== 7. recommend on the examples, next to the closest measured run (MFU in advisor's convention)")

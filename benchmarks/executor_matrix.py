@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from advisor.execute import COMPARED_PARTS, ExecuteOptions, prepare_plan, run_prepared  # noqa: E402
+from advisor.commands.execute import COMPARED_PARTS, ExecuteOptions, prepare_plan, run_prepared  # noqa: E402
 from advisor.executor.matrix import MATRIX, matrix_plans  # noqa: E402
 
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.cost import fusion  # noqa: E402
 from advisor.cost.estimate import estimate, estimate_batch  # noqa: E402
-from advisor.inputs import resolve_inputs  # noqa: E402
+from advisor.commands.inputs import resolve_inputs  # noqa: E402
 from advisor.search import Pins  # noqa: E402
 from advisor.search.comm_knobs import refine  # noqa: E402
 from advisor.search.enumerate import search  # noqa: E402

@@ -2,7 +2,7 @@
 
 For each run in benchmarks/data/published_runs.yaml, `recommend` gets the same model, hardware,
 device count, global batch, sequence length and dtype; the cost model prices both the published
-configuration (advisor.published.predict) and the recommended plan. The recommended plan should be
+configuration (advisor.validation.published.predict) and the recommended plan. The recommended plan should be
 predicted at least as fast: ratio = recommended tokens/s / published tokens/s >= 1.
 
     python benchmarks/recommend_quality.py
@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from advisor.published import PublishedRun, load_published_runs, predict  # noqa: E402
-from advisor.recommend import recommend  # noqa: E402
+from advisor.validation.published import PublishedRun, load_published_runs, predict  # noqa: E402
+from advisor.commands.recommend import recommend  # noqa: E402
 from advisor.specs.hardware import load_hardware  # noqa: E402
 from advisor.specs.job import Cluster  # noqa: E402
 

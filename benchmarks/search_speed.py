@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from advisor.inputs import resolve_inputs  # noqa: E402
+from advisor.commands.inputs import resolve_inputs  # noqa: E402
 from advisor.search import Pins  # noqa: E402
 from advisor.search.enumerate import search  # noqa: E402
 

@@ -87,7 +87,7 @@ def test_generic_graphs_from_json():
 @pytest.mark.parametrize("searcher", ["drec", "ilp"])
 def test_recommend_composes_operator_search_with_pipeline_and_data_parallelism(searcher):
     from advisor.plan import plan_from_dict, plan_to_dict
-    from advisor.recommend import recommend
+    from advisor.commands.recommend import recommend
     from advisor.specs.job import Cluster, TrainingJob
 
     model = tiny_transformer()

@@ -13,8 +13,8 @@ import pytest
 from advisor.cost.comm import slowest_tier
 from advisor.cost.estimate import estimate, estimate_batch
 from advisor.cost.memory import memory
-from advisor.inputs import default_dtype
-from advisor.rank import TIE_BAND
+from advisor.commands.inputs import default_dtype
+from advisor.search.rank import TIE_BAND
 from advisor.search import Pins
 from advisor.search import enumerate as en
 from advisor.space.rules import legal_mask

@@ -16,9 +16,9 @@ import yaml
 
 from advisor.cli import app
 from advisor.errors import AdvisorError
-from advisor.formatting import count, step_time
-from advisor.inputs import resolve_inputs
-from advisor.estimate_request import strategy_from_flags
+from advisor.render.formatting import count, step_time
+from advisor.commands.inputs import resolve_inputs
+from advisor.commands.estimate_request import strategy_from_flags
 from advisor.search.neighbours import closest_fit, single_knob_changes
 from advisor.specs.hardware import PROFILES_DIR, hardware_from_dict, load_hardware
 from advisor.specs.input_notes import input_warnings

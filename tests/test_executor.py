@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from advisor.errors import AdvisorError, InfeasibleError  # noqa: E402
-from advisor.execute import ExecuteOptions, prepare_plan  # noqa: E402
+from advisor.commands.execute import ExecuteOptions, prepare_plan  # noqa: E402
 from advisor.executor.config import (refusals, run_config_from_dict, run_config_from_plan,  # noqa: E402
                                      run_config_to_dict, shrink_plan, with_parallel)
 from advisor.executor.matrix import MATRIX, llama3_8b_plan, matrix_plans, tiny_plan  # noqa: E402

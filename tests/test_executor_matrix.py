@@ -2,7 +2,7 @@
 single-process run (losses) and against advisor's prediction (memory by part); zero-bubble
 schedules; --tiny; failure handling; the CLI; the torchrun path.
 
-Plans of one world size share one launch (advisor.execute.run_prepared), so the whole matrix costs
+Plans of one world size share one launch (advisor.commands.execute.run_prepared), so the whole matrix costs
 three process start-ups.
 """
 
@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from advisor.execute import COMPARED_PARTS, ExecuteOptions, Prepared, execute, prepare_plan, run_prepared  # noqa: E402
+from advisor.commands.execute import COMPARED_PARTS, ExecuteOptions, Prepared, execute, prepare_plan, run_prepared  # noqa: E402
 from advisor.executor.config import run_config_from_plan, run_config_to_dict  # noqa: E402
 from advisor.executor.launch import ExecutionFailed, LaunchOptions, launch  # noqa: E402
 from advisor.executor.matrix import MATRIX, llama3_8b_plan, matrix_plans, tiny_plan  # noqa: E402

@@ -18,10 +18,10 @@ from advisor.cost import comm, fusion, multi_copy
 from advisor.cost.estimate import estimate, estimate_batch
 from advisor.cost.placement import placements
 from advisor.export import export_plan
-from advisor.inputs import resolve_inputs
+from advisor.commands.inputs import resolve_inputs
 from advisor.plan import dumps_plan, plan_from_dict, plan_to_dict
-from advisor.rank import TIE_BAND
-from advisor.recommend import recommend
+from advisor.search.rank import TIE_BAND
+from advisor.commands.recommend import recommend
 from advisor.search import Pins
 from advisor.search.comm_knobs import refine
 from advisor.search.enumerate import search

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from advisor.published import load_published_runs, predict, published_errors, vtrain_ranking
+from advisor.validation.published import load_published_runs, predict, published_errors, vtrain_ranking
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,9 @@ import yaml
 
 from advisor import cli
 from advisor.errors import AdvisorError
-from advisor.inputs import resolve_inputs
+from advisor.commands.inputs import resolve_inputs
 from advisor.plan import dumps_plan, load_plan, plan_from_dict
-from advisor.recommend import recommend
+from advisor.commands.recommend import recommend
 from advisor.specs import limits
 from advisor.specs.hardware import PROFILES_DIR, bundled_hardware, load_hardware
 from advisor.specs.model import MODELS_DIR, bundled_models, load_model

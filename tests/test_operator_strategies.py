@@ -24,7 +24,7 @@ from advisor.cost.memory import GIB
 from advisor.errors import AdvisorError
 from advisor.export import export_plan
 from advisor.plan import plan_from_dict, plan_to_dict, save_plan
-from advisor.recommend import recommend
+from advisor.commands.recommend import recommend
 from advisor.search.intra_op import build_problem, layout_key
 from advisor.search.operator_plan import estimate_with_layout, layout_of, operator_plan
 from advisor.space.strategy import Strategy, StrategyBatch

@@ -13,7 +13,7 @@ import pytest
 
 from advisor.cost.estimate import estimate_batch
 from advisor.cost.memory import GIB
-from advisor.recommend import recommend
+from advisor.commands.recommend import recommend
 from advisor.search import Pins
 from advisor.search import enumerate as enumerator
 from advisor.search.intra_op import MEGATRON_CUTS, price_layouts

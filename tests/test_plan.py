@@ -11,9 +11,9 @@ import pytest
 
 from advisor import cli
 from advisor.errors import AdvisorError
-from advisor.inputs import resolve_inputs
+from advisor.commands.inputs import resolve_inputs
 from advisor.plan import dumps_plan, load_plan, plan_from_dict, plan_to_dict, save_plan
-from advisor.recommend import recommend
+from advisor.commands.recommend import recommend
 
 
 @pytest.fixture(scope="module")

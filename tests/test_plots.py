@@ -10,7 +10,7 @@ pytest.importorskip("matplotlib")
 import matplotlib  # noqa: E402
 
 from advisor.errors import AdvisorError  # noqa: E402
-from advisor.plots import MEMORY_PARTS, recommend_plot, recommendation_plot, whatif_plot  # noqa: E402
+from advisor.render.plots import MEMORY_PARTS, recommend_plot, recommendation_plot, whatif_plot  # noqa: E402
 from advisor.whatif import whatif  # noqa: E402
 
 
@@ -48,8 +48,8 @@ def test_whatif_plot(tmp_path, keep_figures):
 
 
 def test_recommendation_plot(tmp_path, keep_figures):
-    from advisor.inputs import resolve_inputs
-    from advisor.recommend import recommend
+    from advisor.commands.inputs import resolve_inputs
+    from advisor.commands.recommend import recommend
 
     inputs = resolve_inputs("gpt3-1.3b", "dgx-a100-80g", nodes=1, global_batch=64)
     result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, top_k=3)
@@ -109,8 +109,8 @@ def _overlaps_data(fig) -> list:
 
 
 def test_recommendation_plot_labels_tell_plans_apart_and_legends_stay_off_the_bars(tmp_path, keep_figures):
-    from advisor.inputs import resolve_inputs
-    from advisor.recommend import recommend
+    from advisor.commands.inputs import resolve_inputs
+    from advisor.commands.recommend import recommend
 
     inputs = resolve_inputs("gpt3-1.3b", "dgx-a100-80g", nodes=1, global_batch=64)
     result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, top_k=5)
@@ -131,7 +131,7 @@ def test_plan_labels_add_only_the_settings_that_differ():
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from advisor.plots import plan_labels
+    from advisor.render.plots import plan_labels
     from advisor.space.strategy import Strategy
 
     base = Strategy(dp=8, tp=4, pp=2, zero_stage=1, recompute="selective", micro_batch_size=1)

@@ -201,7 +201,7 @@ def test_executed_plan_carries_the_model_that_ran():
 @pytest.mark.parametrize("model, mode", [("wide-deep-criteo", "ps"), ("dlrm-criteo-1tb", "hybrid")])
 def test_a_recommended_plan_runs_and_matches_the_predicted_memory_per_role(tmp_path, model, mode):
     """recommend writes the plan; execute --tiny runs it and compares each role's memory with the cost
-    model's figures for the model as it ran (advisor.execute.predict_ps): within 10% (the issue's goal)."""
+    model's figures for the model as it ran (advisor.commands.execute.predict_ps): within 10% (the issue's goal)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     plan = tmp_path / "plan.json"
     rec = subprocess.run([sys.executable, "-m", "advisor", "recommend", "--model", model, "--hardware", "dgx-a100-80g",

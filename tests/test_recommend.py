@@ -1,4 +1,4 @@
-"""`advisor recommend`: the library call (advisor/recommend.py), ranking (advisor/rank.py), the
+"""`advisor recommend`: the library call (advisor/commands/recommend.py), ranking (advisor/search/rank.py), the
 report and the command line."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from advisor import cli
-from advisor import recommend as rec
+from advisor.commands import recommend as rec
 from advisor.cost.comm import slowest_tier
 from advisor.errors import AdvisorError, InfeasibleError
-from advisor.inputs import resolve_inputs
+from advisor.commands.inputs import resolve_inputs
 from advisor.plan import load_plan
-from advisor.rank import TIE_BAND, rank, simplicity_key
+from advisor.search.rank import TIE_BAND, rank, simplicity_key
 from advisor.search import Pins, SearchOutcome
 from advisor.search import enumerate as en
 from advisor.space.rules import violations
@@ -268,7 +268,7 @@ def test_progress_bar_only_after_a_second_on_a_terminal(monkeypatch):
 
     from rich.console import Console
 
-    from advisor import report
+    from advisor.render import report
 
     with report.search_progress(Console(file=io.StringIO()), enabled=False) as hook:
         assert hook is None

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.published import load_published_runs, predict
-from advisor.recommend import recommend
+from advisor.validation.published import load_published_runs, predict
+from advisor.commands.recommend import recommend
 from advisor.specs.hardware import load_hardware
 from advisor.specs.job import Cluster
 

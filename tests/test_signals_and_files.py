@@ -173,15 +173,15 @@ folder = Path(sys.argv[1])
 big = {"name": "x" * 4096, "notes": [], "figures": list(range(2000))}
 
 def plan():
-    from advisor.inputs import resolve_inputs
+    from advisor.commands.inputs import resolve_inputs
     from advisor.plan import save_plan
-    from advisor.recommend import recommend
+    from advisor.commands.recommend import recommend
     i = resolve_inputs("gpt3-1.3b", "dgx-a100-80g", nodes=1)
     best = recommend(i.model, i.hardware, i.cluster, i.job, top_k=1).best
     return lambda path: save_plan(best, path), best
 
 save, best = plan()
-from advisor.execute_report import write_report
+from advisor.validation.execute_report import write_report
 from advisor.export import export_plan, write_export
 from advisor.runtime.files import write_json
 writers = {
@@ -243,7 +243,7 @@ def test_atomic_write_keeps_the_mode_and_replaces_whole(tmp_path):
 
 def test_json_is_never_infinite_or_nan(monkeypatch, capsys):
     from advisor.cli import print_json
-    from advisor.execute_report import json_ready
+    from advisor.validation.execute_report import json_ready
 
     with pytest.raises(AdvisorError, match="non-finite"):
         json_text({"a": float("inf")})

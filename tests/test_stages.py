@@ -134,8 +134,8 @@ def test_recommend_uses_balanced_stages_for_a_large_vocabulary():
     from dataclasses import replace as _replace
 
     from advisor.cost.estimate import estimate
-    from advisor.inputs import resolve_inputs
-    from advisor.recommend import recommend
+    from advisor.commands.inputs import resolve_inputs
+    from advisor.commands.recommend import recommend
     from advisor.search import Pins
 
     i = resolve_inputs("bloom-176b", "dgx-a100-80g", nodes=48, global_batch=2048)

@@ -14,7 +14,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-import advisor.recommend as recommend_module
+import advisor.commands.recommend as recommend_module
 from advisor.cli import app
 from advisor.errors import AdvisorError
 from advisor.specs.hardware import load_hardware

@@ -13,7 +13,7 @@ Modules: config (plan -> RunConfig, refusals, --tiny), model, data, parallel, me
 part), train (one run on one rank; the single-process reference), worker (the per-rank entry
 point), launch (the runs for local worker processes; the processes themselves, with their own
 sessions, hard deadline and no orphans, are advisor.runtime.launch), host_probe (the host-speed
-probe, also measured by advisor calibrate), matrix (the validation plans). advisor.execute compares the results with advisor's prediction.
+probe, also measured by advisor calibrate), matrix (the validation plans). advisor.commands.execute compares the results with advisor's prediction.
 
 One machine::
 

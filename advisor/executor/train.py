@@ -282,7 +282,7 @@ def _synchronize_gradients(s: _Setup) -> None:
         s.averager()
 
 
-def run_distributed(cfg: RunConfig, device: torch.device) -> dict:
+def run_distributed(cfg: RunConfig, device: torch.device, on_step=None) -> dict:
     """Train ``cfg`` on this rank; per-step global loss, gradient norm and time, and memory by part.
 
     A step's time runs from a barrier that lines the ranks up to the end of this rank's optimizer
@@ -290,7 +290,7 @@ def run_distributed(cfg: RunConfig, device: torch.device) -> dict:
     rank's is the step time. The measurements (gradient norm, bytes) are taken outside it, and the
     saved-tensor hooks only run in the first step, which the median leaves out. The process CPU
     time of the same interval is kept too: on a shared machine it shows how much of the wall time
-    was this rank's own work."""
+    was this rank's own work. ``on_step(k)``, when given, is called after step k (progress)."""
     p = cfg.parallel
     rank = dist.get_rank()
     s = _Setup(cfg, device)
@@ -327,6 +327,8 @@ def run_distributed(cfg: RunConfig, device: torch.device) -> dict:
         dist.all_reduce(stats)
         norms.append(float(stats[0]) ** 0.5)
         losses.append(float(stats[1]) / p.dp)
+        if on_step is not None:
+            on_step(step)
         if step == 0:
             memory["gradients"] = gradient_bytes(s.modules)
             memory["optimizer"] = tensor_bytes(optimizer_state_tensors(s.optimizer))

@@ -89,11 +89,18 @@ def _main(args, out: Path, rank: int) -> int:
     mark_ready(out, rank)
     die_if_asked(rank)
     results = []
+    total, done = sum(cfg.steps for cfg in runs), 0
     for i, cfg in enumerate(runs):
-        report_progress(out, rank, i, len(runs), f"run {i + 1} of {len(runs)} ({cfg.steps} steps)")
-        results.append(run_distributed(cfg, device))
+        label = f"run {i + 1} of {len(runs)}"
+        report_progress(out, rank, done, total, f"{label}, step 1 of {cfg.steps}")
+
+        def stepped(k, label=label, base=done, steps=cfg.steps):   # steps done so far, over every run
+            report_progress(out, rank, base + k + 1, total, f"{label}, step {min(k + 2, steps)} of {steps}")
+
+        results.append(run_distributed(cfg, device, on_step=stepped))
+        done += cfg.steps
         write_result(out / f"rank{rank}.json", {"rank": rank, "backend": backend, "runs": results})
-    report_progress(out, rank, len(runs), len(runs), "gathering results")
+    report_progress(out, rank, total, total, "gathering results")
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(results, gathered, dst=0)
     if rank == 0:

@@ -2,7 +2,7 @@
 
 Every searcher is a function ``(model, hardware, cluster, job, pins, top_k, progress) -> SearchOutcome``:
 it returns the candidates worth ranking (a StrategyBatch with their mesh orders) and counts of what it
-looked at. ``advisor.recommend`` estimates, ranks and reports them; searchers never rank for display.
+looked at. ``advisor.commands.recommend`` estimates, ranks and reports them; searchers never rank for display.
 """
 
 from __future__ import annotations

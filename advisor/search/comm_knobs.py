@@ -3,7 +3,7 @@
 The searchers price every candidate with the framework's default buckets and unsplit micro-batches
 (the enumerator's space and its brute-force check, tests/test_enumerate.py, stay as they are).
 Crossing the space with the knobs' values would multiply it by (1 + len(COPY_CHOICES)) x
-(1 + len(BUCKET_CHOICES_MB)); instead advisor.recommend hands the enumerator's finalists (the
+(1 + len(BUCKET_CHOICES_MB)); instead advisor.commands.recommend hands the enumerator's finalists (the
 candidates that may still rank; the operator-level searchers' layouts are priced for their own
 micro-batch and keep the defaults) to ``refine``, which tries the knobs on each, two in turn, one
 estimate_batch call per knob:
@@ -18,7 +18,7 @@ estimate_batch call per knob:
 
 A value is kept when it raises the candidate's predicted throughput by more than ``min_gain``
 (default: the ranking's tie band, so a knob is only set where it buys what a simpler plan would be
-preferred for; advisor.rank), legal (advisor.space.rules) and fitting in memory. The limit of the
+preferred for; advisor.search.rank), legal (advisor.space.rules) and fitting in memory. The limit of the
 shortcut: a candidate outside the finalists that a knob would have lifted into the top K is not
 seen (benchmarks/mindspore_optimizations.py measures the cost and the gains).
 """
@@ -32,7 +32,7 @@ import numpy as np
 from advisor.cost.estimate import estimate_batch
 from advisor.cost.fusion import BUCKET_CHOICES_MB
 from advisor.cost.multi_copy import COPY_CHOICES
-from advisor.rank import TIE_BAND
+from advisor.search.rank import TIE_BAND
 from advisor.space.rules import legal_mask
 from advisor.space.strategy import StrategyBatch
 from advisor.specs.hardware import HardwareProfile

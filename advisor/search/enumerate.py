@@ -45,7 +45,7 @@ import numpy as np
 
 from advisor.cost.estimate import estimate_batch
 from advisor.cost.memory import GIB
-from advisor.rank import TIE_BAND
+from advisor.search.rank import TIE_BAND
 from advisor.search import Pins, Progress, SearchOutcome, SearchStats
 from advisor.search.enumerate_bounds import (
     UNBOUNDED_GBPS, bound_skeletons, family_bounds, fastest_link_hardware, free_hardware, leanest_options,

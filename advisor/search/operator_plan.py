@@ -17,7 +17,7 @@ Composition:
    layout, the candidates taken best first and sharing ILP_TIME_LIMIT_S. Identical problems (same
    group size, micro-batch, layers, micro-batches in flight, ZeRO stage, memory left) are solved once.
 3. Pricing. Each candidate is the cost model's estimate plus the difference between its chosen
-   layout and Megatron's in the sharding model (intra_op.price_layouts; advisor.recommend applies it
+   layout and Megatron's in the sharding model (intra_op.price_layouts; advisor.commands.recommend applies it
    to the finalists it ranks). A layout is only chosen when cheaper than Megatron's and within the
    memory left, so every candidate is at least as fast as the enumerator's, the same configuration
    with Megatron's layout gives the enumerator's numbers exactly, and the ILP, whose warm start is
@@ -203,12 +203,12 @@ def best_priced(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tr
 
 
 def drec_searcher(model, hw, cluster, job, pins: Pins, top_k: int, progress: Progress) -> SearchOutcome:
-    """``--searcher drec`` (the advisor.recommend interface)."""
+    """``--searcher drec`` (the advisor.commands.recommend interface)."""
     return operator_plan(model, hw, cluster, job, "drec", pins, top_k, progress)
 
 
 def ilp_searcher(model, hw, cluster, job, pins: Pins, top_k: int, progress: Progress) -> SearchOutcome:
-    """``--searcher ilp`` (the advisor.recommend interface)."""
+    """``--searcher ilp`` (the advisor.commands.recommend interface)."""
     return operator_plan(model, hw, cluster, job, "ilp", pins, top_k, progress)
 
 

@@ -56,7 +56,7 @@ class PsPins:
 
 @dataclass(frozen=True)
 class RecsysRecommendResult:
-    """Ranked plans (best first) with their estimates; the same JSON shape as advisor.recommend's."""
+    """Ranked plans (best first) with their estimates; the same JSON shape as advisor.commands.recommend's."""
 
     plans: tuple[Plan, ...]
     estimates: tuple[RecEstimate, ...]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from functools import lru_cache
 
-from advisor.published import load_published_runs, measured_step_time_s
+from advisor.validation.published import load_published_runs, measured_step_time_s
 from advisor.validation.accuracy import usable_runs
 from advisor.validation.runs import DEVICE_NAMES, model_flops_utilization
 from advisor.validation.torchtitan import load_torchtitan_runs

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from advisor.published import load_published_runs, measured_step_time_s, paper_source, predict as predict_published
+from advisor.validation.published import load_published_runs, measured_step_time_s, paper_source, predict as predict_published
 from advisor.space.strategy import Strategy
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec

@@ -148,7 +148,7 @@ def _size(nbytes: float) -> str:
 
 
 def ps_title(report: dict[str, Any]) -> str:
-    """The title of the report's table (advisor.execute_report.render_report draws it)."""
+    """The title of the report's table (advisor.validation.execute_report.render_report draws it)."""
     ps, ex = report["parameter_server"], report["executed"]
     return (f"{report['name']}: {ps['mode']}, {ps['servers']} servers + {ps['workers']} workers "
             f"({ps['server_placement']}), {ex['optimizer']}, {ex['steps']} steps over gloo")

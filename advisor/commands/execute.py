@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError, InfeasibleError
-from advisor.execute_report import (COMPARED_PARTS, GIB, LOSS_GOAL, MEMORY_GOAL, TIME_GOAL, build_report,
+from advisor.validation.execute_report import (COMPARED_PARTS, GIB, LOSS_GOAL, MEMORY_GOAL, TIME_GOAL, build_report,
                                     render_report, summary_rows, write_report)
 from advisor.executor.config import RunConfig, run_config_from_plan, run_config_to_dict
 from advisor.runtime.capacity import capacity_problems
@@ -259,7 +259,7 @@ def predict_ps(executed: dict[str, Any], time_hardware: str | None) -> dict[str,
     when one is given (--hardware, from advisor calibrate)."""
     from advisor.cost.recsys_estimate import estimate_recsys
     from advisor.plan import plan_from_dict
-    from advisor.recsys_request import config_of
+    from advisor.commands.recsys_request import config_of
     from advisor.specs.hardware import load_hardware
 
     if not isinstance(executed.get("hardware"), dict):       # a hand-written plan without a profile

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from advisor.cost.estimate import Estimate
-from advisor.formatting import duration, energy, money, step_time
+from advisor.render.formatting import duration, energy, money, step_time
 from advisor.space.strategy import Strategy
 
 

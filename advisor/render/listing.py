@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from advisor.formatting import count
+from advisor.render.formatting import count
 from advisor.specs.hardware import bundled_hardware, load_hardware
 from advisor.specs.model import bundled_models, load_model
 from advisor.specs.recommendation import RecModelSpec

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from advisor.cli_options import console, print_json
+from advisor.commands.cli_options import console, print_json
 from advisor.errors import AdvisorError
 
 
@@ -30,8 +30,8 @@ def execute_cmd(
     as_json: bool = typer.Option(False, "--json", help="print only the report JSON"),
 ) -> None:
     """Run the plan on torch.distributed; compare losses, memory and time with the prediction."""
-    from advisor.execute import ExecuteOptions, execute, render_report, write_report
-    from advisor.execute_report import json_ready
+    from advisor.commands.execute import ExecuteOptions, execute, render_report, write_report
+    from advisor.validation.execute_report import json_ready
     from advisor.runtime.progress import enabled
 
     if tiny_scale != 1 and not tiny:

@@ -7,8 +7,8 @@ from typing import Any
 
 from advisor.cost.estimate import Estimate, estimate
 from advisor.errors import AdvisorError
-from advisor.formatting import step_time
-from advisor.inputs import Inputs, check_count, resolve_inputs
+from advisor.render.formatting import step_time
+from advisor.commands.inputs import Inputs, check_count, resolve_inputs
 from advisor.plan import load_plan
 from advisor.search.neighbours import closest_fit
 from advisor.space.rules import violations

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from advisor.formatting import duration, money, step_time
 from advisor.cost.estimate import Estimate
-from advisor.recommend import RecommendResult
+from advisor.render.formatting import duration, money, step_time
 from advisor.search import Progress as ProgressHook
 from advisor.search import SearchStats
 from advisor.space.strategy import Strategy
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only: render never imports the commands
+    from advisor.commands.recommend import RecommendResult
 
 PROGRESS_AFTER_S = 1.0   # searches shorter than this never show a bar
 
@@ -96,7 +98,7 @@ def _training_time(e: Estimate) -> str | None:
 
 def render_recommendation(console: Console, result: RecommendResult, saved_to: str | None = None) -> None:
     if getattr(result, "family", None) == "recommendation":      # advisor.search.parameter_server
-        from advisor.report_recsys import render_recsys
+        from advisor.render.report_recsys import render_recsys
         return render_recsys(console, result, saved_to)
     console.print(plans_table(result))
     console.print(f"GiB: memory per device (of {result.estimates[0].capacity_gib:g}); knobs: sp = sequence parallel, "

@@ -9,7 +9,7 @@ from typing import Any
 from advisor.cost.recsys import RecEstimate, RecsysConfig
 from advisor.cost.recsys_estimate import estimate_recsys
 from advisor.errors import AdvisorError
-from advisor.inputs import resolve_inputs
+from advisor.commands.inputs import resolve_inputs
 from advisor.plan import Plan, load_plan, read_plan_dict
 from advisor.search.parameter_server import PsPins, recommend_recsys
 from advisor.specs.model import load_model

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from advisor.cost.recsys import RecEstimate
-from advisor.formatting import step_time
+from advisor.render.formatting import step_time
 
 _MODE = {"replicated": "allreduce (replicated)", "sharded": "sharded + all-to-all", "ps": "PS", "hybrid": "hybrid PS"}
 

@@ -28,7 +28,7 @@ from advisor.specs.hardware import HardwareProfile, load_hardware
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec, model_from_dict
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
 HARDWARE_FOR = {"selene-a100-80g": "dgx-a100-80g"}
 
 

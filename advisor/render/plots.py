@@ -285,5 +285,5 @@ def recommendation_plot(plans: Sequence["Plan"], path: str | Path, capacity_gib:
 
 
 def recommend_plot(result, path: str | Path) -> Path:
-    """recommendation_plot for an advisor.recommend.RecommendResult."""
+    """recommendation_plot for an advisor.commands.recommend.RecommendResult."""
     return recommendation_plot(result.plans, path)

@@ -2,7 +2,7 @@
 
 The one orchestrator. Searchers are looked up by name in SEARCHERS (operator-level searchers add
 themselves there); each returns its finalists and a summary, and this module prices the finalists
-with the vectorized cost model, ranks them (advisor.rank) and turns the top K into Plans with their
+with the vectorized cost model, ranks them (advisor.search.rank) and turns the top K into Plans with their
 prediction filled in. When nothing fits it names the smallest change that would, found by running
 more (cheap) searches: a pinned knob relaxed, or a larger cluster.
 """
@@ -16,7 +16,7 @@ from typing import Any, Callable
 from advisor.cost.estimate import Estimate, estimate_batch, from_batch
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.plan import Plan, plan_to_dict
-from advisor.rank import rank, simplicity_key
+from advisor.search.rank import rank, simplicity_key
 from advisor.search import PIN_FLAGS, Pins, Progress, SearchOutcome, SearchStats
 from advisor.search import comm_knobs
 from advisor.search import enumerate as enumerate_searcher
@@ -151,7 +151,7 @@ def prediction_of(e: Estimate) -> dict[str, Any]:
 # ---- pins ---------------------------------------------------------------------------------------
 def check_pins(cluster: Cluster, pins: Pins) -> None:
     """Pinned degrees must divide the device count, alone and together."""
-    from advisor.inputs import check_count
+    from advisor.commands.inputs import check_count
     from advisor.specs import limits
 
     for name, bound in (("ep", limits.MAX_DEVICES), ("micro_batch_size", limits.MAX_GLOBAL_BATCH),
