@@ -266,7 +266,7 @@ def export_cmd(
         None, "--target-version", help="release of the target: Megatron-Core (megatron, k8s), DeepSpeed, torchtitan "
         "or MindFormers (mindspore); default the newest the export supports"),
     framework: Optional[str] = typer.Option(None, "--framework", help="with --to k8s: mindspore writes a MindSpore "
-                                            "Operator MSJob instead of a PyTorchJob"),
+                                            "Operator MSJob instead of a PyTorchJob (the default for Ascend plans)"),
 ) -> None:
     """Launch configuration for Megatron-LM, DeepSpeed, torchtitan, MindSpore or Kubernetes."""
     from advisor.export import export_plan, write_export
@@ -275,12 +275,20 @@ def export_cmd(
 
     if framework is not None and (to != "k8s" or framework not in ("pytorch", "mindspore")):
         raise AdvisorError(f"--framework goes with --to k8s and takes pytorch or mindspore, got {display(framework[:20])!r}")
-    if framework == "mindspore":
+    plan = load_plan(plan_path)
+    ascend_default = to == "k8s" and framework is None and "ascend" in plan.hardware.device.name.lower()
+    if framework == "mindspore" or ascend_default:   # on Ascend the job runs MindSpore unless asked otherwise
+        from dataclasses import replace as replaced
+
         from advisor.export.k8s_mindspore import export as export_msjob
 
-        result = export_msjob(load_plan(plan_path), target_version)
+        result = export_msjob(plan, target_version)
+        if ascend_default:
+            result = replaced(result, notes=result.notes + (
+                "an Ascend plan: a MindSpore Operator MSJob with MindSpore's Ascend image (--framework pytorch "
+                "writes a PyTorchJob instead)",))
     else:
-        result = export_plan(load_plan(plan_path), to, target_version)
+        result = export_plan(plan, to, target_version)
     if as_json:
         print_json(result.to_dict())
     elif out:

@@ -94,7 +94,7 @@ def test_cli_out_and_json(plan_file, tmp_path):
         "parallel_context.py", "mindformers_parallel.yaml", "launch_msrun.sh", "launch_dynamic_scheduler.sh",
         "launch_dynamic_worker.sh", "launch_mpirun.sh", "hostfile", "rank_table.json", "launch_rank_table.sh"}
     assert "note: rank_table.json: server_id and device_ip values are placeholders" in r.stderr
-    r = advisor("export", str(plan_file), "--to", "k8s", "--json")
+    r = advisor("export", str(plan_file), "--to", "k8s", "--framework", "pytorch", "--json")   # Ascend: MSJob by default
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["target"] == "k8s" and "pytorchjob.yaml" in doc["files"] and doc["unsupported"]

@@ -329,3 +329,25 @@ def test_sharded_dlrm_busiest_device_sets_the_embedding_time():
     assert e.feasible and e.worker_memory.parameters_gib < 80
     # 4 whole tables on the busiest device send 4 x 65536 x 128 fp16 values; it receives 8192 x 26 x 128
     assert e.traffic_bytes["alltoall_buffer"] == 4 * 65536 * 128 * 2 + 4 * 65536 * 8
+
+
+def test_cli_k8s_export_of_an_ascend_plan_is_a_mindspore_job_unless_asked_otherwise(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _export_plans import make_plan
+
+    from advisor.plan import save_plan
+
+    path = tmp_path / "ascend.json"
+    save_plan(make_plan("llama3-8b", "ascend-910b", 2, {"dp": 16, "tp": 1, "pp": 1, "micro_batch_size": 1,
+                                                        "num_micro_batches": 4}, global_batch_size=64, seq_length=4096),
+              path)
+    r = _advisor("export", str(path), "--to", "k8s", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = yaml.safe_load(json.loads(r.stdout)["files"]["msjob.yaml"])
+    worker = doc["spec"]["msReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert doc["kind"] == "MSJob" and "mindspore-ascend" in worker["image"]
+    assert worker["resources"]["limits"] == {"huawei.com/Ascend910": 1}
+    r = _advisor("export", str(path), "--to", "k8s", "--framework", "pytorch", "--json")
+    assert r.returncode == 0, r.stderr
+    docs = list(yaml.safe_load_all(next(iter(json.loads(r.stdout)["files"].values()))))
+    assert any(d and d.get("kind") == "PyTorchJob" for d in docs)

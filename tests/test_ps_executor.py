@@ -217,3 +217,17 @@ def test_a_recommended_plan_runs_and_matches_the_predicted_memory_per_role(tmp_p
     assert report["memory_max_rel_error"] is not None and report["memory_max_rel_error"] <= 0.10
     compared = {(r["role"], r["index"]) for r in report["memory"]["ranks"] if r["rel_error"]}
     assert {("worker", 0), ("worker", 1)} <= compared and any(role == "server" for role, _ in compared)
+
+
+def test_a_plan_the_cost_model_cannot_price_still_reports_its_run(tmp_path):
+    """adagrad: the executor runs it, the cost model has no adagrad; the run is reported measured only
+    instead of failing after it finished."""
+    import yaml
+
+    from advisor.commands.execute import predict_ps
+
+    plan = rec_plan("ps", optimizer="adagrad")
+    plan["hardware"] = yaml.safe_load((ROOT / "hardware_profiles" / "dgx-a100-80g.yaml").read_text())
+    assert predict_ps(executed_plan(plan, ps_config_from_plan(plan, tiny=True, dtype="fp32")), None) is None
+    report = _run(plan, tmp_path, steps=3, predict=lambda executed: predict_ps(executed, None))
+    assert report["loss_max_rel_diff"] <= 1e-4 and report["memory_max_rel_error"] is None

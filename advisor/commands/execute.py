@@ -264,9 +264,12 @@ def predict_ps(executed: dict[str, Any], time_hardware: str | None) -> dict[str,
 
     if not isinstance(executed.get("hardware"), dict):       # a hand-written plan without a profile
         return None
-    plan = plan_from_dict(executed, "the executed plan")
-    config = config_of(plan)
-    memory = estimate_recsys(plan.model, plan.hardware, plan.cluster, plan.training, config).to_dict()
+    try:        # a plan the executor runs but the cost model cannot price (e.g. adagrad): measured only
+        plan = plan_from_dict(executed, "the executed plan")
+        config = config_of(plan)
+        memory = estimate_recsys(plan.model, plan.hardware, plan.cluster, plan.training, config).to_dict()
+    except AdvisorError:
+        return None
     out = {k: memory[k] for k in ("worker_memory_gib", "server_memory_gib") if k in memory}
     if time_hardware is not None:
         timed = estimate_recsys(plan.model, load_hardware(time_hardware), plan.cluster, plan.training, config)

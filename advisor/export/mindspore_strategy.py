@@ -204,7 +204,10 @@ def strategy_files(plan: Plan, notes: list[str], unsupported: list[str]) -> dict
     s = plan.strategy
     stage_devices = s.dp * s.tp * s.cp
     ops = [_Op(name, rec["operators"].get(name), cuts, s.dp, s.cp) for name, cuts in rec["strategies"].items()]
-    fixed = set(rec.get("fixed") or ())
+    fixed = rec.get("fixed") or []
+    if not isinstance(fixed, list) or not all(isinstance(x, str) for x in fixed):
+        raise AdvisorError("plan operator_strategies: 'fixed' must be a list of operator names")
+    fixed = set(fixed)
     lines, items, layouts, missing = [], {}, {}, []
     for op in ops:
         calls = _calls(op, plan.model.norm)

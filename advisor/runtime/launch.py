@@ -114,7 +114,10 @@ def stop(procs: list[subprocess.Popen], wait_s: float = 2.0) -> None:
             time.sleep(0.05)
     for p in procs:
         if p.poll() is None:
-            p.wait(timeout=30)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:   # stuck in the kernel after SIGKILL: leave it, keep the real error
+                pass
 
 
 def _wait(procs: list[subprocess.Popen], opts: LaunchOptions, deadline: float, out: Path,
