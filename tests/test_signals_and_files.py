@@ -342,3 +342,23 @@ def test_a_rank_killed_by_sigkill_is_named_and_the_temporary_folder_removed(tmp_
     assert proc.stderr.startswith("error: rank 1 was killed by SIGKILL (signal 9)"), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert _ours(scratch) == [] and _alive(str(scratch)) == []
+
+
+def test_diagnosis_blames_the_rank_behind_a_lost_connection(tmp_path):
+    """A rank whose error is caused by gloo's lost connection (the pipeline's "Failed to run stage
+    backward" around it) is not the culprit: the rank that was killed, or that left with an exit code
+    and no error of its own, is."""
+    import json as _json
+
+    from advisor.runtime.launch import diagnose
+
+    wrapped = {"error": "RuntimeError: Failed to run stage backward", "traceback":
+               "...RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:5\n"
+               "The above exception was the direct cause of the following exception: ..."}
+    (tmp_path / "rank5.error.json").write_text(_json.dumps({"rank": 5, **wrapped}))
+    assert diagnose(tmp_path, {5: 1, 2: -9}, False, 60)[0] == 2                 # killed by SIGKILL
+    rank, message = diagnose(tmp_path, {5: 1, 3: 3}, False, 60)
+    assert rank == 3 and "exited with code 3 and no error of its own" in message
+    (tmp_path / "rank1.error.json").write_text(_json.dumps({"rank": 1, "error": "ValueError: bad shape",
+                                                           "traceback": "ValueError: bad shape"}))
+    assert diagnose(tmp_path, {5: 1, 1: 1, 3: 3}, False, 60)[0] == 1             # a real error comes first

@@ -148,6 +148,13 @@ def _wait(procs: list[subprocess.Popen], opts: LaunchOptions, deadline: float, o
 # ---- which rank to blame ----------------------------------------------------------------------------
 # Errors a rank raises only because a peer went away: the root cause is elsewhere.
 _PEER_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "gloo", "NCCL", "timed out", "Timeout")
+# the same, looked for in the cause chain: an error raised around a lost connection (e.g. the pipeline
+# schedule's "Failed to run stage backward", caused by gloo's "Connection closed by peer") is secondary too
+_PEER_CAUSES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _secondary(info: dict) -> bool:
+    return any(m in info["error"] for m in _PEER_ERRORS) or any(m in info.get("traceback", "") for m in _PEER_CAUSES)
 
 
 def _errors(out: Path) -> list[tuple[int, int, dict]]:
@@ -172,7 +179,7 @@ def _signal_name(signum: int) -> str:
 def diagnose(out: Path, exits: dict[int, int], timed_out: bool, timeout_s: float) -> tuple[int | None, str]:
     """(rank blamed or None, one message) for a launch that did not succeed (see module doc)."""
     errors = _errors(out)
-    primary = [(rank, info) for _, rank, info in errors if not any(m in info["error"] for m in _PEER_ERRORS)]
+    primary = [(rank, info) for _, rank, info in errors if not _secondary(info)]
     if primary:
         rank, info = primary[0]
         return rank, f"rank {rank} failed: {info['error']}\n{info['traceback']}"
@@ -186,6 +193,11 @@ def diagnose(out: Path, exits: dict[int, int], timed_out: bool, timeout_s: float
         after = f"; rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} then lost the connection to it" \
             if lost else ""
         return rank, f"rank {rank} was killed by {name} (signal {signum}){why}{after}"
+    silent = [rank for rank, code in exits.items() if code > 0 and rank not in {r for _, r, _ in errors}]
+    if silent:      # a rank that left with an exit code and no error of its own (e.g. its watchdog)
+        rank = silent[0]
+        return rank, (f"rank {rank} exited with code {exits[rank]} and no error of its own; the others then lost "
+                      f"the connection to it:\n{_tail(out / f'rank{rank}.log')}")
     if errors:
         _, rank, info = errors[0]
         return rank, f"rank {rank} failed: {info['error']}\n{info['traceback']}"
