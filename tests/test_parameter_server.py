@@ -96,6 +96,27 @@ def test_ps_bytes_and_server_time_by_hand():
     assert e.samples_per_s == pytest.approx(8 / e.step_time_s)
 
 
+def test_colocated_servers_fewer_than_nodes_leave_some_workers_without_a_local_server():
+    """The slowest worker sends everything over the network when its node has no server; with a
+    server on every node a 1/S share stays local."""
+    model = load_model("dlrm-criteo-1tb")
+    cluster = Cluster.of(A100, nodes=4)
+    job = TrainingJob(global_batch_size=65536, seq_length=1, optimizer="sgd")
+    tables = tuple(t.name for t in model.tables)
+    nic = A100.inter.effective_bandwidth_bytes_per_s
+
+    def worker_nic(servers):
+        e = estimate_recsys(model, A100, cluster, job, RecsysConfig("hybrid", servers, "colocated", True, tables))
+        return e, max(e.traffic_bytes["push_bytes_per_worker"], e.traffic_bytes["pull_bytes_per_worker"])
+
+    e2, w2 = worker_nic(2)
+    e4, w4 = worker_nic(4)
+    assert w2 == w4
+    exchange2 = e2.time_s["worker_nic_s"] * nic - w2            # the collective share of the NIC time
+    exchange4 = e4.time_s["worker_nic_s"] * nic - w4 * 3 / 4
+    assert exchange2 == pytest.approx(exchange4, rel=1e-9)
+
+
 def test_more_servers_never_slower_until_another_bound():
     model = load_model("dlrm-criteo-1tb")
     cluster = Cluster.of(A100, nodes=4)

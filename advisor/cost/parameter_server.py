@@ -157,12 +157,15 @@ def estimate_parameter_server(model: RecModelSpec, hw: HardwareProfile, cluster:
     per_node = min(hw.node.devices_per_node, n)
     if config.server_placement == "colocated":
         local = per_node / n                    # a server's traffic with the workers of its own node
-        remote_w = 1.0 - 1.0 / S                # a worker's traffic with servers on other nodes
+        remote_w = 1.0 - 1.0 / S                # a worker's traffic with servers on other nodes (one is beside it)
+        # the slowest worker: with fewer servers than nodes, some workers have none beside them and send
+        # everything over the network
+        remote_worst = remote_w if S >= cluster.nodes else 1.0
         # the server's NIC is also the NIC of the worker beside it
         server_nic_s = max(max(so * (1 - local) + w_out * remote_w + ar_nic,
                                si * (1 - local) + w_in * remote_w + ar_nic)
                            for si, so in zip(s_in, s_out)) / nic
-        worker_nic_s = max((max(w_out, w_in) * remote_w + ar_nic) / nic,
+        worker_nic_s = max((max(w_out, w_in) * remote_worst + ar_nic) / nic,
                            max(w_out, w_in) / S / (hw.host.pcie_bandwidth_gbps * 1e9))
     else:
         server_nic_s = max(max(si, so) for si, so in zip(s_in, s_out)) / nic
