@@ -267,6 +267,10 @@ def export_cmd(
         "or MindFormers (mindspore); default the newest the export supports"),
     framework: Optional[str] = typer.Option(None, "--framework", help="with --to k8s: mindspore writes a MindSpore "
                                             "Operator MSJob instead of a PyTorchJob (the default for Ascend plans)"),
+    hosts: Optional[str] = typer.Option(None, "--hosts", help="with --to mindspore: the nodes' addresses or host "
+                                        "names, comma-separated, node 0 first (default: placeholders)"),
+    master_port: Optional[int] = typer.Option(None, "--master-port", help="with --to mindspore: the scheduler's "
+                                              "port (msrun --master_port; default 8118)"),
 ) -> None:
     """Launch configuration for Megatron-LM, DeepSpeed, torchtitan, MindSpore or Kubernetes."""
     from advisor.export import export_plan, write_export
@@ -288,7 +292,13 @@ def export_cmd(
                 "an Ascend plan: a MindSpore Operator MSJob with MindSpore's Ascend image (--framework pytorch "
                 "writes a PyTorchJob instead)",))
     else:
-        result = export_plan(plan, to, target_version)
+        launch = None
+        if hosts is not None or master_port is not None:
+            from advisor.export.mindspore_launch import DEFAULT_MASTER_PORT, LaunchOptions
+
+            launch = LaunchOptions(hosts=tuple(h.strip() for h in hosts.split(",")) if hosts else (),
+                                   master_port=DEFAULT_MASTER_PORT if master_port is None else master_port)
+        result = export_plan(plan, to, target_version, launch)
     if as_json:
         print_json(result.to_dict())
     elif out:

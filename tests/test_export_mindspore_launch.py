@@ -333,3 +333,38 @@ def test_mindspore_export_writes_the_launchers():
     doc = json.loads(result.files[FILES["rank_table"]])
     assert doc["server_count"] == "16" and sum(len(s["device"]) for s in doc["server_list"]) == 128
     assert any("placeholders" in n for n in result.notes)
+
+
+def test_cli_hosts_and_master_port_reach_the_launchers(tmp_path):
+    """advisor export --to mindspore --hosts A,B --master-port P: the msrun lines, the hostfile and the
+    rank table use them (no placeholder note); refused for other targets and for a bad host."""
+    import sys
+    from pathlib import Path
+
+    from advisor.plan import save_plan
+
+    root = Path(__file__).resolve().parents[1]
+    path = tmp_path / "plan.json"
+    save_plan(_plan("ascend-910b", 2, 4, 4), path)
+
+    def advisor(*args):
+        return subprocess.run([sys.executable, "-m", "advisor", "export", str(path), *args], cwd=root,
+                              capture_output=True, text=True, timeout=120)
+
+    r = advisor("--to", "mindspore", "--hosts", "10.0.0.1,10.0.0.2", "--master-port", "29500", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    msrun = doc["files"][FILES["msrun"]]
+    assert "10.0.0.1" in msrun and "29500" in msrun and "192.0.2." not in msrun
+    assert [ln.split()[0] for ln in doc["files"][FILES["hostfile"]].splitlines() if ln and not ln.startswith("#")] \
+        == ["10.0.0.1", "10.0.0.2"]
+    table = json.loads(doc["files"]["rank_table.json"])
+    assert [s["server_id"] for s in table["server_list"]] == ["10.0.0.1", "10.0.0.2"]
+    placeholders = [n for n in doc["notes"] if "placeholders" in n]
+    assert placeholders and all(n.startswith("rank_table.json: device_ip values are placeholders")
+                                for n in placeholders)      # the servers are given; the device NICs are not
+    for args, phrase in ((("--to", "megatron", "--hosts", "10.0.0.1,10.0.0.2"), "go with --to mindspore"),
+                         (("--to", "mindspore", "--hosts", "10.0.0.1;reboot,10.0.0.2"), "hosts: entry 0"),
+                         (("--to", "mindspore", "--master-port", "80"), "master_port")):
+        r = advisor(*args)
+        assert r.returncode == 2 and phrase in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)

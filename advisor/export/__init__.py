@@ -69,12 +69,18 @@ def supported_versions(target: str) -> tuple[tuple[str, ...], str]:
     return tuple(module.VERSIONS), module.DEFAULT_VERSION
 
 
-def export_plan(plan: Plan, target: str, target_version: str | None = None) -> ExportResult:
+def export_plan(plan: Plan, target: str, target_version: str | None = None, launch=None) -> ExportResult:
     """Export one plan to one target (one of TARGETS) for one release of it (None: the target's
-    DEFAULT_VERSION; each target module has a VERSIONS table and refuses others with AdvisorError)."""
+    DEFAULT_VERSION; each target module has a VERSIONS table and refuses others with AdvisorError).
+    ``launch`` (advisor.export.mindspore_launch.LaunchOptions: the nodes' hosts and the master port)
+    goes to the mindspore target's launchers; the other targets take none."""
     if target not in TARGETS:
         raise AdvisorError(f"--to: unknown export target {target[:20]!r} (choose one of: {', '.join(TARGETS)})")
-    result = _exporter(target)(plan, target_version)
+    if launch is not None and target != "mindspore":
+        raise AdvisorError(f"--hosts and --master-port go with --to mindspore (its msrun, mpirun and rank-table "
+                           f"launchers), not --to {target[:20]}")
+    result = _exporter(target)(plan, target_version, launch) if launch is not None else \
+        _exporter(target)(plan, target_version)
     written = target == "mindspore" and isinstance(plan.operator_strategies, dict) and "strategies" in plan.operator_strategies
     if plan.operator_strategies and not written:   # mindspore writes them (advisor/export/mindspore_strategy.py)
         searcher = (plan.search or {}).get("searcher", "an operator-level")

@@ -227,7 +227,8 @@ def context_script(plan: Plan, ctx: dict) -> str:
     )
 
 
-def export(plan: Plan, target_version: str | None = None) -> ExportResult:
+def export(plan: Plan, target_version: str | None = None, launch=None) -> ExportResult:
+    """``launch``: advisor.export.mindspore_launch.LaunchOptions (hosts, master port) for the launchers."""
     if getattr(plan.model, "family", None) == "recommendation":   # PS / hybrid / collective recsys plans
         from advisor.export.mindspore_ps import export as export_recsys
         return export_recsys(plan, target_version)
@@ -245,7 +246,7 @@ def export(plan: Plan, target_version: str | None = None) -> ExportResult:
         "mindformers_parallel.yaml": yaml_text,
     }
     from advisor.export.mindspore_launch import launch_files  # msrun, dynamic cluster, mpirun, rank table
-    files.update(launch_files(plan, notes, unsupported))
+    files.update(launch_files(plan, notes, unsupported, launch))
     from advisor.export.mindspore_strategy import strategy_files  # shard() calls, strategy file (drec/ilp plans)
     files.update(strategy_files(plan, notes, unsupported))
     return ExportResult(target="mindspore", files=files, unsupported=tuple(unsupported), notes=tuple(notes))
