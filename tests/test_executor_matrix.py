@@ -23,6 +23,7 @@ from advisor.commands.execute import COMPARED_PARTS, ExecuteOptions, Prepared, e
 from advisor.executor.config import run_config_from_plan, run_config_to_dict  # noqa: E402
 from advisor.executor.launch import ExecutionFailed, LaunchOptions, launch  # noqa: E402
 from advisor.executor.matrix import MATRIX, llama3_8b_plan, matrix_plans, tiny_plan  # noqa: E402
+from _procs import processes_naming  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -110,16 +111,6 @@ def test_pipeline_schedules_keep_their_micro_batches_in_flight(reports):
 
 
 # ---- failures ------------------------------------------------------------------------------------
-def _alive(marker: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    pids.append(int(entry.name))
-            except OSError:
-                pass
-    return pids
 
 
 def test_a_failing_rank_stops_every_rank_quickly(tmp_path):
@@ -130,7 +121,7 @@ def test_a_failing_rank_stops_every_rank_quickly(tmp_path):
         launch([run_config_to_dict(cfg)], LaunchOptions(nproc=2, timeout_s=120, pg_timeout_s=20, workdir=str(tmp_path)))
     assert err.value.rank == 1 and not err.value.timed_out
     assert err.value.exit_codes.get(1) == 1          # rank 1 ended on its own, with its error
-    assert _alive(str(tmp_path)) == []
+    assert processes_naming(str(tmp_path)) == []
 
 
 def test_a_run_past_its_deadline_is_stopped(tmp_path):
@@ -141,7 +132,7 @@ def test_a_run_past_its_deadline_is_stopped(tmp_path):
         launch([run_config_to_dict(cfg)], LaunchOptions(nproc=2, timeout_s=3, workdir=str(tmp_path)))
     assert err.value.timed_out and err.value.rank is None
     assert err.value.exit_codes == {}
-    assert _alive(str(tmp_path)) == []
+    assert processes_naming(str(tmp_path)) == []
 
 
 # ---- the command line and torchrun -----------------------------------------------------------------

@@ -20,7 +20,8 @@ from advisor.errors import AdvisorError
 from advisor.export import export_plan
 from advisor.export.k8s_mindspore import export as export_msjob
 from advisor.plan import dumps_plan, plan_from_dict, plan_to_dict
-from advisor.search.parameter_server import TIE, PsPins, candidates, recommend_recsys
+from advisor.search.parameter_server import PsPins, candidates, recommend_recsys
+from advisor.search.rank import TIE_BAND as TIE
 from advisor.specs.hardware import load_hardware
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import bundled_models, load_model, model_from_dict, model_to_dict

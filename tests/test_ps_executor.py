@@ -21,6 +21,7 @@ from advisor.executor.ps.config import ps_config_from_plan  # noqa: E402
 from advisor.executor.ps.model import init_rows, run_reference  # noqa: E402
 from advisor.executor.ps.run import executed_plan, run_ps  # noqa: E402
 from advisor.runtime.launch import ExecutionFailed  # noqa: E402
+from _procs import processes_naming  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ["bottom_mlp_0", "bottom_mlp_1", "top_mlp_0", "top_mlp_1"]
@@ -47,17 +48,6 @@ def rec_plan(mode: str, *, workers: int = 2, servers: int = 2, optimizer: str = 
             "parallel": {"dp": workers, "tp": 1, "pp": 1, "parameter_server": ps}}
 
 
-def _leftovers(marker: str) -> list[int]:
-    """Processes still running whose command line names ``marker`` (a run's own folder)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(proc.name))
-            except OSError:
-                continue
-    return found
 
 
 def _run(plan: dict, tmp_path: Path, **kw) -> dict:
@@ -66,7 +56,7 @@ def _run(plan: dict, tmp_path: Path, **kw) -> dict:
         return run_ps(plan, "plan.json", steps=kw.pop("steps", 4), tiny=True, dtype="fp32", timeout_s=180,
                       pg_timeout_s=60, workdir=str(work), **kw)
     finally:
-        assert _leftovers(str(work)) == []
+        assert processes_naming(str(work)) == []
 
 
 # ---- reading the plan (no processes) -------------------------------------------------------------

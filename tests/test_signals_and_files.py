@@ -21,6 +21,7 @@ import pytest
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.runtime.capacity import RANK_FOOTPRINT_BYTES, RANKS_PER_CORE, Machine, capacity_problems
 from advisor.runtime.files import json_text, write_atomic, write_json
+from _procs import processes_naming
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2 ** 30
@@ -85,16 +86,6 @@ def _ours(scratch: Path) -> list[str]:
     return [p.name for p in scratch.iterdir() if p.name.startswith("advisor-")]
 
 
-def _alive(marker: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    pids.append(int(entry.name))
-            except OSError:
-                pass
-    return pids
 
 
 # ---- refused before anything starts ---------------------------------------------------------------
@@ -309,7 +300,7 @@ def test_ctrl_c_during_execute_stops_the_ranks_and_removes_the_temporary_folder(
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 130 and _lines(err) == ["advisor: interrupted"]
-    assert _ours(scratch) == [] and _alive(str(scratch)) == []
+    assert _ours(scratch) == [] and processes_naming(str(scratch)) == []
 
 
 @pytest.mark.slow
@@ -324,7 +315,7 @@ def test_sigterm_during_calibrate_stops_the_ranks_and_removes_the_temporary_fold
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 143 and _lines(err) == ["advisor: terminated"]
-    assert _ours(scratch) == [] and _alive(str(scratch)) == []
+    assert _ours(scratch) == [] and processes_naming(str(scratch)) == []
 
 
 @pytest.mark.slow
@@ -341,7 +332,7 @@ def test_a_rank_killed_by_sigkill_is_named_and_the_temporary_folder_removed(tmp_
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.startswith("error: rank 1 was killed by SIGKILL (signal 9)"), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    assert _ours(scratch) == [] and _alive(str(scratch)) == []
+    assert _ours(scratch) == [] and processes_naming(str(scratch)) == []
 
 
 def test_diagnosis_blames_the_rank_behind_a_lost_connection(tmp_path):

@@ -36,6 +36,7 @@ import numpy as np
 
 from advisor.cost.comm import fanout_time_s, tier_fanouts
 from advisor.cost.compute import gemm_time_s, memory_time_s
+from advisor.cost.memory import GIB
 from advisor.cost.recsys_kernels import (
     TableWork, dense_gradient_scaling_bytes, embedding_bytes, interaction_bytes, local_work, place_tables,
     shard_work, tower_elementwise_bytes,
@@ -44,7 +45,6 @@ from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.recommendation import INDEX_BYTES, PARAM_BYTES, RecModelSpec
 
-GIB = 2 ** 30
 MODES = ("replicated", "sharded", "ps", "hybrid")
 PLACEMENTS = ("dedicated", "colocated")
 # fp32 optimizer traffic per updated element: SGD reads weight and gradient and writes the weight
@@ -205,28 +205,14 @@ def worker_compute(model: RecModelSpec, hw: HardwareProfile, job: TrainingJob, s
     return WorkerCompute(forward_s=fwd, backward_s=bwd, mlp_flops=flops)
 
 
-def allreduce_s(hw: HardwareProfile, cluster: Cluster, nbytes: float) -> float:
-    """All-reduce over every device (hierarchical rings, advisor.cost.comm)."""
+def collective_s(hw: HardwareProfile, cluster: Cluster, op: str, nbytes: float) -> float:
+    """One collective ("all_reduce", "all_gather", "all_to_all") over every device with hierarchical
+    rings (advisor.cost.comm); nbytes is the full buffer (gathered for all-gather, one device's whole
+    buffer for all-to-all)."""
     if nbytes <= 0 or cluster.devices <= 1:
         return 0.0
     g = tier_fanouts(hw, cluster.devices, 1)
-    return float(fanout_time_s(hw, "all_reduce", nbytes, *g))
-
-
-def allgather_s(hw: HardwareProfile, cluster: Cluster, nbytes: float) -> float:
-    """All-gather over every device; nbytes is the gathered (full) buffer."""
-    if nbytes <= 0 or cluster.devices <= 1:
-        return 0.0
-    g = tier_fanouts(hw, cluster.devices, 1)
-    return float(fanout_time_s(hw, "all_gather", nbytes, *g))
-
-
-def alltoall_s(hw: HardwareProfile, cluster: Cluster, nbytes: float) -> float:
-    """All-to-all over every device; nbytes is one device's whole buffer."""
-    if nbytes <= 0 or cluster.devices <= 1:
-        return 0.0
-    g = tier_fanouts(hw, cluster.devices, 1)
-    return float(fanout_time_s(hw, "all_to_all", nbytes, *g))
+    return float(fanout_time_s(hw, op, nbytes, *g))
 
 
 def inter_node_allreduce_bytes(cluster: Cluster, hw: HardwareProfile, nbytes: float) -> float:
@@ -246,14 +232,14 @@ def dense_exchange(model: RecModelSpec, hw: HardwareProfile, cluster: Cluster, j
     and those of the replicated `tables` among all devices: all-reduce of dense gradients, all-gather
     of sparse rows."""
     dense = (model.dense_params * PARAM_BYTES if towers else 0) + sum(t.params * PARAM_BYTES for t in tables if not t.sparse)
-    seconds = allreduce_s(hw, cluster, dense)
+    seconds = collective_s(hw, cluster, "all_reduce", dense)
     nic = inter_node_allreduce_bytes(cluster, hw, dense)
     for t in tables:
         if t.sparse:
             rows = touched_rows(t.rows, t.lookups_per_sample, samples, model.unique_row_fraction)
             gathered = rows * (t.dim * PARAM_BYTES + INDEX_BYTES) * cluster.devices
-            as_rows = allgather_s(hw, cluster, gathered)
-            as_dense = allreduce_s(hw, cluster, t.params * PARAM_BYTES)
+            as_rows = collective_s(hw, cluster, "all_gather", gathered)
+            as_dense = collective_s(hw, cluster, "all_reduce", t.params * PARAM_BYTES)
             if as_rows <= as_dense:
                 seconds += as_rows
                 nic += gathered * (cluster.nodes - 1) / max(cluster.nodes, 1) / min(hw.node.devices_per_node, cluster.devices)
@@ -359,8 +345,8 @@ def estimate_sharded(model: RecModelSpec, hw: HardwareProfile, cluster: Cluster,
     compute = worker_compute(model, hw, job, b, embedding_work=works[busiest], extra_device_s=repack_s)
     ids = [sum(w.lookups * INDEX_BYTES for w in work) for work in works]
     buffer = max(max(s_, received) + i for s_, i in zip(sent, ids))
-    a2a = 2.0 * alltoall_s(hw, cluster, buffer) if n > 1 else 0.0
-    dense_s = allreduce_s(hw, cluster, model.dense_params * PARAM_BYTES)
+    a2a = 2.0 * collective_s(hw, cluster, "all_to_all", buffer) if n > 1 else 0.0
+    dense_s = collective_s(hw, cluster, "all_reduce", model.dense_params * PARAM_BYTES)
     exposed = exposed_after_backward(dense_s, compute.backward_s, hw)
     opt = OPTIMIZER_BYTES[job.optimizer]
     rows_held = [sum(p.params for p in pieces) for pieces in placed]

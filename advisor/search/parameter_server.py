@@ -10,7 +10,7 @@ Candidates (every one priced by advisor.cost.recsys_estimate):
 * server counts: powers of two up to twice the worker nodes, and the node count, on dedicated hosts;
   at most one per worker node when co-located. ``--ps-servers N`` pins the count, ``--ps-mode`` the mode.
 
-Ranking: feasible plans by samples/s. Plans within TIE of the best throughput count as equal (finer
+Ranking: feasible plans by samples/s. Plans within TIE_BAND (advisor.search.rank) of the best throughput count as equal (finer
 than the cost model resolves), and among equals the one that needs the fewest extra hosts, then the
 fewest servers, then the simpler mode wins, so a server is never added for nothing.
 """
@@ -29,10 +29,10 @@ from advisor.search import SearchStats
 from advisor.space.strategy import Strategy
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
+from advisor.search.rank import TIE_BAND
 from advisor.specs.recommendation import RecModelSpec
 
 PS_MODES = ("none", "ps", "hybrid")
-TIE = 0.01
 MODE_ORDER = {"replicated": 0, "sharded": 1, "hybrid": 2, "ps": 3}
 
 
@@ -112,7 +112,7 @@ def rank_estimates(estimates: list[RecEstimate]) -> list[RecEstimate]:
 
     def key(e: RecEstimate):
         c = e.config
-        tier = 0 if e.samples_per_s >= (1.0 - TIE) * best else 1
+        tier = 0 if e.samples_per_s >= (1.0 - TIE_BAND) * best else 1
         simple = (_extra_hosts(c), c.servers, MODE_ORDER[c.mode], len(c.server_tensors))
         return (tier, simple if tier == 0 else (), -e.samples_per_s, simple)
 
