@@ -170,13 +170,23 @@ def recommend_cmd(
     ps_mode: Optional[str] = typer.Option(None, "--ps-mode", help=PS_MODE_HELP),
     ps_servers: Optional[int] = typer.Option(None, "--ps-servers", help="pin the parameter-server count"),
     ps_async: bool = typer.Option(False, "--ps-async", help="asynchronous parameter servers (staleness reported)"),
+    objective: str = typer.Option("throughput", "--objective", help="throughput | time-to-target (the global "
+                                  "batch chosen with the parallelism)"),
+    target_tokens: Optional[str] = typer.Option(None, "--target-tokens", help="time-to-target: tokens to the "
+                                                "target at a small batch, e.g. 300B (with --critical-batch-tokens)"),
+    target_loss: Optional[float] = typer.Option(None, "--target-loss", help="time-to-target: a loss in Kaplan "
+                                                "et al. 2020's units (nats per token)"),
+    critical_batch: Optional[str] = typer.Option(None, "--critical-batch-tokens", help="measured critical "
+                                                 "batch (gradient noise scale) in tokens, e.g. 4M"),
     as_json: bool = typer.Option(False, "--json", help="print only JSON: {plans, search}"),
 ) -> None:
     """Search the strategy space and rank the plans; the best is saved with --out."""
     from advisor.commands.inputs import resolve_inputs
     from advisor.plan import save_plan
+    from advisor.commands.objective import check_objective, target_from_flags, time_to_target
     from advisor.commands.recommend import recommend
     from advisor.render.report import render_recommendation, search_progress
+    from advisor.specs.recommendation import RecModelSpec
     from advisor.search import Pins
     from advisor.search.parameter_server import PsPins
     from advisor.specs.input_notes import input_warnings
@@ -193,9 +203,18 @@ def recommend_cmd(
     pins = Pins(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, recompute=recompute, micro_batch_size=mbs,
                 virtual_pipeline_stages=vpp, pipeline_schedule=schedule, sequence_parallel=sequence_parallel,
                 offload_optimizer=offload, cp_comm=cp_comm)
-    with search_progress(console, enabled=not as_json and sys.stdout.isatty()) as progress:
-        result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, pins=pins, top_k=top,
-                           searcher=searcher, progress=progress, ps_pins=ps_pins, operator_strategies=fixed)
+    trials = None
+    if check_objective(objective) == "time-to-target":
+        if fixed is not None or ps_pins.mode not in (None, "none") or isinstance(inputs.model, RecModelSpec):
+            raise AdvisorError("--objective time-to-target ranks transformer plans of the collective searchers; "
+                               "it does not take --operator-strategies, --ps-mode or recommendation models")
+        result, trials = time_to_target(inputs.model, inputs.hardware, inputs.cluster, inputs.job,
+                                        target_from_flags(target_tokens, target_loss, critical_batch),
+                                        pins=pins, top_k=top, searcher=searcher)
+    else:
+        with search_progress(console, enabled=not as_json and sys.stdout.isatty()) as progress:
+            result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, pins=pins, top_k=top,
+                               searcher=searcher, progress=progress, ps_pins=ps_pins, operator_strategies=fixed)
     if plot and getattr(result, "family", None) == "recommendation":
         raise AdvisorError("--plot draws transformer plans' breakdowns; it is not available for recommendation models")
     if out:
@@ -205,9 +224,14 @@ def recommend_cmd(
 
         recommend_plot(result, plot)
     if as_json:
-        print_json({**result.to_dict(), "warnings": warnings})
+        print_json({**result.to_dict(), "warnings": warnings,
+                    **({"batches": [t.to_dict() for t in trials]} if trials else {})})
     else:
         render_recommendation(console, result, saved_to=out)
+        if trials:
+            from advisor.render.objective import batch_table
+
+            console.print(batch_table(trials, result.best.training.global_batch_size))
         if plot:
             console.print(f"plot written to {plot}", markup=False, highlight=False)
 

@@ -51,6 +51,8 @@ class Plan:
     # recommendation models (advisor.plan_ps): the servers, and where the embedding tables live
     parameter_server: dict[str, Any] | None = None
     embedding_placement: str | None = None
+    # what --objective time-to-target aimed at (advisor.cost.convergence.Target.to_dict), in training.target
+    target: dict[str, Any] | None = None
 
 
 def strategy_to_dict(s: Strategy, num_layers: int) -> dict[str, Any]:
@@ -86,6 +88,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         training["fp8_recipe"] = plan.training.fp8_recipe
     if plan.training.recompute_modules is not None:
         training["recompute_modules"] = list(plan.training.recompute_modules)
+    if plan.target is not None:
+        training["target"] = dict(plan.target)
     parallel = strategy_to_dict(plan.strategy, plan.model.num_layers)
     if plan.parameter_server is not None or isinstance(plan.model, RecModelSpec):
         parallel["parameter_server"] = plan.parameter_server
@@ -147,7 +151,7 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
 def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
     o = f"{origin}: training"
     f.check_keys(data, o, ("global_batch_size", "seq_length"), ("dtype", "optimizer", "train_tokens", "attention", "dropout", "framework",
-                                                                "overlap_grad_reduce", "fp8_recipe", "recompute_modules"))
+                                                                "overlap_grad_reduce", "fp8_recipe", "recompute_modules", "target"))
     tokens = data.get("train_tokens")
     modules = data.get("recompute_modules")
     if modules is not None and (not isinstance(modules, list) or not all(isinstance(m, str) for m in modules)):
@@ -208,7 +212,23 @@ def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
         model_raw=data["model"],
         parameter_server=(ps := parameter_server_from_dict(data["parallel"].get("parameter_server"), origin, model, cluster)),
         embedding_placement=embedding_placement_from_dict(data["parallel"], origin, model, ps),
+        target=_target_from_dict(data["training"].get("target"), f"{origin}: training: target"),
     )
+
+
+def _target_from_dict(data: Any, origin: str) -> dict[str, Any] | None:
+    from advisor.cost.convergence import Target
+
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise AdvisorError(f"{origin}: expected a mapping, got {prefix(data)}")
+    f.check_keys(data, origin, (), ("tokens", "loss", "critical_batch_tokens"))
+    values = {k: f.positive_float(data, k, origin) for k in data}
+    try:
+        return Target(**values).to_dict()
+    except AdvisorError as exc:
+        raise AdvisorError(f"{origin}: {exc}") from None
 
 
 # The prediction block (advisor.commands.recommend.prediction_of): the keys known to it must have their types;

@@ -94,6 +94,18 @@ def test_calibrate_command_writes_a_loadable_profile(tmp_path, monkeypatch, caps
     assert hw.node.intra.bandwidth_gbps > 0.01
     raw = hw.raw["node"]["intra_node"]["notes"]["raw"]
     assert {p["op"] for p in raw} == set(COLLECTIVES)
+    # a worker-server round of the PS executor's messages, a third of it per message
+    assert 1.0 < hw.inter.message_overhead_us < 1e5
+    assert hw.inter.message_s == pytest.approx(hw.inter.message_overhead_us * 1e-6)
+
+
+def test_ps_round_becomes_the_per_message_time():
+    ranks = _fake_ranks()
+    ranks[0]["ps_round_s"] = 600e-6
+    hw = hardware_from_dict(build_profile(ranks, 2), "with-ps")
+    assert hw.inter.message_overhead_us == pytest.approx(200.0)
+    without = hardware_from_dict(build_profile(_fake_ranks(), 2), "without-ps")
+    assert without.inter.message_overhead_us is None and without.inter.message_s == without.inter.latency_s
 
 
 def _per_op_points(alphas_s: dict[str, float], bandwidths: dict[str, float]):

@@ -97,6 +97,25 @@ def test_ps_bytes_and_server_time_by_hand():
     assert e.samples_per_s == pytest.approx(8 / e.step_time_s)
 
 
+def test_messages_cost_their_busiest_endpoint():
+    """Three messages (pull request, answer, push) per worker-server pair; a server handles those of
+    every worker in turn, a worker those of every server: the busier sets the messages' time, at the
+    link latency or at the per-message time calibrate measured."""
+    model = model_from_dict(tiny(), "t")
+    job = TrainingJob(global_batch_size=64, seq_length=1, optimizer="sgd")
+    names = tuple(model.tensor_params())
+    measured = replace(A100, inter=replace(A100.inter, message_overhead_us=250.0))
+    for devices, servers in ((2, 1), (8, 2), (2, 4)):
+        cluster = Cluster.of(A100, devices=devices)
+        config = RecsysConfig("ps", servers, "dedicated", True, names)
+        plain = estimate_recsys(model, A100, cluster, job, config)
+        assert plain.time_s["latency_s"] == pytest.approx(3 * max(devices, servers) * A100.inter.latency_s)
+        slow = estimate_recsys(model, measured, cluster, job, config)
+        assert slow.time_s["latency_s"] == pytest.approx(3 * max(devices, servers) * 250e-6)
+        assert slow.step_time_s - plain.step_time_s == pytest.approx(
+            3 * max(devices, servers) * (250e-6 - A100.inter.latency_s))
+
+
 def test_colocated_servers_fewer_than_nodes_leave_some_workers_without_a_local_server():
     """The slowest worker sends everything over the network when its node has no server; with a
     server on every node a 1/S share stays local."""

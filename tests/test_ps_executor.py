@@ -221,3 +221,44 @@ def test_a_plan_the_cost_model_cannot_price_still_reports_its_run(tmp_path):
     assert predict_ps(executed_plan(plan, ps_config_from_plan(plan, tiny=True, dtype="fp32")), None) is None
     report = _run(plan, tmp_path, steps=3, predict=lambda executed: predict_ps(executed, None))
     assert report["loss_max_rel_diff"] <= 1e-4 and report["memory_max_rel_error"] is None
+
+
+def test_a_message_is_one_buffer_with_pieces_in_fixed_slots():
+    """advisor.executor.ps.wire: one transfer per message; both sides' layouts agree on its size."""
+    from advisor.executor.ps import wire
+
+    layout = wire.Layout(ids=(5, 0), values=(1, 6))
+    msg = wire.Message(wire.PUSH, 7, [torch.tensor([3, 1]), torch.tensor([], dtype=torch.int64)],
+                       [torch.tensor([0.5]), torch.arange(6, dtype=torch.float32)])
+    buf = wire.pack(msg, layout)
+    assert buf.dtype == torch.uint8 and buf.numel() == layout.nbytes == 8 * (2 + 4) + 8 * 5 + 4 * 7
+    back = wire.unpack(buf, layout)
+    assert (back.kind, back.step) == (wire.PUSH, 7)
+    assert [t.tolist() for t in back.ids] == [[3, 1], []]
+    assert [t.tolist() for t in back.values] == [[0.5], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]]
+    with pytest.raises(ValueError, match="exceeds its slot"):
+        wire.pack(wire.Message(wire.PULL, 0, [torch.arange(6), torch.arange(0)], [torch.zeros(1), torch.zeros(6)]), layout)
+    with pytest.raises(ValueError, match="does not match"):
+        wire.pack(wire.Message(wire.PULL, 0, [], []), layout)
+
+
+def test_request_answer_and_push_layouts_follow_the_request():
+    from advisor.executor.ps import wire
+    from advisor.executor.ps.layouts import answer_layout, push_layout, request_layout, server_inbox_layouts
+
+    cfg = ps_config_from_plan(rec_plan("ps"), tiny=True, dtype="fp32")
+    for server in range(cfg.servers):
+        pieces = cfg.server_pieces(server)
+        sparse = [p for p in pieces if p.sparse]
+        request = request_layout(cfg, server)
+        assert len(request.ids) == len(sparse) and request.values == ()
+        for p, cap in zip(sparse, request.ids):
+            assert cap == min(p.end - p.start, cfg.local_batch_size * cfg.model.table(p.param).lookups)
+        counts = [1] * len(sparse)
+        answer = answer_layout(cfg, server, counts)
+        assert len(answer.values) == len(pieces)
+        assert push_layout(cfg, server, counts).values == (1,) + answer.values
+        inbox = server_inbox_layouts(cfg, server)
+        assert inbox(0, None) == request
+        assert inbox(0, wire.Message(wire.PULL, 0, [torch.arange(1) for _ in sparse], [])) == push_layout(cfg, server, counts)
+        assert inbox(0, wire.Message(wire.PUSH, 0, [], [])) == request

@@ -208,6 +208,41 @@ def _pipeline_actions(device, sync, steps: int) -> dict[str, dict[str, float]] |
     return out
 
 
+PS_PROBE = {"rows": 64, "dim": 8, "rounds": 40, "warmup": 5}
+PS_MESSAGES_PER_ROUND = 3     # pull request, answer, push
+
+
+def _ps_messages(rank: int) -> float | None:
+    """Seconds of one parameter-server round between rank 0 (a server) and rank 1 (a worker) with
+    the executor's own messages (advisor.executor.ps.wire): a pull request of PS_PROBE rows, their
+    answer, the push of their gradients; no compute, so the round is the messages' host cost. The
+    median round, on rank 0 (None elsewhere); the other ranks wait."""
+    import torch
+    import torch.distributed as dist
+
+    from advisor.executor.ps import wire
+
+    pg = dist.distributed_c10d._get_default_group()
+    rows, dim = PS_PROBE["rows"], PS_PROBE["dim"]
+    request, answer = wire.Layout(ids=(rows,)), wire.Layout(values=(rows * dim,))
+    push = wire.Layout(values=(1, rows * dim))
+    times = []
+    for step in range(PS_PROBE["warmup"] + PS_PROBE["rounds"]):
+        start = time.perf_counter()
+        if rank == 0:
+            wire.receive(pg, 1, request)
+            wire.wait_all(wire.send(pg, 1, wire.Message(wire.PULL, step, [], [torch.ones(rows * dim)]), answer))
+            wire.receive(pg, 1, push)
+        elif rank == 1:
+            sends = wire.send(pg, 0, wire.Message(wire.PULL, step, [torch.arange(rows)], []), request)
+            wire.receive(pg, 0, answer)
+            wire.wait_all(sends)
+            wire.wait_all(wire.send(pg, 0, wire.Message(wire.PUSH, step, [], [torch.ones(1), torch.ones(rows * dim)]),
+                                    push))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[PS_PROBE["warmup"]:]) if rank == 0 else None
+
+
 def worker_main(argv: list[str] | None = None) -> NoReturn:
     """Per-rank entry (``python -m advisor.calibrate --worker``), started by the launcher."""
     import datetime
@@ -285,9 +320,12 @@ def worker_main(argv: list[str] | None = None) -> NoReturn:
                 break
         report_progress(out, rank, n_rounds * probes, n_rounds * probes, "writing the results")
         matmul, memory, comm, pipeline = merge_rounds(rounds)
+        ps_round_s = _ps_messages(rank) if backend == "gloo" else None
+        dist.barrier()
         result = {"rank": rank, "backend": backend, "device": _device_name(device), "matmul": matmul,
                   "memory": memory, "comm": comm if rank == 0 else None, "pipeline": pipeline if rank == 0 else None,
                   "device_memory_bytes": _device_memory(device), "threads": torch.get_num_threads(),
+                  "ps_round_s": ps_round_s,
                   "rounds": rank_summary(rounds, stopped, rule)}
         write_result(out / f"rank{rank}.json", result)
         dist.barrier()

@@ -13,6 +13,7 @@ from typing import Any
 from advisor.calibration.fit import (efficiency_curve, elementwise_efficiency, fit_alpha_beta, fit_link, fit_per_op,
                                      pipeline_action_overhead_us)
 from advisor.calibration.rounds import summarize
+from advisor.calibration.probes import PS_MESSAGES_PER_ROUND, PS_PROBE
 from advisor.runtime.files import write_atomic
 
 
@@ -114,8 +115,7 @@ def _measured_profile(ranks: list[dict], nproc: int, name: str | None = None) ->
                           "raw": comm_points},
             },
         },
-        "inter_node": {"bandwidth_gbps": round(bandwidth_gbps, 6), "latency_us": round(latency_us, 3),
-                       "topology": "fat-tree", "notes": "single machine: same as intra_node (not measured)"},
+        "inter_node": _inter_node(ranks[0].get("ps_round_s"), bandwidth_gbps, latency_us),
         "host": {"memory_gib": round(host_bytes / 2 ** 30, 3),
                  "pcie_bandwidth_gbps": round(bandwidth, 3),
                  "notes": "CPU ranks have no PCIe hop: host memory bandwidth" if backend != "nccl"
@@ -204,3 +204,18 @@ def render_profile(console, profile: dict[str, Any], saved_to: str | None = None
     console.print(table)
     if saved_to:
         console.print(f"profile written to {saved_to} (use it with --hardware {saved_to})", markup=False, highlight=False)
+
+
+def _inter_node(ps_round_s: float | None, bandwidth_gbps: float, latency_us: float) -> dict[str, Any]:
+    """The inter-node link of a single machine: the intra-node figures, and (gloo) the host time of one
+    parameter-server message from the measured worker-server round (advisor.calibration.probes)."""
+    link = {"bandwidth_gbps": round(bandwidth_gbps, 6), "latency_us": round(latency_us, 3), "topology": "fat-tree",
+            "notes": "single machine: same as intra_node (not measured)"}
+    if ps_round_s:
+        link["message_overhead_us"] = round(ps_round_s / PS_MESSAGES_PER_ROUND * 1e6, 3)
+        link["notes"] = {"link": link["notes"],
+                         "message_overhead_us": f"a worker-server round of the executor's messages (pull request, "
+                                                f"answer, push of {PS_PROBE['rows']} rows x {PS_PROBE['dim']}) took "
+                                                f"{ps_round_s * 1e6:.0f} us (median of {PS_PROBE['rounds']}): per message, "
+                                                f"a third"}
+    return link

@@ -17,7 +17,9 @@ aggregate the pushes of all workers, apply the optimizer and answer the pulls):
   N pulls: memory-bound work on the host at its memory bandwidth.
 * synchronous PS: the next forward needs the pulled weights, so the step is compute plus the PS
   phase, whose messages pipeline through worker NICs, server NICs and server memory: the slowest of
-  the three sets its length (plus a request/response round trip for the push and for the pull).
+  the three sets its length, plus the host time of the messages themselves: a server handles the
+  pull request, the answer and the push of each of the N workers one after another (ps-lite's
+  server thread; the executor's), at the link latency each or the per-message time calibrate measures.
   Hybrid: the dense all-reduce runs beside backward (MindSpore's fused AllReduce) and shares the
   workers' NICs with the PS traffic; its exposed part and the PS phase overlap (max).
 * asynchronous PS (Li et al. 2014 section 3.4, bounded delay): a worker computes its next batch while
@@ -55,7 +57,9 @@ DEFAULT_HOST_MEMORY_GBPS = 204.8
 # STREAM triad on such sockets reaches about three quarters of the DDR peak (McCalpin's STREAM results
 # for 2nd-generation EPYC, ~150 GB/s per socket).
 HOST_MEMORY_EFFICIENCY = 0.75
-ROUND_TRIPS = 2          # push (request + acknowledgement) and pull (request + response) per step
+# Messages per step between a worker and a server: the pull request, its answer, the push (Li et al.
+# 2014 section 3: push and pull are the interface; a pull is a request and a response).
+MESSAGES_PER_STEP = 3
 
 
 def server_shards(model: RecModelSpec, tensors: tuple[str, ...], servers: int, optimizer: str,
@@ -171,7 +175,10 @@ def estimate_parameter_server(model: RecModelSpec, hw: HardwareProfile, cluster:
         server_nic_s = max(max(si, so) for si, so in zip(s_in, s_out)) / nic
         worker_nic_s = (max(w_out, w_in) + ar_nic) / nic
     server_update_s = max(s_work) / host_bw
-    latency_s = ROUND_TRIPS * 2 * hw.inter.latency_s
+    # Each message costs its endpoint a host time (the link's latency, or the per-message time that
+    # `advisor calibrate` measures): a server handles three messages of every worker in turn, a worker
+    # three of every server; the busier of the two sets the messages' share of the step.
+    latency_s = MESSAGES_PER_STEP * max(n, S) * hw.inter.message_s
     ar_exposed = exposed_after_backward(ar_s, compute.backward_s, hw)
     ps_phase = max(worker_nic_s, server_nic_s, server_update_s)
     staleness = None

@@ -42,6 +42,13 @@ class Link:
     # replace the link's own for that operation (``advisor calibrate`` fits them: gloo's all-reduce,
     # reduce-scatter and send/recv differ by several times in start-up cost and achieved bandwidth).
     per_op: tuple[tuple[str, float, float], ...] = ()
+    # Host time of one parameter-server message (request, answer or push) at its endpoint, when measured
+    # (``advisor calibrate``: a worker-server round of the executor's own messages); else the latency.
+    message_overhead_us: float | None = None
+
+    @property
+    def message_s(self) -> float:
+        return (self.latency_us if self.message_overhead_us is None else self.message_overhead_us) * 1e-6
 
     @property
     def effective_bandwidth_bytes_per_s(self) -> float:
@@ -315,12 +322,14 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
     ino = f"{origin}: inter_node"
     inter = data["inter_node"]
     f.check_keys(inter, ino, ("bandwidth_gbps", "latency_us"),
-                 ("topology", "oversubscription", "efficiency", "collectives", "notes"))
+                 ("topology", "oversubscription", "efficiency", "collectives", "message_overhead_us", "notes"))
     over = f.positive_float(inter, "oversubscription", ino, default=1.0)
     if over < 1.0:
         raise AdvisorError(f"{ino}: key 'oversubscription' must be >= 1, got {over}")
     link = _link(inter, ino, "inter")
-    link = replace(link, bandwidth_gbps=link.bandwidth_gbps / over)
+    link = replace(link, bandwidth_gbps=link.bandwidth_gbps / over,
+                   message_overhead_us=(f.positive_float(inter, "message_overhead_us", ino)
+                                        if "message_overhead_us" in inter else None))
 
     ho = f"{origin}: host"
     host = data["host"]

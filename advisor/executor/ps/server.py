@@ -19,6 +19,7 @@ import torch
 
 from advisor.executor.ps import wire
 from advisor.executor.ps.config import PsConfig
+from advisor.executor.ps.layouts import answer_layout, requested_counts, server_inbox_layouts
 from advisor.executor.ps.model import init_rows, make_optimizers, state_bytes
 
 POLL_S = 0.05
@@ -86,7 +87,7 @@ class Server:
     # ---- one round
     def run(self) -> dict:
         cfg = self.cfg
-        inbox = wire.Inbox(self.pg, self.worker_ranks, 2 * cfg.steps)
+        inbox = wire.Inbox(self.pg, self.worker_ranks, 2 * cfg.steps, server_inbox_layouts(cfg, self.index))
         times, losses, contributors = [], [], []
         for step in range(cfg.steps):
             self.store.set(f"ps/step/server{self.index}", str(step))
@@ -116,7 +117,8 @@ class Server:
             rows = iter(msg.ids)
             requested[w] = [next(rows) if p.sparse else None for p in self.pieces]
             values = [d.detach()[r] if r is not None else d.detach() for d, r in zip(self.data, requested[w])]
-            sends.append((w, wire.send(self.pg, self.cfg.servers + w, wire.Message(wire.PULL, step, [], values))))
+            layout = answer_layout(self.cfg, self.index, requested_counts(msg))
+            sends.append((w, wire.send(self.pg, self.cfg.servers + w, wire.Message(wire.PULL, step, [], values), layout)))
         for w, works in sends:
             try:
                 wire.wait_all(works)

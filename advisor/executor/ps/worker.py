@@ -23,6 +23,7 @@ import torch.nn as nn
 
 from advisor.executor.ps import wire
 from advisor.executor.ps.config import PsConfig
+from advisor.executor.ps.layouts import answer_layout, push_layout, request_layout
 from advisor.executor.ps.model import (forward, global_batch, init_rows, loss_of, make_optimizers, pool,
                                        state_bytes, worker_slice)
 from advisor.executor.ps.server import POLL_S, kill_if_asked, left_key
@@ -90,12 +91,14 @@ class Worker:
         for p in cfg.pieces:
             if p.sparse and p.param not in unique:
                 unique[p.param] = torch.unique(batch[p.param], return_inverse=True)
-        sends = []
+        sends, counts = [], {}
         for s, pieces in self.pieces.items():
             ids = [unique[p.param][0][(unique[p.param][0] >= p.start) & (unique[p.param][0] < p.end)] - p.start
                    for p in pieces if p.sparse]
-            sends += wire.send(self.pg, s, wire.Message(wire.PULL, step, ids, []))
-        pulled = self._assemble({s: wire.receive(self.pg, s) for s in self.pieces}, unique)
+            counts[s] = [t.numel() for t in ids]
+            sends += wire.send(self.pg, s, wire.Message(wire.PULL, step, ids, []), request_layout(self.cfg, s))
+        pulled = self._assemble({s: wire.receive(self.pg, s, answer_layout(self.cfg, s, counts[s])) for s in self.pieces},
+                                unique)
         wire.wait_all(sends)
 
         for p in self.local.values():
@@ -117,7 +120,7 @@ class Worker:
             for p in pieces:
                 g = pulled[p.param].grad
                 grads.append(g[self._rows(unique, p)] if p.sparse else g[p.start:p.end])
-            pushes += wire.send(self.pg, s, wire.Message(wire.PUSH, step, [], grads))
+            pushes += wire.send(self.pg, s, wire.Message(wire.PUSH, step, [], grads), push_layout(self.cfg, s, counts[s]))
         if self.local:
             self._update_local(batch)
         wire.wait_all(pushes)

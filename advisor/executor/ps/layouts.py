@@ -1,0 +1,55 @@
+"""The layout of each message between a worker and a server (advisor.executor.ps.wire), as both
+sides compute it from the configuration and the pull request of the step:
+
+* pull request (worker -> server): for each sparse piece of the server, the ids of the rows the
+  worker's batch looks up, at most min(the piece's rows, local batch x lookups per sample);
+* answer (server -> worker): those rows of each sparse piece, every other piece whole;
+* push (worker -> server): the worker's loss, then the gradient of exactly what was answered.
+"""
+
+from __future__ import annotations
+
+from advisor.executor.ps.config import Piece, PsConfig
+from advisor.executor.ps.wire import PULL, PUSH, Layout, Message
+
+
+def _row_width(cfg: PsConfig, piece: Piece) -> int:
+    width = 1
+    for s in cfg.model.param_shapes()[piece.param][1:]:
+        width *= s
+    return width
+
+
+def request_layout(cfg: PsConfig, server: int) -> Layout:
+    caps = []
+    for p in cfg.server_pieces(server):
+        if p.sparse:
+            table = cfg.model.table(p.param)
+            caps.append(min(p.end - p.start, cfg.local_batch_size * table.lookups))
+    return Layout(ids=tuple(caps))
+
+
+def answer_layout(cfg: PsConfig, server: int, counts: list[int]) -> Layout:
+    """``counts``: the rows requested of each sparse piece, in the server's piece order."""
+    rows = iter(counts)
+    values = [(next(rows) if p.sparse else p.end - p.start) * _row_width(cfg, p) for p in cfg.server_pieces(server)]
+    return Layout(values=tuple(values))
+
+
+def push_layout(cfg: PsConfig, server: int, counts: list[int]) -> Layout:
+    return Layout(values=(1,) + answer_layout(cfg, server, counts).values)
+
+
+def requested_counts(request: Message) -> list[int]:
+    return [t.numel() for t in request.ids]
+
+
+def server_inbox_layouts(cfg: PsConfig, server: int):
+    """A server's expected next message from a worker: a pull request, then the push it implies."""
+    def layout(_peer: int, previous: Message | None) -> Layout:
+        if previous is None or previous.kind == PUSH:
+            return request_layout(cfg, server)
+        if previous.kind == PULL:
+            return push_layout(cfg, server, requested_counts(previous))
+        raise ValueError(f"server {server}: a message of unknown kind {previous.kind}")
+    return layout

@@ -1,0 +1,132 @@
+"""--objective time-to-target: McCandlish et al.'s steps and tokens to a target, Kaplan et al.'s critical
+batch and minimum steps, and the global batch chosen jointly with the parallelism."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from advisor.commands.objective import candidate_batches, target_from_flags, time_to_target
+from advisor.commands.recommend import recommend
+from advisor.cost.convergence import (KAPLAN_ALPHA_B, KAPLAN_ALPHA_N, KAPLAN_ALPHA_S, KAPLAN_B_STAR_TOKENS, KAPLAN_N_C,
+                                      KAPLAN_S_C, Target, convergence, non_embedding_params)
+from advisor.errors import AdvisorError
+from advisor.plan import plan_from_dict, plan_to_dict
+from advisor.specs.hardware import load_hardware
+from advisor.specs.job import Cluster, TrainingJob
+from advisor.specs.model import load_model
+
+MODEL = load_model("gpt3-1.3b")
+A100 = load_hardware("dgx-a100-80g")
+
+
+def test_mccandlish_steps_and_tokens():
+    target = Target(tokens=1e10, critical_batch_tokens=2e6)
+    at_critical = convergence(MODEL, target, 2e6)
+    # at B = B_crit: twice the minimum steps and twice the minimum tokens (McCandlish eq. 2.11)
+    assert at_critical.tokens_to_target == pytest.approx(2e10)
+    assert at_critical.steps_to_target == pytest.approx(2 * 1e10 / 2e6)
+    small, large = convergence(MODEL, target, 2e4), convergence(MODEL, target, 2e8)
+    assert small.tokens_to_target == pytest.approx(1e10 * 1.01)          # tokens barely above E_min
+    assert large.steps_to_target == pytest.approx(1e10 / 2e6 * 1.01)      # steps barely above S_min
+    for c in (small, at_critical, large):                                  # E = S x B
+        assert c.tokens_to_target == pytest.approx(c.steps_to_target * c.batch_tokens)
+
+
+def test_kaplan_critical_batch_and_minimum_steps_from_a_loss():
+    loss = 2.6
+    c = convergence(MODEL, Target(loss=loss), 1e6)
+    assert c.critical_batch_tokens == pytest.approx(KAPLAN_B_STAR_TOKENS / loss ** (1 / KAPLAN_ALPHA_B))
+    n = non_embedding_params(MODEL)
+    assert 1.1e9 < n < 1.3e9                        # GPT-3 XL: 1.3B with its embeddings
+    s_min = KAPLAN_S_C / (loss - (KAPLAN_N_C / n) ** KAPLAN_ALPHA_N) ** (1 / KAPLAN_ALPHA_S)
+    assert c.minimum_tokens == pytest.approx(s_min * c.critical_batch_tokens)
+    # a lower loss needs a larger critical batch (Kaplan Fig. 10)
+    assert convergence(MODEL, Target(loss=2.4), 1e6).critical_batch_tokens > c.critical_batch_tokens
+    with pytest.raises(AdvisorError, match="below what"):
+        convergence(MODEL, Target(loss=1.0), 1e6)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({}, "exactly one"), ({"tokens": 1e9, "loss": 2.0}, "exactly one"), ({"tokens": 1e9}, "critical batch"),
+    ({"loss": -1.0}, "positive"), ({"loss": math.inf}, "positive"),
+])
+def test_targets_are_checked(kwargs, message):
+    with pytest.raises(AdvisorError, match=message):
+        Target(**kwargs)
+
+
+def test_flags_name_themselves():
+    assert target_from_flags("300B", None, "4M") == Target(tokens=3e11, critical_batch_tokens=4e6)
+    with pytest.raises(AdvisorError, match="--target-tokens"):
+        target_from_flags("lots", None, "4M")
+    with pytest.raises(AdvisorError, match="needs --target-tokens"):
+        target_from_flags(None, None, None)
+
+
+def test_the_chosen_batch_reaches_the_target_first_and_every_batch_is_the_enumerators_best():
+    cluster = Cluster.of(A100, devices=8)
+    job = TrainingJob(global_batch_size=512, seq_length=2048)
+    target = Target(tokens=2e10, critical_batch_tokens=4e6)
+    result, trials = time_to_target(MODEL, A100, cluster, job, target, top_k=2)
+    assert [t.global_batch_size for t in trials][:7] == sorted(candidate_batches(job, cluster))[:7] or len(trials) >= 7
+    timed = [t for t in trials if t.time_to_target_s is not None]
+    best = min(timed, key=lambda t: t.time_to_target_s)
+    chosen = result.best
+    assert chosen.training.global_batch_size == best.global_batch_size
+    for t in timed:   # each batch's figure is the throughput search's best plan at that batch
+        alone = recommend(MODEL, A100, cluster, replace(job, global_batch_size=t.global_batch_size), top_k=1)
+        assert t.time_to_target_s == pytest.approx(t.convergence.steps_to_target * alone.estimates[0].step_time_s)
+    ttt = chosen.prediction["time_to_target"]
+    assert ttt["seconds"] == pytest.approx(best.time_to_target_s)
+    assert ttt["tokens_to_target"] == pytest.approx(2e10 * (1 + 2048 * best.global_batch_size / 4e6))
+    # an interior optimum: neither the smallest nor the largest batch tried, or the search went past the range
+    sizes = [t.global_batch_size for t in trials]
+    assert best.global_batch_size not in (sizes[0], sizes[-1]) or len(sizes) > 7
+    # the plan keeps its target through JSON
+    again = plan_from_dict(json.loads(json.dumps(plan_to_dict(chosen))), "plan")
+    assert again.target == target.to_dict()
+
+
+def test_plan_targets_are_validated():
+    plan = plan_to_dict(recommend(MODEL, A100, Cluster.of(A100, devices=8),
+                                  TrainingJob(global_batch_size=64, seq_length=2048), top_k=1).best)
+    plan["training"]["target"] = {"tokens": 1e9}
+    with pytest.raises(AdvisorError, match="training: target"):
+        plan_from_dict(plan, "plan.json")
+    plan["training"]["target"] = {"loss": 2.5, "colour": 1}
+    with pytest.raises(AdvisorError, match="colour"):
+        plan_from_dict(plan, "plan.json")
+
+
+def test_cli_time_to_target_json_table_and_refusals(tmp_path):
+    from typer.testing import CliRunner
+
+    from advisor.cli import app
+
+    runner = CliRunner()
+    base = ["recommend", "--model", "gpt3-1.3b", "--hardware", "dgx-a100-80g", "--devices", "8", "--top", "1"]
+    out = tmp_path / "plan.json"
+    result = runner.invoke(app, base + ["--objective", "time-to-target", "--target-loss", "2.6", "--json",
+                                        "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    timed = [b for b in data["batches"] if b["time_to_target_s"] is not None]
+    best = min(timed, key=lambda b: b["time_to_target_s"])
+    plan = data["plans"][0]
+    assert plan["training"]["global_batch_size"] == best["global_batch_size"]
+    assert plan["training"]["target"] == {"loss": 2.6}
+    assert plan["prediction"]["time_to_target"]["seconds"] == pytest.approx(best["time_to_target_s"])
+    assert json.loads(out.read_text())["training"]["target"] == {"loss": 2.6}
+    table = runner.invoke(app, base + ["--objective", "time-to-target", "--target-tokens", "20B",
+                                       "--critical-batch-tokens", "4M"])
+    assert table.exit_code == 0, table.output
+    assert "chosen" in table.output and "to the target, by global batch" in " ".join(table.output.split())
+    for extra, message in ((["--objective", "speed"], "--objective must be one of"),
+                           (["--objective", "time-to-target"], "needs --target-tokens"),
+                           (["--objective", "time-to-target", "--target-tokens", "20B"], "critical batch")):
+        bad = runner.invoke(app, base + extra)       # the CLI's main() turns AdvisorError into exit 2
+        assert isinstance(bad.exception, AdvisorError) and message in str(bad.exception), bad.output
