@@ -12,8 +12,8 @@ from typing import Optional
 import typer
 
 from advisor.commands.cli_options import (
-    DEVICES_HELP, FP8_HELP, FRAMEWORK_HELP, MODULES_HELP, NODES_HELP, OPSTRAT_HELP, PS_MODE_HELP, SEQ_HELP, console,
-    err_console, print_json, print_warnings,
+    CRITICAL_HELP, DEVICES_HELP, FP8_HELP, FRAMEWORK_HELP, MODULES_HELP, NODES_HELP, OBJECTIVE_HELP, OPSTRAT_HELP,
+    PS_MODE_HELP, SEQ_HELP, TARGET_LOSS_HELP, TARGET_TOKENS_HELP, console, err_console, print_json, print_warnings,
 )
 from advisor.commands.cli_run import calibrate_cmd, execute_cmd
 from advisor.errors import AdvisorError, InfeasibleError
@@ -170,14 +170,10 @@ def recommend_cmd(
     ps_mode: Optional[str] = typer.Option(None, "--ps-mode", help=PS_MODE_HELP),
     ps_servers: Optional[int] = typer.Option(None, "--ps-servers", help="pin the parameter-server count"),
     ps_async: bool = typer.Option(False, "--ps-async", help="asynchronous parameter servers (staleness reported)"),
-    objective: str = typer.Option("throughput", "--objective", help="throughput | time-to-target (the global "
-                                  "batch chosen with the parallelism)"),
-    target_tokens: Optional[str] = typer.Option(None, "--target-tokens", help="time-to-target: tokens to the "
-                                                "target at a small batch, e.g. 300B (with --critical-batch-tokens)"),
-    target_loss: Optional[float] = typer.Option(None, "--target-loss", help="time-to-target: a loss in Kaplan "
-                                                "et al. 2020's units (nats per token)"),
-    critical_batch: Optional[str] = typer.Option(None, "--critical-batch-tokens", help="measured critical "
-                                                 "batch (gradient noise scale) in tokens, e.g. 4M"),
+    objective: str = typer.Option("throughput", "--objective", help=OBJECTIVE_HELP),
+    target_tokens: Optional[str] = typer.Option(None, "--target-tokens", help=TARGET_TOKENS_HELP),
+    target_loss: Optional[float] = typer.Option(None, "--target-loss", help=TARGET_LOSS_HELP),
+    critical_batch: Optional[str] = typer.Option(None, "--critical-batch-tokens", help=CRITICAL_HELP),
     as_json: bool = typer.Option(False, "--json", help="print only JSON: {plans, search}"),
 ) -> None:
     """Search the strategy space and rank the plans; the best is saved with --out."""
@@ -253,11 +249,17 @@ def whatif_cmd(
     searcher: str = typer.Option("enumerate", "--searcher", help="enumerate | drec | ilp"),
     workers: Optional[int] = typer.Option(None, "--workers", help="worker processes (default: one per core)"),
     plot: Optional[str] = typer.Option(None, "--plot", help="write a throughput / time-to-train plot (PNG) here"),
+    objective: str = typer.Option("throughput", "--objective", help=OBJECTIVE_HELP),
+    target_tokens: Optional[str] = typer.Option(None, "--target-tokens", help=TARGET_TOKENS_HELP),
+    target_loss: Optional[float] = typer.Option(None, "--target-loss", help=TARGET_LOSS_HELP),
+    critical_batch: Optional[str] = typer.Option(None, "--critical-batch-tokens", help=CRITICAL_HELP),
     as_json: bool = typer.Option(False, "--json", help="print only JSON: {points: [...]}"),
 ) -> None:
     """Best plan per hardware variant and cluster size: throughput, time, cost and energy to train."""
     from advisor.runtime import progress
-    from advisor.whatif import parse_list, parse_names, render_whatif, whatif
+    from advisor.commands.objective import check_objective, target_from_flags
+    from advisor.render.whatif import render_whatif
+    from advisor.whatif import parse_list, parse_names, whatif
 
     with progress.bar(progress.enabled(as_json), "what-if points") as update:
         result = whatif(
@@ -268,6 +270,8 @@ def whatif_cmd(
             memory_gib=parse_list("--memory-gib", memory_gib, float),
             global_batch=parse_list("--global-batch", gbs), seq_len=parse_list("--seq-len", seq_len),
             tokens=tokens, dtype=dtype, searcher=searcher, workers=workers, progress=update,
+            target=target_from_flags(target_tokens, target_loss, critical_batch)
+            if check_objective(objective) == "time-to-target" else None,
         )
     if plot:
         from advisor.render.plots import whatif_plot

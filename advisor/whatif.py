@@ -19,7 +19,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from advisor.render.formatting import duration, energy, money, step_time
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.commands.inputs import DEFAULT_BATCH_TOKENS, default_dtype
 from advisor.plan import Plan, strategy_to_dict
@@ -55,6 +54,10 @@ class WhatIfPoint:
     cost_usd: float | None = None
     energy_kwh: float | None = None
     scaling_efficiency: float | None = None
+    # with a target (time-to-target): the global batch chosen at this point, and reaching the target there
+    target_batch_size: int | None = None
+    time_to_target_s: float | None = None
+    tokens_to_target: float | None = None
 
     @property
     def series(self) -> tuple[str, int, int]:
@@ -73,6 +76,8 @@ class WhatIfPoint:
             "time_to_train_days": None if self.time_to_train_s is None else self.time_to_train_s / 86400.0,
             "cost_usd": self.cost_usd, "energy_kwh": self.energy_kwh,
             "scaling_efficiency": self.scaling_efficiency,
+            "target_batch_size": self.target_batch_size, "time_to_target_s": self.time_to_target_s,
+            "tokens_to_target": self.tokens_to_target,
             "parallel": None if self.plan is None else strategy_to_dict(self.plan.strategy, self.plan.model.num_layers),
         }
         return out
@@ -138,6 +143,7 @@ class _Task:
 _TASKS: list[_Task] = []          # read by worker processes (inherited through fork)
 _MODEL: ModelSpec | None = None
 _SEARCHER = "enumerate"
+_TARGET = None     # advisor.cost.convergence.Target: each point chooses its global batch (time-to-target)
 
 
 def _raw_link(profile: HardwareProfile) -> tuple[float, float]:
@@ -156,14 +162,24 @@ def _solve(index: int) -> dict[str, Any]:
     from advisor.commands.recommend import recommend
 
     task = _TASKS[index]
+    target = {}
     try:
-        result = recommend(_MODEL, task.profile, task.cluster, task.job, top_k=1, searcher=_SEARCHER)
+        if _TARGET is None:
+            result = recommend(_MODEL, task.profile, task.cluster, task.job, top_k=1, searcher=_SEARCHER)
+        else:   # the global batch chosen with the parallelism (advisor.commands.objective)
+            from advisor.commands.objective import time_to_target
+
+            result, _ = time_to_target(_MODEL, task.profile, task.cluster, task.job, _TARGET, top_k=1, searcher=_SEARCHER)
+            ttt = result.best.prediction["time_to_target"]
+            target = {"target_batch_size": result.best.training.global_batch_size, "time_to_target_s": ttt["seconds"],
+                      "tokens_to_target": ttt["tokens_to_target"]}
     except InfeasibleError as exc:
         return {"fits": False, "reason": str(exc)}
     e = result.estimates[0]
     return {"fits": True, "plan": result.best, "tokens_per_s": e.tokens_per_s, "mfu": e.mfu,
             "step_time_s": e.step_time_s, "memory_used_gib": e.memory_gib.total, "bottleneck": e.bottleneck,
-            "time_to_train_s": e.time_to_train_s, "cost_usd": e.cost_to_train_usd, "energy_kwh": e.energy_to_train_kwh}
+            "time_to_train_s": e.time_to_train_s, "cost_usd": e.cost_to_train_usd, "energy_kwh": e.energy_to_train_kwh,
+            **target}
 
 
 def _workers(requested: int | None, n: int) -> int:
@@ -224,12 +240,15 @@ def whatif(
     searcher: str = "enumerate",
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    target: Any = None,
 ) -> WhatIfResult:
     """Sweep the grid and return the best plan at every point (in grid order: hardware, overrides,
-    batch, sequence length, then cluster size); ``progress(done, total)`` after each point."""
+    batch, sequence length, then cluster size); ``progress(done, total)`` after each point. With a
+    ``target`` (advisor.cost.convergence.Target) each point chooses its global batch for the least
+    time to the target, starting from the point's batch."""
     import time
 
-    global _MODEL, _SEARCHER
+    global _MODEL, _SEARCHER, _TARGET
     start = time.perf_counter()
     spec = model if isinstance(model, ModelSpec) else load_model(model)
     if getattr(spec, "family", None) == "recommendation":
@@ -274,10 +293,12 @@ def whatif(
     _TASKS[:] = tasks
     _MODEL = spec
     _SEARCHER = searcher
+    _TARGET = target
     try:
         solved = _run(len(tasks), _workers(workers, len(tasks)), progress)
     finally:
         _TASKS[:] = []
+        _TARGET = None
 
     points = []
     for task, res in zip(tasks, solved):
@@ -314,73 +335,3 @@ def _with_scaling(points: list[WhatIfPoint]) -> list[WhatIfPoint]:
 
 
 # ---- rendering ----------------------------------------------------------------------------------
-def _degrees(plan: Plan) -> str:
-    s = plan.strategy
-    text = f"{s.dp}.{s.tp}.{s.pp}.{s.cp}" + (f".{s.ep}" if plan.model.moe is not None else "")
-    knobs = [f"z{s.zero_stage}" + ("+off" if s.offload_optimizer else "")]
-    if s.recompute != "none":
-        knobs.append("rc=" + ("sel" if s.recompute == "selective" else "full"))
-    if s.virtual_pipeline_stages > 1:
-        knobs.append(f"v{s.virtual_pipeline_stages}")
-    return text + " " + " ".join(knobs)
-
-
-def whatif_tables(result: WhatIfResult) -> list:
-    """One rich table per hardware profile (its override variants are rows, told apart by the swept columns)."""
-    from rich import box
-    from rich.table import Table
-
-    swept = {k for k, v in result.axes.items() if k not in ("hardware", "nodes", "devices") and len(v) > 1}
-    budget = f", {result.train_tokens:.3g} tokens" if result.train_tokens else ""
-    extra = [("inter_node_gbps", "inter GB/s"), ("intra_node_gbps", "intra GB/s"), ("memory_gib", "mem GiB"),
-             ("global_batch", "gbs"), ("seq_len", "seq")]
-    columns = ["nodes", "devices"] + [label for key, label in extra if key in swept]
-    columns += ["plan dp.tp.pp.cp", "tokens/s", "MFU", "step s", "scaling"]
-    if result.train_tokens:
-        columns += ["time", "cost", "energy"]
-    tables = []
-    for hw in dict.fromkeys(p.hardware for p in result.points):
-        pts = [p for p in result.points if p.hardware == hw]
-        first = pts[0].plan.hardware if pts[0].plan is not None else None
-        device = f" - {first.device.name}, {first.node.devices_per_node} per node" if first is not None else ""
-        table = Table(title=f"{hw}{device}: {result.model} ({result.dtype}{budget})", title_justify="left",
-                      box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-        for name in columns:
-            if name == "plan dp.tp.pp.cp":
-                table.add_column(name, justify="left", overflow="fold", min_width=12)
-            else:
-                table.add_column(name, justify="right", no_wrap=True)
-        for p in pts:
-            values = {"inter_node_gbps": f"{p.inter_node_gbps:g}", "intra_node_gbps": f"{p.intra_node_gbps:g}",
-                      "memory_gib": f"{p.memory_gib:g}", "global_batch": str(p.global_batch_size),
-                      "seq_len": str(p.seq_length)}
-            row = [str(p.nodes), str(p.devices)] + [values[key] for key, _ in extra if key in swept]
-            if not p.fits:
-                row += ["does not fit"] + ["-"] * (len(columns) - len(row) - 1)
-            else:
-                row += [_degrees(p.plan), f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}", step_time(p.step_time_s),
-                        "-" if p.scaling_efficiency is None else f"{p.scaling_efficiency:.0%}"]
-                if result.train_tokens:
-                    row += [duration(p.time_to_train_s), money(p.cost_usd), energy(p.energy_kwh)]
-            table.add_row(*row)
-        tables.append(table)
-    return tables
-
-
-def render_whatif(console, result: WhatIfResult, plot_path: str | None = None) -> None:
-    if not console.is_terminal and console.width < 140:
-        # piped output (a file, a pager): don't squeeze the columns to 80 characters
-        from rich.console import Console
-
-        console = Console(file=console.file, width=140, no_color=console.no_color, highlight=False)
-    for table in whatif_tables(result):
-        console.print(table)
-    for p in result.points:
-        if not p.fits:
-            console.print(f"{p.variant} x {p.nodes} nodes ({p.devices} devices): {p.reason}", style="dim",
-                          markup=False, highlight=False)
-    console.print(f"{len(result.points)} points in {result.seconds:.2f} s (searcher {result.searcher}); "
-                  "scaling = tokens/s per device against the smallest fitting cluster of the same series",
-                  style="dim", markup=False, highlight=False)
-    if plot_path:
-        console.print(f"plot written to {plot_path}", markup=False, highlight=False)

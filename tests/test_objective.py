@@ -130,3 +130,21 @@ def test_cli_time_to_target_json_table_and_refusals(tmp_path):
                            (["--objective", "time-to-target", "--target-tokens", "20B"], "critical batch")):
         bad = runner.invoke(app, base + extra)       # the CLI's main() turns AdvisorError into exit 2
         assert isinstance(bad.exception, AdvisorError) and message in str(bad.exception), bad.output
+
+
+def test_whatif_chooses_the_batch_at_every_point():
+    from advisor.whatif import whatif
+
+    target = Target(loss=2.6)
+    result = whatif("gpt3-1.3b", ["dgx-a100-80g"], devices=[8, 32], global_batch=[512], workers=1, target=target)
+    for p in result.points:
+        alone, _ = time_to_target(MODEL, A100, Cluster.of(A100, devices=p.devices),
+                                  TrainingJob(global_batch_size=512, seq_length=MODEL.seq_length), target, top_k=1)
+        assert p.target_batch_size == alone.best.training.global_batch_size
+        assert p.time_to_target_s == pytest.approx(alone.best.prediction["time_to_target"]["seconds"])
+        assert p.to_dict()["time_to_target_s"] == p.time_to_target_s
+    # more devices reach the target sooner, with a batch at least as large
+    small, large = result.points
+    assert large.time_to_target_s < small.time_to_target_s and large.target_batch_size >= small.target_batch_size
+    plain = whatif("gpt3-1.3b", ["dgx-a100-80g"], devices=[8], global_batch=[512], workers=1)
+    assert plain.points[0].time_to_target_s is None and plain.points[0].global_batch_size == 512

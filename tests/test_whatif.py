@@ -18,7 +18,8 @@ import advisor.commands.recommend as recommend_module
 from advisor.cli import app
 from advisor.errors import AdvisorError
 from advisor.specs.hardware import load_hardware
-from advisor.whatif import parse_list, parse_names, whatif, whatif_tables
+from advisor.render.whatif import whatif_tables
+from advisor.whatif import parse_list, parse_names, whatif
 
 TIE = 0.99
 

@@ -1,0 +1,63 @@
+"""MindPipe's objectives (issue 15), as far as they are built: converging efficiency.
+
+For two bundled models, `recommend --objective time-to-target` against the throughput objective: the
+global batch each would pick, its best plan's tokens/s, and the wall-clock time and tokens each batch
+needs to reach the target (McCandlish et al. 2018; Kaplan et al. 2020, advisor.cost.convergence).
+Figures, not a pass/fail test.
+
+    python benchmarks/mindpipe.py
+
+Not built yet (printed as such): communication contention, carbon, mixed clusters, supernets.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from advisor.commands.objective import time_to_target  # noqa: E402
+from advisor.cost.convergence import Target  # noqa: E402
+from advisor.render.formatting import count, duration  # noqa: E402
+from advisor.specs.hardware import load_hardware  # noqa: E402
+from advisor.specs.job import Cluster, TrainingJob  # noqa: E402
+from advisor.specs.model import load_model  # noqa: E402
+
+CASES = (   # model, hardware, devices, sequence, starting global batch, target loss (Kaplan's units)
+    ("gpt3-1.3b", "dgx-a100-80g", 8, 2048, 512, 2.6),
+    ("llama3-8b", "dgx-h100", 64, 8192, 512, 2.3),
+)
+
+
+def main() -> None:
+    started = time.perf_counter()
+    print("converging efficiency: throughput-optimal vs time-to-target-optimal global batch")
+    for name, hw_name, devices, seq, gbs, loss in CASES:
+        model, hw = load_model(name), load_hardware(hw_name)
+        cluster = Cluster.of(hw, devices=devices)
+        job = TrainingJob(global_batch_size=gbs, seq_length=seq)
+        result, trials = time_to_target(model, hw, cluster, job, Target(loss=loss), top_k=1)
+        timed = [t for t in trials if t.time_to_target_s is not None]
+        given = next(t for t in timed if t.global_batch_size == gbs)    # what --objective throughput keeps
+        first = min(timed, key=lambda t: t.time_to_target_s)
+        print(f"\n{name} on {devices} x {hw_name}, sequence {seq}, target loss {loss} "
+              f"(critical batch {count(first.convergence.critical_batch_tokens)} tokens, "
+              f"minimum {count(first.convergence.minimum_tokens)} tokens)")
+        print(f"  {'global batch':>12} {'tokens/s':>10} {'tokens to target':>17} {'time to target':>15}")
+        for t in timed:
+            mark = ("  <- given batch (--objective throughput)" if t is given else "") + (
+                "  <- --objective time-to-target" if t is first else "")
+            print(f"  {t.global_batch_size:>12} {count(t.tokens_per_s):>10} {count(t.convergence.tokens_to_target):>17} "
+                  f"{duration(t.time_to_target_s):>15}{mark}")
+        saved = 1.0 - first.time_to_target_s / given.time_to_target_s
+        print(f"  the time-to-target choice reaches the target {saved:.0%} sooner than the given batch, at "
+              f"{first.tokens_per_s / given.tokens_per_s:.0%} of its throughput")
+    print("\nnot built yet: contention (measured vs predicted), tCO2e by grid intensity, mixed A100 + H100 "
+          "clusters, the supernet executor")
+    print(f"\n{time.perf_counter() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
