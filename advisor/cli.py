@@ -12,8 +12,9 @@ from typing import Optional
 import typer
 
 from advisor.commands.cli_options import (
-    CRITICAL_HELP, DEVICES_HELP, FP8_HELP, FRAMEWORK_HELP, MODULES_HELP, NODES_HELP, OBJECTIVE_HELP, OPSTRAT_HELP,
-    PS_MODE_HELP, SEQ_HELP, TARGET_LOSS_HELP, TARGET_TOKENS_HELP, console, err_console, print_json, print_warnings,
+    CRITICAL_HELP, DEVICES_HELP, FP8_HELP, FRAMEWORK_HELP, GRID_HELP, MODULES_HELP, NODES_HELP, OBJECTIVE_HELP,
+    OPSTRAT_HELP, PS_MODE_HELP, PUE_HELP, SEQ_HELP, TARGET_LOSS_HELP, TARGET_TOKENS_HELP, console, err_console,
+    print_json, print_warnings,
 )
 from advisor.commands.cli_run import calibrate_cmd, execute_cmd
 from advisor.errors import AdvisorError, InfeasibleError
@@ -84,6 +85,8 @@ def estimate_cmd(
     ps_mode: Optional[str] = typer.Option(None, "--ps-mode", help=PS_MODE_HELP),
     ps_servers: Optional[int] = typer.Option(None, "--ps-servers", help="pin the parameter-server count"),
     ps_async: bool = typer.Option(False, "--ps-async", help="asynchronous parameter servers (staleness reported)"),
+    grid: Optional[str] = typer.Option(None, "--grid-intensity", help=GRID_HELP),
+    pue: Optional[float] = typer.Option(None, "--pue", help=PUE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print only JSON"),
 ) -> None:
     """Score one given strategy, with the full breakdown of memory and time."""
@@ -104,7 +107,7 @@ def estimate_cmd(
         recompute_layers=recompute_layers, sequence_parallel=sequence_parallel, schedule=schedule,
         offload_optimizer=offload_optimizer, dtype=dtype, tokens=tokens, attention=attention, dropout=dropout,
         plan=plan, framework=framework, fp8_recipe=fp8_recipe, cp_comm=cp_comm, recompute_modules=recompute_modules,
-        bucket_mb=bucket_mb, copies=copies, operator_strategies=operator_strategies,
+        bucket_mb=bucket_mb, copies=copies, operator_strategies=operator_strategies, grid_intensity=grid, pue=pue,
     )
     warnings = input_warnings(result.inputs.hardware, result.inputs.cluster)
     if as_json:
@@ -174,6 +177,8 @@ def recommend_cmd(
     target_tokens: Optional[str] = typer.Option(None, "--target-tokens", help=TARGET_TOKENS_HELP),
     target_loss: Optional[float] = typer.Option(None, "--target-loss", help=TARGET_LOSS_HELP),
     critical_batch: Optional[str] = typer.Option(None, "--critical-batch-tokens", help=CRITICAL_HELP),
+    grid: Optional[str] = typer.Option(None, "--grid-intensity", help=GRID_HELP),
+    pue: Optional[float] = typer.Option(None, "--pue", help=PUE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print only JSON: {plans, search}"),
 ) -> None:
     """Search the strategy space and rank the plans; the best is saved with --out."""
@@ -192,7 +197,7 @@ def recommend_cmd(
     fixed = load_operator_strategies(operator_strategies) if operator_strategies is not None else None
     inputs = resolve_inputs(model, hardware, nodes=nodes, devices=devices, global_batch=gbs, seq_len=seq_len,
                             dtype=dtype, tokens=tokens, attention=attention, framework=framework, fp8_recipe=fp8_recipe,
-                            recompute_modules=recompute_modules)
+                            recompute_modules=recompute_modules, grid_intensity=grid, pue=pue)
     warnings = input_warnings(inputs.hardware, inputs.cluster)
     if not as_json:   # before the search: a mistaken cluster size is seen at once
         print_warnings(warnings)
@@ -200,17 +205,19 @@ def recommend_cmd(
                 virtual_pipeline_stages=vpp, pipeline_schedule=schedule, sequence_parallel=sequence_parallel,
                 offload_optimizer=offload, cp_comm=cp_comm)
     trials = None
-    if check_objective(objective) == "time-to-target":
-        if fixed is not None or ps_pins.mode not in (None, "none") or isinstance(inputs.model, RecModelSpec):
-            raise AdvisorError("--objective time-to-target ranks transformer plans of the collective searchers; "
-                               "it does not take --operator-strategies, --ps-mode or recommendation models")
+    if check_objective(objective) != "throughput" and (
+            fixed is not None or ps_pins.mode not in (None, "none") or isinstance(inputs.model, RecModelSpec)):
+        raise AdvisorError(f"--objective {objective} ranks transformer plans of the collective searchers; "
+                           "it does not take --operator-strategies, --ps-mode or recommendation models")
+    if objective == "time-to-target":
         result, trials = time_to_target(inputs.model, inputs.hardware, inputs.cluster, inputs.job,
                                         target_from_flags(target_tokens, target_loss, critical_batch),
                                         pins=pins, top_k=top, searcher=searcher)
     else:
         with search_progress(console, enabled=not as_json and sys.stdout.isatty()) as progress:
             result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, pins=pins, top_k=top,
-                               searcher=searcher, progress=progress, ps_pins=ps_pins, operator_strategies=fixed)
+                               searcher=searcher, progress=progress, ps_pins=ps_pins, operator_strategies=fixed,
+                               objective=objective)
     if plot and getattr(result, "family", None) == "recommendation":
         raise AdvisorError("--plot draws transformer plans' breakdowns; it is not available for recommendation models")
     if out:
@@ -253,6 +260,8 @@ def whatif_cmd(
     target_tokens: Optional[str] = typer.Option(None, "--target-tokens", help=TARGET_TOKENS_HELP),
     target_loss: Optional[float] = typer.Option(None, "--target-loss", help=TARGET_LOSS_HELP),
     critical_batch: Optional[str] = typer.Option(None, "--critical-batch-tokens", help=CRITICAL_HELP),
+    grid: Optional[str] = typer.Option(None, "--grid-intensity", help=GRID_HELP),
+    pue: Optional[float] = typer.Option(None, "--pue", help=PUE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print only JSON: {points: [...]}"),
 ) -> None:
     """Best plan per hardware variant and cluster size: throughput, time, cost and energy to train."""
@@ -271,7 +280,7 @@ def whatif_cmd(
             global_batch=parse_list("--global-batch", gbs), seq_len=parse_list("--seq-len", seq_len),
             tokens=tokens, dtype=dtype, searcher=searcher, workers=workers, progress=update,
             target=target_from_flags(target_tokens, target_loss, critical_batch)
-            if check_objective(objective) == "time-to-target" else None,
+            if check_objective(objective) == "time-to-target" else None, objective=objective, grid_intensity=grid, pue=pue,
         )
     if plot:
         from advisor.render.plots import whatif_plot

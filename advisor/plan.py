@@ -19,7 +19,7 @@ from advisor.specs import _fields as f
 from advisor.specs import limits
 from advisor.specs.untrusted import check_tree, load_tree, prefix
 from advisor.specs.hardware import HardwareProfile, hardware_from_dict
-from advisor.specs.job import FP8_RECIPES, FRAMEWORKS, Cluster, TrainingJob
+from advisor.specs.job import DEFAULT_PUE, FP8_RECIPES, FRAMEWORKS, Cluster, TrainingJob
 from advisor.specs.model import ModelSpec, model_from_dict, model_to_dict
 from advisor.specs.recommendation import RecModelSpec
 from advisor.plan_ps import embedding_placement_from_dict, parameter_server_from_dict, rec_violations
@@ -90,6 +90,9 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         training["recompute_modules"] = list(plan.training.recompute_modules)
     if plan.target is not None:
         training["target"] = dict(plan.target)
+    if plan.training.grid_gco2e_per_kwh is not None or plan.training.pue != DEFAULT_PUE:
+        training["pue"] = plan.training.pue
+        training["grid_gco2e_per_kwh"] = plan.training.grid_gco2e_per_kwh
     parallel = strategy_to_dict(plan.strategy, plan.model.num_layers)
     if plan.parameter_server is not None or isinstance(plan.model, RecModelSpec):
         parallel["parameter_server"] = plan.parameter_server
@@ -151,7 +154,8 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
 def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
     o = f"{origin}: training"
     f.check_keys(data, o, ("global_batch_size", "seq_length"), ("dtype", "optimizer", "train_tokens", "attention", "dropout", "framework",
-                                                                "overlap_grad_reduce", "fp8_recipe", "recompute_modules", "target"))
+                                                                "overlap_grad_reduce", "fp8_recipe", "recompute_modules", "target",
+                                                                "pue", "grid_gco2e_per_kwh"))
     tokens = data.get("train_tokens")
     modules = data.get("recompute_modules")
     if modules is not None and (not isinstance(modules, list) or not all(isinstance(m, str) for m in modules)):
@@ -172,6 +176,9 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
         overlap_grad_reduce=f.boolean(data, "overlap_grad_reduce", o, default=True),
         fp8_recipe=None if recipe is None else f.choice(data, "fp8_recipe", o, FP8_RECIPES),
         recompute_modules=None if modules is None else tuple(modules),
+        pue=f.positive_float(data, "pue", o, default=DEFAULT_PUE),
+        grid_gco2e_per_kwh=(None if data.get("grid_gco2e_per_kwh") is None
+                            else f.non_negative_float(data, "grid_gco2e_per_kwh", o)),
     )
 
 

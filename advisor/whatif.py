@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from advisor.errors import AdvisorError, InfeasibleError
-from advisor.commands.inputs import DEFAULT_BATCH_TOKENS, default_dtype
+from advisor.commands.inputs import DEFAULT_BATCH_TOKENS, default_dtype, site_settings
 from advisor.plan import Plan, strategy_to_dict
 from advisor.specs.hardware import HardwareProfile, load_hardware
 from advisor.specs.job import Cluster, TrainingJob, parse_token_count
@@ -53,6 +53,7 @@ class WhatIfPoint:
     time_to_train_s: float | None = None
     cost_usd: float | None = None
     energy_kwh: float | None = None
+    emissions_tco2e: float | None = None
     scaling_efficiency: float | None = None
     # with a target (time-to-target): the global batch chosen at this point, and reaching the target there
     target_batch_size: int | None = None
@@ -74,7 +75,7 @@ class WhatIfPoint:
             "mfu": self.mfu, "step_time_s": self.step_time_s, "memory_used_gib": self.memory_used_gib,
             "bottleneck": self.bottleneck, "time_to_train_s": self.time_to_train_s,
             "time_to_train_days": None if self.time_to_train_s is None else self.time_to_train_s / 86400.0,
-            "cost_usd": self.cost_usd, "energy_kwh": self.energy_kwh,
+            "cost_usd": self.cost_usd, "energy_kwh": self.energy_kwh, "emissions_tco2e": self.emissions_tco2e,
             "scaling_efficiency": self.scaling_efficiency,
             "target_batch_size": self.target_batch_size, "time_to_target_s": self.time_to_target_s,
             "tokens_to_target": self.tokens_to_target,
@@ -143,6 +144,7 @@ class _Task:
 _TASKS: list[_Task] = []          # read by worker processes (inherited through fork)
 _MODEL: ModelSpec | None = None
 _SEARCHER = "enumerate"
+_OBJECTIVE = "throughput"   # or "carbon": the ranking of each point (advisor.commands.recommend)
 _TARGET = None     # advisor.cost.convergence.Target: each point chooses its global batch (time-to-target)
 
 
@@ -165,7 +167,8 @@ def _solve(index: int) -> dict[str, Any]:
     target = {}
     try:
         if _TARGET is None:
-            result = recommend(_MODEL, task.profile, task.cluster, task.job, top_k=1, searcher=_SEARCHER)
+            result = recommend(_MODEL, task.profile, task.cluster, task.job, top_k=1, searcher=_SEARCHER,
+                               objective=_OBJECTIVE)
         else:   # the global batch chosen with the parallelism (advisor.commands.objective)
             from advisor.commands.objective import time_to_target
 
@@ -179,6 +182,7 @@ def _solve(index: int) -> dict[str, Any]:
     return {"fits": True, "plan": result.best, "tokens_per_s": e.tokens_per_s, "mfu": e.mfu,
             "step_time_s": e.step_time_s, "memory_used_gib": e.memory_gib.total, "bottleneck": e.bottleneck,
             "time_to_train_s": e.time_to_train_s, "cost_usd": e.cost_to_train_usd, "energy_kwh": e.energy_to_train_kwh,
+            "emissions_tco2e": e.emissions_to_train_tco2e,
             **target}
 
 
@@ -241,6 +245,9 @@ def whatif(
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     target: Any = None,
+    grid_intensity: str | None = None,
+    pue: float | None = None,
+    objective: str = "throughput",
 ) -> WhatIfResult:
     """Sweep the grid and return the best plan at every point (in grid order: hardware, overrides,
     batch, sequence length, then cluster size); ``progress(done, total)`` after each point. With a
@@ -248,7 +255,7 @@ def whatif(
     time to the target, starting from the point's batch."""
     import time
 
-    global _MODEL, _SEARCHER, _TARGET
+    global _MODEL, _SEARCHER, _TARGET, _OBJECTIVE
     start = time.perf_counter()
     spec = model if isinstance(model, ModelSpec) else load_model(model)
     if getattr(spec, "family", None) == "recommendation":
@@ -263,6 +270,7 @@ def whatif(
     if searcher not in SEARCHERS:
         raise AdvisorError(f"--searcher {searcher}: unknown searcher (available: {', '.join(sorted(SEARCHERS))})")
     train_tokens = parse_token_count(tokens) if isinstance(tokens, str) else tokens
+    site = site_settings(grid_intensity, pue)
     profiles = {name: load_hardware(name) for name in hardware}
     if dtype is not None:
         for name, prof in profiles.items():
@@ -285,7 +293,8 @@ def whatif(
             for seq in seqs:
                 batches = list(global_batch) or [max(DEFAULT_BATCH_TOKENS // seq, 1)]
                 for gbs in batches:
-                    job = TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens)
+                    job = TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens,
+                                      **site)
                     for size in sizes:
                         cluster = Cluster.of(prof, nodes=size) if nodes else Cluster.of(prof, devices=size)
                         tasks.append(_Task(name, prof, cluster, job))
@@ -294,11 +303,12 @@ def whatif(
     _MODEL = spec
     _SEARCHER = searcher
     _TARGET = target
+    _OBJECTIVE = "carbon" if objective == "carbon" else "throughput"
     try:
         solved = _run(len(tasks), _workers(workers, len(tasks)), progress)
     finally:
         _TASKS[:] = []
-        _TARGET = None
+        _TARGET, _OBJECTIVE = None, "throughput"
 
     points = []
     for task, res in zip(tasks, solved):

@@ -1,4 +1,4 @@
-"""MindPipe's objectives (issue 15), as far as they are built: converging efficiency.
+"""MindPipe's objectives (issue 15), as far as they are built: converging efficiency and carbon.
 
 For two bundled models, `recommend --objective time-to-target` against the throughput objective: the
 global batch each would pick, its best plan's tokens/s, and the wall-clock time and tokens each batch
@@ -7,7 +7,10 @@ Figures, not a pass/fail test.
 
     python benchmarks/mindpipe.py
 
-Not built yet (printed as such): communication contention, carbon, mixed clusters, supernets.
+Carbon: one plan's facility energy and tCO2e to train its token budget at three grid intensities
+(advisor.cost.carbon), and what --objective carbon changes against --objective throughput.
+
+Not built yet (printed as such): communication contention, mixed clusters, supernets.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.commands.objective import time_to_target  # noqa: E402
+from advisor.cost.carbon import DEFAULT_PUE, GRID_GCO2E_PER_KWH  # noqa: E402
 from advisor.cost.convergence import Target  # noqa: E402
 from advisor.render.formatting import count, duration  # noqa: E402
 from advisor.specs.hardware import load_hardware  # noqa: E402
@@ -54,9 +58,25 @@ def main() -> None:
         saved = 1.0 - first.time_to_target_s / given.time_to_target_s
         print(f"  the time-to-target choice reaches the target {saved:.0%} sooner than the given batch, at "
               f"{first.tokens_per_s / given.tokens_per_s:.0%} of its throughput")
-    print("\nnot built yet: contention (measured vs predicted), tCO2e by grid intensity, mixed A100 + H100 "
-          "clusters, the supernet executor")
+    carbon_section()
+    print("\nnot built yet: contention (measured vs predicted), mixed A100 + H100 clusters, the supernet executor")
     print(f"\n{time.perf_counter() - started:.1f} s")
+
+
+def carbon_section() -> None:
+    from advisor.commands.recommend import recommend
+
+    model, hw = load_model("llama3-70b"), load_hardware("dgx-h100")
+    cluster = Cluster.of(hw, nodes=8)
+    print(f"\ncarbon: llama3-70b on {cluster.devices} x dgx-h100, 2T tokens, PUE {DEFAULT_PUE}")
+    for region in ("norway", "world", "india"):
+        job = TrainingJob(global_batch_size=512, seq_length=8192, train_tokens=2e12,
+                          grid_gco2e_per_kwh=GRID_GCO2E_PER_KWH[region])
+        for objective in ("throughput", "carbon"):
+            e = recommend(model, hw, cluster, job, top_k=1, objective=objective).estimates[0]
+            print(f"  {region:>6} ({GRID_GCO2E_PER_KWH[region]:>3.0f} gCO2e/kWh)  --objective {objective:<10} "
+                  f"{duration(e.time_to_train_s):>10}  HFU {e.hfu:.1%}  {e.energy_to_train_kwh / 1000:,.0f} MWh  "
+                  f"{e.emissions_to_train_tco2e:,.1f} tCO2e")
 
 
 if __name__ == "__main__":

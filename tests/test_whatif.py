@@ -18,6 +18,7 @@ import advisor.commands.recommend as recommend_module
 from advisor.cli import app
 from advisor.errors import AdvisorError
 from advisor.specs.hardware import load_hardware
+from advisor.cost.carbon import DEFAULT_PUE, IN_JOB_FLOOR
 from advisor.render.whatif import whatif_tables
 from advisor.whatif import parse_list, parse_names, whatif
 
@@ -53,11 +54,17 @@ def test_faster_network_is_never_slower(links):
 
 def test_time_cost_and_energy_follow_from_throughput(links):
     hw = load_hardware("dgx-a100-80g")
+    BEST_A100 = max(eff for _, eff in hw.device.gemm_curve("bf16"))
     for p in links.points:
         assert p.time_to_train_s == pytest.approx(100e9 / p.tokens_per_s, rel=1e-9)
         device_hours = p.time_to_train_s / 3600.0 * p.devices
         assert p.cost_usd == pytest.approx(device_hours * hw.price_per_device_hour_usd, rel=1e-9)
-        assert p.energy_kwh == pytest.approx(device_hours * hw.power_watts / 1000.0, rel=1e-9)
+        # facility energy (advisor.cost.carbon): devices at their utilisation-dependent power, the rest of
+        # each node, times the default PUE
+        device_w = hw.power_watts * (IN_JOB_FLOOR + (1 - IN_JOB_FLOOR) * min(1.0, p.plan.prediction["hfu"] / BEST_A100))
+        it_w = p.devices * device_w + p.nodes * hw.host.power_watts
+        assert p.energy_kwh == pytest.approx(it_w * p.time_to_train_s / 3.6e6 * DEFAULT_PUE, rel=1e-9)
+        assert hw.power_watts * IN_JOB_FLOOR * device_hours / 1000 < p.energy_kwh
         assert p.step_time_s == pytest.approx(p.global_batch_size * p.seq_length / p.tokens_per_s, rel=1e-6)
         assert 0 < p.mfu < 1
 

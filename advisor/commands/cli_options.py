@@ -42,7 +42,9 @@ def print_json(obj) -> None:
     except ValueError as exc:
         raise AdvisorError(f"the result holds a non-finite number and cannot be printed as JSON ({exc})") from None
     sys.stdout.write(text + "\n")
-OBJECTIVE_HELP = "throughput | time-to-target (the global batch chosen with the parallelism)"
+OBJECTIVE_HELP = "throughput | time-to-target (the global batch chosen with the parallelism) | carbon (tokens per kWh)"
+GRID_HELP = "grid carbon intensity: gCO2e/kWh or a region (world, china, india, germany, france, norway, ...)"
+PUE_HELP = "the data centre's power usage effectiveness (default 1.58)"
 TARGET_TOKENS_HELP = "time-to-target: tokens to the target at a small batch, e.g. 300B (with --critical-batch-tokens)"
 TARGET_LOSS_HELP = "time-to-target: a loss in Kaplan et al. 2020's units (nats per token)"
 CRITICAL_HELP = "measured critical batch (gradient noise scale) in tokens, e.g. 4M"

@@ -8,7 +8,7 @@ from typing import Any
 from advisor.cost.estimate import Estimate, estimate
 from advisor.errors import AdvisorError
 from advisor.render.formatting import step_time
-from advisor.commands.inputs import Inputs, check_count, resolve_inputs
+from advisor.commands.inputs import Inputs, check_count, resolve_inputs, site_settings
 from advisor.plan import load_plan
 from advisor.search.neighbours import closest_fit
 from advisor.space.rules import violations
@@ -109,12 +109,16 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
                      dropout: bool = False, framework: str = "megatron", fp8_recipe: str | None = None,
                      cp_comm: str = "p2p", recompute_modules: str | None = None,
                      bucket_mb: float | None = None, copies: int = 1,
-                     operator_strategies: str | None = None) -> EstimateResult:
+                     operator_strategies: str | None = None, grid_intensity: str | None = None,
+                     pue: float | None = None) -> EstimateResult:
     layout = None
     if plan is not None:
         p = load_plan(plan)
         layout = p.operator_strategies if isinstance(p.operator_strategies, dict) else None
         job = p.training if tokens is None else replace(p.training, train_tokens=parse_token_count(tokens))
+        if grid_intensity is not None or pue is not None:
+            site = site_settings(grid_intensity, pue if pue is not None else p.training.pue)
+            job = replace(job, **({"pue": site["pue"]} if grid_intensity is None else site))
         inputs = Inputs(p.model, p.hardware, p.cluster, job)
         strategy = p.strategy
         title = f"{p.model.name} on {p.cluster.devices} x {p.hardware.device.name} ({p.hardware.name}), plan {plan}"
@@ -124,7 +128,7 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
         inputs = resolve_inputs(model, hardware, nodes=nodes, devices=devices, global_batch=gbs,
                                 seq_len=seq_len, dtype=dtype, tokens=tokens, attention=attention,
                                 dropout=dropout, framework=framework, fp8_recipe=fp8_recipe,
-                                recompute_modules=recompute_modules)
+                                recompute_modules=recompute_modules, grid_intensity=grid_intensity, pue=pue)
         strategy = strategy_from_flags(
             inputs, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, vpp=vpp, zero=zero, recompute=recompute,
             recompute_layers=recompute_layers, sequence_parallel=sequence_parallel, schedule=schedule,

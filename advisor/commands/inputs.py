@@ -59,6 +59,8 @@ def resolve_inputs(
     framework: str = "megatron",
     fp8_recipe: str | None = None,
     recompute_modules: str | None = None,
+    grid_intensity: str | None = None,
+    pue: float | None = None,
 ) -> Inputs:
     spec = load_model(model)
     hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
@@ -90,4 +92,12 @@ def resolve_inputs(
         check_recompute_modules(modules, framework, "--recompute-modules")
     return Inputs(spec, hw, cluster, TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens,
                                                   attention=attention, dropout=dropout, framework=framework,
-                                                  fp8_recipe=fp8_recipe, recompute_modules=modules))
+                                                  fp8_recipe=fp8_recipe, recompute_modules=modules,
+                                                  **site_settings(grid_intensity, pue)))
+
+
+def site_settings(grid_intensity: str | None, pue: float | None) -> dict:
+    """TrainingJob's pue and grid_gco2e_per_kwh from --pue and --grid-intensity (advisor.cost.carbon)."""
+    from advisor.cost.carbon import DEFAULT_PUE, check_pue, grid_intensity as parse_grid
+
+    return {"pue": DEFAULT_PUE if pue is None else check_pue(pue), "grid_gco2e_per_kwh": parse_grid(grid_intensity)}

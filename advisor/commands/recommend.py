@@ -61,13 +61,15 @@ class RecommendResult:
 
 def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job: TrainingJob, pins: Pins = Pins(),
               top_k: int = 5, searcher: str = "enumerate", progress: Progress = None,
-              suggest: bool = True, ps_pins=None, operator_strategies=None) -> RecommendResult:
+              suggest: bool = True, ps_pins=None, operator_strategies=None, objective: str = "throughput") -> RecommendResult:
     """The top_k plans for training `model` on `cluster`, best first.
 
     Raises AdvisorError (exit 2) for an unknown searcher, a bad top_k or pins that leave no legal
     strategy, and InfeasibleError (exit 1) when no legal strategy fits, naming the smallest change
     that would (found by further searches; suggest=False skips them, for sweeps). Recommendation
-    models (family: recommendation) go to advisor.search.parameter_server (ps_pins: --ps-mode etc.)."""
+    models (family: recommendation) go to advisor.search.parameter_server (ps_pins: --ps-mode etc.).
+    ``objective``: "throughput" ranks by tokens/s, "carbon" by tokens per unit of energy
+    (advisor.cost.carbon: device power rises with the achieved compute fraction)."""
     if isinstance(model, RecModelSpec) or (ps_pins is not None and (ps_pins.mode not in (None, "none") or ps_pins.servers
                                                                        is not None or not ps_pins.synchronous)):
         return _recommend_recsys(model, hardware, cluster, job, pins, top_k, searcher, ps_pins)
@@ -90,8 +92,9 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
     batch = outcome.finalists if outcome.operator_strategies is not None else \
         comm_knobs.refine(model, hardware, cluster, job, outcome.finalists)
     e = price_layouts(estimate_batch(model, hardware, cluster, job, batch), batch, outcome.operator_strategies, hardware)
+    score = partial(_score, objective, hardware, cluster, job)
     # Balanced pipeline stages for the leading candidates (the search prices even splits).
-    lead = rank(e.tokens_per_s, simplicity_key(batch, hardware), min(len(batch), BALANCE_LEADERS * top_k),
+    lead = rank(score(e), simplicity_key(batch, hardware), min(len(batch), BALANCE_LEADERS * top_k),
                 feasible=e.feasible, memory_bytes=e.memory.total)
     if len(lead):
         batch = balance_stages(model, hardware, cluster, job, batch.take(lead))
@@ -99,7 +102,7 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
             outcome = replace(outcome, operator_strategies=[outcome.operator_strategies[int(i)] for i in lead])
         e = price_layouts(estimate_batch(model, hardware, cluster, job, batch), batch, outcome.operator_strategies,
                           hardware)
-    order = rank(e.tokens_per_s, simplicity_key(batch, hardware), top_k, feasible=e.feasible, memory_bytes=e.memory.total)
+    order = rank(score(e), simplicity_key(batch, hardware), top_k, feasible=e.feasible, memory_bytes=e.memory.total)
     if len(order) == 0:   # a searcher proposed only plans that do not fit
         raise InfeasibleError(nothing_fits_message(model, hardware, cluster, job, pins, searcher, suggest))
     summary = {k: v for k, v in outcome.stats.to_dict().items() if k in ("searcher", "candidates", "scored", "feasible", "seconds")}
@@ -112,6 +115,21 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
                           search={**summary, "rank": position}))
         estimates.append(est)
     return RecommendResult(tuple(plans), tuple(estimates), outcome.stats)
+
+
+def _score(objective: str, hardware: HardwareProfile, cluster: Cluster, job: TrainingJob, e):
+    """What the ranking maximizes: tokens/s, or (carbon) tokens per joule of the job's IT power, which
+    ranks as emissions do for a fixed grid and PUE."""
+    if objective == "throughput":
+        return e.tokens_per_s
+    if objective != "carbon":
+        raise AdvisorError(f"recommend ranks by throughput or carbon, got objective {str(objective)[:40]!r}")
+    from advisor.cost.carbon import cluster_power_w
+
+    power = cluster_power_w(hardware, job.dtype, cluster.devices, cluster.nodes, e.hfu)
+    if power is None:
+        raise AdvisorError(f"--objective carbon needs the device power of profile {hardware.name} (power_watts)")
+    return e.tokens_per_s / power
 
 
 def _semi_auto(model, hardware, cluster, job, pins, top_k, progress, *, searcher, fixed) -> SearchOutcome:
@@ -144,6 +162,8 @@ def prediction_of(e: Estimate) -> dict[str, Any]:
         "memory_gib": {"parameters": mem.parameters, "gradients": mem.gradients, "optimizer": mem.optimizer,
                        "activations": mem.activations, "buffers": mem.buffers, "total": mem.total},
         "time_s": dict(e.time_s), "bottleneck": e.bottleneck,
+        **({"energy_kwh": e.energy_to_train_kwh} if e.energy_to_train_kwh is not None else {}),
+        **({"emissions_tco2e": e.emissions_to_train_tco2e} if e.emissions_to_train_tco2e is not None else {}),
         **({"confidence": e.confidence.to_dict()} if e.confidence is not None else {}),
     }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from advisor.cost import carbon
 from advisor.cost.confidence import Confidence, confidence
 from advisor.cost.memory import GIB
 from advisor.cost.step import KERNELS_BACKWARD, KERNELS_FORWARD, TIME_PARTS, EstimateBatch, estimate_batch
@@ -57,7 +58,8 @@ class Estimate:
     bottleneck: str
     time_to_train_s: float | None = None
     cost_to_train_usd: float | None = None
-    energy_to_train_kwh: float | None = None
+    energy_to_train_kwh: float | None = None      # facility energy (advisor.cost.carbon)
+    emissions_to_train_tco2e: float | None = None
     devices: int = 0
     confidence: Confidence | None = None     # parts outside the profile's calibrated region
     extra: dict[str, Any] = field(default_factory=dict)
@@ -106,12 +108,15 @@ def from_batch(e: EstimateBatch, i: int, model: ModelSpec, hw: HardwareProfile, 
     times = {k: float(v[i]) for k, v in e.time_s.items()}
     step = float(e.step_time_s[i])
     tps = float(e.tokens_per_s[i])
-    train_s = cost = energy = None
+    train_s = cost = energy = emissions = None
     if job.train_tokens is not None:
         train_s = job.train_tokens / tps
         hours = train_s / 3600.0 * cluster.devices
         cost = hours * hw.price_per_device_hour_usd if hw.price_per_device_hour_usd else None
-        energy = hours * hw.power_watts / 1000.0 if hw.power_watts else None
+        power = carbon.cluster_power_w(hw, job.dtype, cluster.devices, cluster.nodes, float(e.hfu[i]))
+        energy = None if power is None else float(carbon.energy_kwh(power, train_s, job.pue))
+        if energy is not None and job.grid_gco2e_per_kwh is not None:
+            emissions = float(carbon.emissions_tco2e(energy, job.grid_gco2e_per_kwh))
     return Estimate(
         feasible=not reasons,
         reasons=tuple(reasons),
@@ -133,6 +138,7 @@ def from_batch(e: EstimateBatch, i: int, model: ModelSpec, hw: HardwareProfile, 
         time_to_train_s=train_s,
         cost_to_train_usd=cost,
         energy_to_train_kwh=energy,
+        emissions_to_train_tco2e=emissions,
         devices=cluster.devices,
         confidence=None if strategy is None else confidence(model, hw, cluster, job, strategy),
     )

@@ -31,6 +31,9 @@ def whatif_tables(result: Any) -> list:
     columns += ["plan dp.tp.pp.cp", "tokens/s", "MFU", "step s", "scaling"]
     if result.train_tokens:
         columns += ["time", "cost", "energy"]
+    carbon = any(p.emissions_tco2e is not None for p in result.points)
+    if carbon:
+        columns += ["tCO2e"]
     targeted = any(p.time_to_target_s is not None for p in result.points)
     if targeted:
         columns += ["chosen gbs", "to target"]
@@ -58,6 +61,8 @@ def whatif_tables(result: Any) -> list:
                         "-" if p.scaling_efficiency is None else f"{p.scaling_efficiency:.0%}"]
                 if result.train_tokens:
                     row += [duration(p.time_to_train_s), money(p.cost_usd), energy(p.energy_kwh)]
+                if carbon:
+                    row += [f"{p.emissions_tco2e:,.1f}" if p.emissions_tco2e is not None else "-"]
                 if targeted:
                     row += [str(p.target_batch_size), duration(p.time_to_target_s)]
             table.add_row(*row)

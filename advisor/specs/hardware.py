@@ -141,6 +141,7 @@ class HostSpec:
     memory_gib: float
     pcie_bandwidth_gbps: float           # per device, host <-> device
     memory_bandwidth_gbps: float | None = None  # whole host (all sockets), for CPU optimizer steps under offload
+    power_watts: float | None = None     # the node's power beside its devices (CPUs, NICs, switches, fans), at load
 
 
 @dataclass(frozen=True)
@@ -333,7 +334,7 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
 
     ho = f"{origin}: host"
     host = data["host"]
-    f.check_keys(host, ho, ("memory_gib", "pcie_bandwidth_gbps"), ("memory_bandwidth_gbps", "notes"))
+    f.check_keys(host, ho, ("memory_gib", "pcie_bandwidth_gbps"), ("memory_bandwidth_gbps", "power_watts", "notes"))
     host_bw = host.get("memory_bandwidth_gbps")
     price = data.get("price_per_device_hour_usd")
     power = data.get("power_watts")
@@ -347,7 +348,8 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         oversubscription=over,
         host=HostSpec(memory_gib=f.positive_float(host, "memory_gib", ho),
                       pcie_bandwidth_gbps=f.positive_float(host, "pcie_bandwidth_gbps", ho),
-                      memory_bandwidth_gbps=None if host_bw is None else f.positive_float(host, "memory_bandwidth_gbps", ho)),
+                      memory_bandwidth_gbps=None if host_bw is None else f.positive_float(host, "memory_bandwidth_gbps", ho),
+                      power_watts=f.positive_float(host, "power_watts", ho) if "power_watts" in host else None),
         price_per_device_hour_usd=None if price is None else f.positive_float(data, "price_per_device_hour_usd", origin),
         power_watts=None if power is None else f.positive_float(data, "power_watts", origin),
         raw=_deep_copy(data),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from advisor.errors import AdvisorError
@@ -51,6 +52,13 @@ def check_recompute_modules(modules, framework: str, where: str) -> None:
         raise AdvisorError(f"{where} is Megatron's setting; it goes with framework megatron, not {framework!r}")
 
 
+# The facility (advisor.cost.carbon): PUE 1.58, the global average of the Uptime Institute's 2018 survey
+# (as Carbontracker uses it: Anthony et al. 2020, arXiv 2007.03051); bounds for what a user gives.
+DEFAULT_PUE = 1.58
+MAX_PUE = 3.0
+MAX_GRID_GCO2E_PER_KWH = 2000.0
+
+
 @dataclass(frozen=True)
 class TrainingJob:
     global_batch_size: int          # sequences per optimizer step
@@ -58,6 +66,9 @@ class TrainingJob:
     dtype: str = "bf16"             # compute dtype; fp32 master weights with fp16/bf16 (mixed precision)
     optimizer: str = "adamw"
     train_tokens: float | None = None  # token budget for time/cost to train
+    # where it trains (advisor.cost.carbon): the data centre's PUE and the grid's gCO2e per kWh
+    pue: float = DEFAULT_PUE
+    grid_gco2e_per_kwh: float | None = None
     # Attention kernel: "flash" (FlashAttention / fused SDPA, default in Megatron-Core with Transformer
     # Engine, torchtitan and MindSpore's FlashAttentionScore) keeps no s x s score tensors; "math" is the
     # unfused softmax(QK^T)V of Megatron-LM 2021-22 that Korthikanti et al. 2022 measured.
@@ -140,6 +151,12 @@ class TrainingJob:
             raise AdvisorError("training: 'fp8_param_gather' needs dtype fp8")
         if self.recompute_modules is not None:
             check_recompute_modules(self.recompute_modules, self.framework, "training: 'recompute_modules'")
+        if not (math.isfinite(self.pue) and 1.0 <= self.pue <= MAX_PUE):
+            raise AdvisorError(f"training: 'pue' must be between 1 and {MAX_PUE:g}, got {prefix(self.pue)}")
+        if self.grid_gco2e_per_kwh is not None and not (
+                math.isfinite(self.grid_gco2e_per_kwh) and 0 <= self.grid_gco2e_per_kwh <= MAX_GRID_GCO2E_PER_KWH):
+            raise AdvisorError(f"training: 'grid_gco2e_per_kwh' must be between 0 and {MAX_GRID_GCO2E_PER_KWH:g}, "
+                               f"got {prefix(self.grid_gco2e_per_kwh)}")
         if self.train_tokens is not None and not 0 < self.train_tokens <= limits.MAX_QUANTITY:
             raise AdvisorError(f"training: 'train_tokens' must be a positive number of at most "
                                f"{limits.MAX_QUANTITY:g}, got {prefix(self.train_tokens)}")

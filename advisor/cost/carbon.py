@@ -1,0 +1,87 @@
+"""Energy and emissions of a training run: utilisation-dependent device power, the rest of each node,
+the data centre's overhead (PUE) and the grid's carbon intensity.
+
+* Device power rises with the compute it does: from a floor (the device held by the job, memory
+  resident, clocks up, no compute: an A40 in P0 with a model loaded draws 110 W of its 300 W, against
+  30 W fully idle; NVIDIA/open-gpu-kernel-modules issue #874) to its TDP (the profile's
+  ``power_watts``) when it computes at the profile's best measured GEMM efficiency. In between,
+  linearly in the achieved compute fraction (hardware FLOPs utilisation, recomputation included):
+  P = TDP x (FLOOR + (1 - FLOOR) x min(1, HFU / best GEMM efficiency)). Measured nodes stay below
+  their rating: an 8 x H100 node peaked at 8.4 kW of its 10.2 kW while training (Latif et al. 2024,
+  arXiv 2412.08602), which this model does not exceed.
+* The rest of a node (CPUs, NICs, NVSwitches, fans): the profile's ``host: power_watts``, per node,
+  when given (bundled DGX profiles: the datasheet's system maximum less the GPUs' TDP, an upper
+  bound); not counted otherwise.
+* Facility: energy x PUE (default 1.58, the global average of the Uptime Institute's 2018 survey, the
+  figure Carbontracker uses: Anthony et al. 2020, arXiv 2007.03051).
+* Emissions: energy x the grid's intensity in gCO2e/kWh, given as a number or a region
+  (GRID_GCO2E_PER_KWH: Ember's 2023 generation intensities, as Our World in Data publishes them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from advisor.errors import AdvisorError
+from advisor.specs.hardware import HardwareProfile
+from advisor.specs.job import DEFAULT_PUE, MAX_GRID_GCO2E_PER_KWH, MAX_PUE
+
+__all__ = ["DEFAULT_PUE", "GRID_GCO2E_PER_KWH", "check_pue", "cluster_power_w", "device_power_w", "emissions_tco2e",
+           "energy_kwh", "grid_intensity"]
+
+IN_JOB_FLOOR = 110.0 / 300.0
+GRID_GCO2E_PER_KWH = {     # Ember, yearly electricity data 2023 (ourworldindata.org/grapher/carbon-intensity-electricity)
+    "world": 481.0, "china": 582.0, "india": 713.0, "germany": 381.0, "france": 56.0, "norway": 30.0,
+    "brazil": 98.0, "canada": 170.0, "australia": 549.0,
+}
+
+
+def grid_intensity(text: str | float | None) -> float | None:
+    """--grid-intensity: gCO2e/kWh as a number or a region name (GRID_GCO2E_PER_KWH)."""
+    if text is None:
+        return None
+    key = str(text).strip().lower()
+    if key in GRID_GCO2E_PER_KWH:
+        return GRID_GCO2E_PER_KWH[key]
+    try:
+        value = float(key)
+    except ValueError:
+        raise AdvisorError(f"--grid-intensity: {str(text)[:40]!r} is neither gCO2e/kWh nor a region "
+                           f"({', '.join(GRID_GCO2E_PER_KWH)})") from None
+    if not (math.isfinite(value) and 0 <= value <= MAX_GRID_GCO2E_PER_KWH):
+        raise AdvisorError(f"--grid-intensity must be between 0 and {MAX_GRID_GCO2E_PER_KWH:g} gCO2e/kWh, got {value:g}")
+    return value
+
+
+def check_pue(pue: float) -> float:
+    if not (math.isfinite(pue) and 1.0 <= pue <= MAX_PUE):
+        raise AdvisorError(f"--pue must be between 1 and {MAX_PUE:g}, got {pue!r}")
+    return float(pue)
+
+
+def device_power_w(hw: HardwareProfile, dtype: str, hfu):
+    """Watts per device at the achieved compute fraction (array); None without the profile's power_watts."""
+    if hw.power_watts is None:
+        return None
+    best = max(eff for _, eff in hw.device.gemm_curve(dtype))
+    busy = np.minimum(1.0, np.asarray(hfu, dtype=float) / best)
+    return hw.power_watts * (IN_JOB_FLOOR + (1.0 - IN_JOB_FLOOR) * busy)
+
+
+def cluster_power_w(hw: HardwareProfile, dtype: str, devices: int, nodes: int, hfu):
+    """Watts of the job's devices and (when the profile gives it) the rest of their nodes."""
+    device = device_power_w(hw, dtype, hfu)
+    if device is None:
+        return None
+    return devices * device + nodes * (hw.host.power_watts or 0.0)
+
+
+def energy_kwh(power_w, seconds, pue: float):
+    """Facility energy in kWh for IT power (W) over a duration."""
+    return np.asarray(power_w, dtype=float) * np.asarray(seconds, dtype=float) / 3.6e6 * pue
+
+
+def emissions_tco2e(kwh, grid_gco2e_per_kwh: float):
+    return np.asarray(kwh, dtype=float) * grid_gco2e_per_kwh / 1e6
