@@ -92,11 +92,12 @@ def estimate_cmd(
     """Score one given strategy, with the full breakdown of memory and time."""
     from advisor.render.breakdown import render_estimate
     from advisor.commands.estimate_request import estimate_request
-    from advisor.commands.recsys_request import wants_recsys
+    from advisor.commands.recsys_request import estimate_recsys_cmd, wants_recsys
     from advisor.specs.input_notes import input_warnings
 
     if wants_recsys(model, plan):
-        return _estimate_recsys(model, hardware, nodes, devices, gbs, dtype, plan, ps_mode, ps_servers, ps_async, as_json)
+        return estimate_recsys_cmd(model, hardware, nodes, devices, gbs, dtype, plan, ps_mode, ps_servers, ps_async,
+                                   as_json)
     if ps_mode not in (None, "none") or ps_servers is not None or ps_async:
         raise AdvisorError("--ps-mode/--ps-servers/--ps-async: parameter servers serve recommendation models "
                            "(family: recommendation); this model is a transformer")
@@ -120,21 +121,6 @@ def estimate_cmd(
     if not result.estimate.feasible:
         hint = f"; closest change that fits: {result.alternative}" if result.alternative else ""
         raise InfeasibleError(f"the strategy does not fit: {result.estimate.reasons[0]}{hint}")
-
-
-def _estimate_recsys(model, hardware, nodes, devices, gbs, dtype, plan, ps_mode, ps_servers, ps_async, as_json) -> None:
-    from advisor.commands.recsys_request import recsys_estimate_request
-    from advisor.render.report_recsys import render_recsys_estimate
-    from advisor.search.parameter_server import PsPins
-
-    result = recsys_estimate_request(model=model, hardware=hardware, nodes=nodes, devices=devices, gbs=gbs, dtype=dtype,
-                                     plan=plan, ps_pins=PsPins(ps_mode, ps_servers, not ps_async))
-    if as_json:
-        print_json(result.to_dict())
-    else:
-        render_recsys_estimate(console, result.title, result.estimate)
-    if not result.estimate.feasible:
-        raise InfeasibleError(f"the plan does not fit: {result.estimate.reasons[0]}")
 
 
 # ---- recommend ----------------------------------------------------------------------------------
@@ -184,10 +170,9 @@ def recommend_cmd(
     """Search the strategy space and rank the plans; the best is saved with --out."""
     from advisor.commands.inputs import resolve_inputs
     from advisor.plan import save_plan
-    from advisor.commands.objective import check_objective, target_from_flags, time_to_target
+    from advisor.commands.objective import target_for, time_to_target
     from advisor.commands.recommend import recommend
     from advisor.render.report import render_recommendation, search_progress
-    from advisor.specs.recommendation import RecModelSpec
     from advisor.search import Pins
     from advisor.search.parameter_server import PsPins
     from advisor.specs.input_notes import input_warnings
@@ -204,16 +189,15 @@ def recommend_cmd(
     pins = Pins(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, recompute=recompute, micro_batch_size=mbs,
                 virtual_pipeline_stages=vpp, pipeline_schedule=schedule, sequence_parallel=sequence_parallel,
                 offload_optimizer=offload, cp_comm=cp_comm)
-    trials = None
-    if check_objective(objective) != "throughput" and (
-            fixed is not None or ps_pins.mode not in (None, "none") or isinstance(inputs.model, RecModelSpec)):
-        raise AdvisorError(f"--objective {objective} ranks transformer plans of the collective searchers; "
-                           "it does not take --operator-strategies, --ps-mode or recommendation models")
+    target = target_for(objective, target_tokens, target_loss, critical_batch)
     if objective == "time-to-target":
-        result, trials = time_to_target(inputs.model, inputs.hardware, inputs.cluster, inputs.job,
-                                        target_from_flags(target_tokens, target_loss, critical_batch),
+        if fixed is not None or ps_pins.mode not in (None, "none"):
+            raise AdvisorError("--objective time-to-target ranks the collective searchers' plans; it does not take "
+                               "--operator-strategies or --ps-mode")
+        result, trials = time_to_target(inputs.model, inputs.hardware, inputs.cluster, inputs.job, target,
                                         pins=pins, top_k=top, searcher=searcher)
     else:
+        trials = None
         with search_progress(console, enabled=not as_json and sys.stdout.isatty()) as progress:
             result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, pins=pins, top_k=top,
                                searcher=searcher, progress=progress, ps_pins=ps_pins, operator_strategies=fixed,
@@ -266,7 +250,7 @@ def whatif_cmd(
 ) -> None:
     """Best plan per hardware variant and cluster size: throughput, time, cost and energy to train."""
     from advisor.runtime import progress
-    from advisor.commands.objective import check_objective, target_from_flags
+    from advisor.commands.objective import target_for
     from advisor.render.whatif import render_whatif
     from advisor.whatif import parse_list, parse_names, whatif
 
@@ -279,8 +263,8 @@ def whatif_cmd(
             memory_gib=parse_list("--memory-gib", memory_gib, float),
             global_batch=parse_list("--global-batch", gbs), seq_len=parse_list("--seq-len", seq_len),
             tokens=tokens, dtype=dtype, searcher=searcher, workers=workers, progress=update,
-            target=target_from_flags(target_tokens, target_loss, critical_batch)
-            if check_objective(objective) == "time-to-target" else None, objective=objective, grid_intensity=grid, pue=pue,
+            target=target_for(objective, target_tokens, target_loss, critical_batch), objective=objective,
+            grid_intensity=grid, pue=pue,
         )
     if plot:
         from advisor.render.plots import whatif_plot

@@ -269,8 +269,13 @@ def whatif(
 
     if searcher not in SEARCHERS:
         raise AdvisorError(f"--searcher {searcher}: unknown searcher (available: {', '.join(sorted(SEARCHERS))})")
+    from advisor.commands.objective import check_objective
+
+    if (check_objective(objective) == "time-to-target") != (target is not None):
+        raise AdvisorError("whatif: --objective time-to-target goes with a target (--target-loss or --target-tokens), "
+                           "and a target with that objective")
     train_tokens = parse_token_count(tokens) if isinstance(tokens, str) else tokens
-    site = site_settings(grid_intensity, pue)
+    site = site_settings(grid_intensity, pue, train_tokens)
     profiles = {name: load_hardware(name) for name in hardware}
     if dtype is not None:
         for name, prof in profiles.items():
@@ -342,6 +347,3 @@ def _with_scaling(points: list[WhatIfPoint]) -> list[WhatIfPoint]:
         else:
             out.append(p)
     return out
-
-
-# ---- rendering ----------------------------------------------------------------------------------

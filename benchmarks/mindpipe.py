@@ -76,7 +76,7 @@ def carbon_section() -> None:
             e = recommend(model, hw, cluster, job, top_k=1, objective=objective).estimates[0]
             print(f"  {region:>6} ({GRID_GCO2E_PER_KWH[region]:>3.0f} gCO2e/kWh)  --objective {objective:<10} "
                   f"{duration(e.time_to_train_s):>10}  HFU {e.hfu:.1%}  {e.energy_to_train_kwh / 1000:,.0f} MWh  "
-                  f"{e.emissions_to_train_tco2e:,.1f} tCO2e")
+                  f"{e.emissions_to_train_tco2e:.3g} tCO2e")
 
 
 if __name__ == "__main__":

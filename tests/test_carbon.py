@@ -30,8 +30,10 @@ def test_device_power_rises_linearly_from_the_in_job_floor_to_the_tdp():
     half = carbon.device_power_w(H100, "bf16", BEST / 2)
     assert half == pytest.approx((floor + 700) / 2)
     # the rest of each node (DGX H100: 10.2 kW max less 8 x 700 W)
-    assert carbon.cluster_power_w(H100, "bf16", 16, 2, BEST) == pytest.approx(16 * 700 + 2 * 4600)
+    assert carbon.cluster_power_w(H100, "bf16", 16, BEST) == pytest.approx(16 * 700 + 2 * 4600)
     assert carbon.device_power_w(replace(H100, power_watts=None), "bf16", 0.3) is None
+    # a job on one device of a node pays an eighth of the rest of the node
+    assert carbon.cluster_power_w(H100, "bf16", 1, BEST) == pytest.approx(700 + 4600 / 8)
 
 
 def test_energy_and_emissions():
@@ -80,7 +82,7 @@ def test_carbon_objective_maximizes_tokens_per_joule():
     green = recommend(model, H100, cluster, job, top_k=20, objective="carbon")
 
     def per_joule(e):
-        return e.tokens_per_s / carbon.cluster_power_w(H100, "bf16", cluster.devices, cluster.nodes, e.hfu)
+        return e.tokens_per_s / carbon.cluster_power_w(H100, "bf16", cluster.devices, e.hfu)
     # the carbon ranking's first plan emits no more than any plan the throughput ranking lists, within the tie band
     assert per_joule(green.estimates[0]) >= max(per_joule(e) for e in fast.estimates) * 0.99
     assert green.estimates[0].emissions_to_train_tco2e <= min(e.emissions_to_train_tco2e for e in fast.estimates) * 1.01
@@ -121,3 +123,13 @@ def test_cli_flags_reach_the_prediction():
     assert "tCO2e" in table.output
     bad = runner.invoke(app, ["recommend", *base, "--grid-intensity", "mars"])
     assert isinstance(bad.exception, AdvisorError) and "--grid-intensity" in str(bad.exception)
+    no_budget = runner.invoke(app, ["recommend", *base[:-2], "--grid-intensity", "world"])
+    assert isinstance(no_budget.exception, AdvisorError) and "give --tokens" in str(no_budget.exception)
+
+
+def test_recommendation_models_are_ranked_by_throughput_only():
+    dlrm = load_model("dlrm-criteo-1tb")
+    a100 = load_hardware("dgx-a100-80g")
+    with pytest.raises(AdvisorError, match="ranked by throughput"):
+        recommend(dlrm, a100, Cluster.of(a100, nodes=2), TrainingJob(global_batch_size=65536, seq_length=1),
+                  objective="carbon")

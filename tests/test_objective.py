@@ -127,7 +127,8 @@ def test_cli_time_to_target_json_table_and_refusals(tmp_path):
     assert "chosen" in table.output and "to the target, by global batch" in " ".join(table.output.split())
     for extra, message in ((["--objective", "speed"], "--objective must be one of"),
                            (["--objective", "time-to-target"], "needs --target-tokens"),
-                           (["--objective", "time-to-target", "--target-tokens", "20B"], "critical batch")):
+                           (["--objective", "time-to-target", "--target-tokens", "20B"], "critical batch"),
+                           (["--target-loss", "2.6"], "go with --objective time-to-target")):
         bad = runner.invoke(app, base + extra)       # the CLI's main() turns AdvisorError into exit 2
         assert isinstance(bad.exception, AdvisorError) and message in str(bad.exception), bad.output
 
@@ -136,7 +137,8 @@ def test_whatif_chooses_the_batch_at_every_point():
     from advisor.whatif import whatif
 
     target = Target(loss=2.6)
-    result = whatif("gpt3-1.3b", ["dgx-a100-80g"], devices=[8, 32], global_batch=[512], workers=1, target=target)
+    result = whatif("gpt3-1.3b", ["dgx-a100-80g"], devices=[8, 32], global_batch=[512], workers=1, target=target,
+                    objective="time-to-target")
     for p in result.points:
         alone, _ = time_to_target(MODEL, A100, Cluster.of(A100, devices=p.devices),
                                   TrainingJob(global_batch_size=512, seq_length=MODEL.seq_length), target, top_k=1)
@@ -148,3 +150,14 @@ def test_whatif_chooses_the_batch_at_every_point():
     assert large.time_to_target_s < small.time_to_target_s and large.target_batch_size >= small.target_batch_size
     plain = whatif("gpt3-1.3b", ["dgx-a100-80g"], devices=[8], global_batch=[512], workers=1)
     assert plain.points[0].time_to_target_s is None and plain.points[0].global_batch_size == 512
+    for kwargs in ({"target": target}, {"objective": "time-to-target"}, {"objective": "speed"}):
+        with pytest.raises(AdvisorError):
+            whatif("gpt3-1.3b", ["dgx-a100-80g"], devices=[8], workers=1, **kwargs)
+
+
+def test_usage_errors_are_not_reported_as_nothing_fits():
+    cluster, job = Cluster.of(A100, devices=8), TrainingJob(global_batch_size=512, seq_length=2048)
+    for kwargs, message in (({"searcher": "bogus"}, "unknown searcher"), ({"top_k": 0}, "--top")):
+        with pytest.raises(AdvisorError, match=message) as caught:
+            time_to_target(MODEL, A100, cluster, job, Target(loss=2.6), **kwargs)
+        assert type(caught.value) is AdvisorError          # exit 2, not InfeasibleError's exit 1

@@ -42,6 +42,8 @@ def print_json(obj) -> None:
     except ValueError as exc:
         raise AdvisorError(f"the result holds a non-finite number and cannot be printed as JSON ({exc})") from None
     sys.stdout.write(text + "\n")
+
+
 OBJECTIVE_HELP = "throughput | time-to-target (the global batch chosen with the parallelism) | carbon (tokens per kWh)"
 GRID_HELP = "grid carbon intensity: gCO2e/kWh or a region (world, china, india, germany, france, norway, ...)"
 PUE_HELP = "the data centre's power usage effectiveness (default 1.58)"

@@ -117,7 +117,7 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
         layout = p.operator_strategies if isinstance(p.operator_strategies, dict) else None
         job = p.training if tokens is None else replace(p.training, train_tokens=parse_token_count(tokens))
         if grid_intensity is not None or pue is not None:
-            site = site_settings(grid_intensity, pue if pue is not None else p.training.pue)
+            site = site_settings(grid_intensity, pue if pue is not None else p.training.pue, job.train_tokens)
             job = replace(job, **({"pue": site["pue"]} if grid_intensity is None else site))
         inputs = Inputs(p.model, p.hardware, p.cluster, job)
         strategy = p.strategy

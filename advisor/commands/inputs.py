@@ -93,11 +93,15 @@ def resolve_inputs(
     return Inputs(spec, hw, cluster, TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens,
                                                   attention=attention, dropout=dropout, framework=framework,
                                                   fp8_recipe=fp8_recipe, recompute_modules=modules,
-                                                  **site_settings(grid_intensity, pue)))
+                                                  **site_settings(grid_intensity, pue, train_tokens)))
 
 
-def site_settings(grid_intensity: str | None, pue: float | None) -> dict:
-    """TrainingJob's pue and grid_gco2e_per_kwh from --pue and --grid-intensity (advisor.cost.carbon)."""
+def site_settings(grid_intensity: str | None, pue: float | None, train_tokens: float | None) -> dict:
+    """TrainingJob's pue and grid_gco2e_per_kwh from --pue and --grid-intensity (advisor.cost.carbon);
+    emissions are those of training a token budget, so the grid needs --tokens."""
     from advisor.cost.carbon import DEFAULT_PUE, check_pue, grid_intensity as parse_grid
 
-    return {"pue": DEFAULT_PUE if pue is None else check_pue(pue), "grid_gco2e_per_kwh": parse_grid(grid_intensity)}
+    grid = parse_grid(grid_intensity)
+    if grid is not None and train_tokens is None:
+        raise AdvisorError("--grid-intensity prices the emissions of a token budget: give --tokens too")
+    return {"pue": DEFAULT_PUE if pue is None else check_pue(pue), "grid_gco2e_per_kwh": grid}

@@ -57,6 +57,16 @@ def time_to_target(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster
                    ) -> tuple[RecommendResult, tuple[BatchTrial, ...]]:
     """The plans at the global batch that reaches the target first, each plan's prediction with its
     ``time_to_target``; and every batch tried. InfeasibleError when no batch has a plan that fits."""
+    from advisor.commands.recommend import MAX_TOP_K, SEARCHERS, check_pins
+
+    # what does not depend on the batch is refused once, before any search
+    if getattr(model, "family", None) == "recommendation":
+        raise AdvisorError(f"--objective time-to-target ranks transformer plans; {model.name} is a recommendation model")
+    if searcher not in SEARCHERS:
+        raise AdvisorError(f"--searcher {searcher}: unknown searcher (available: {', '.join(sorted(SEARCHERS))})")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        raise AdvisorError(f"--top must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}")
+    check_pins(cluster, pins)
     trials, best = [], None
 
     def trial(b: int) -> None:
@@ -123,3 +133,14 @@ def check_objective(objective: str) -> str:
     if objective not in OBJECTIVES:
         raise AdvisorError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective[:40]!r}")
     return objective
+
+
+def target_for(objective: str, tokens: str | None, loss: float | None, critical_batch_tokens: str | None) -> Target | None:
+    """The target of the time-to-target objective; target flags with another objective are refused."""
+    if check_objective(objective) == "time-to-target":
+        return target_from_flags(tokens, loss, critical_batch_tokens)
+    given = [flag for flag, v in (("--target-tokens", tokens), ("--target-loss", loss),
+                                  ("--critical-batch-tokens", critical_batch_tokens)) if v is not None]
+    if given:
+        raise AdvisorError(f"{', '.join(given)} go with --objective time-to-target (the objective is {objective})")
+    return None

@@ -72,6 +72,9 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
     (advisor.cost.carbon: device power rises with the achieved compute fraction)."""
     if isinstance(model, RecModelSpec) or (ps_pins is not None and (ps_pins.mode not in (None, "none") or ps_pins.servers
                                                                        is not None or not ps_pins.synchronous)):
+        if objective != "throughput":
+            raise AdvisorError(f"--objective {objective} ranks transformer plans; parameter-server and "
+                               f"recommendation plans are ranked by throughput")
         return _recommend_recsys(model, hardware, cluster, job, pins, top_k, searcher, ps_pins)
     search = _searcher(searcher)
     if operator_strategies is not None:     # semi-automatic: user-fixed operator strategies (drec / ilp only)
@@ -126,7 +129,7 @@ def _score(objective: str, hardware: HardwareProfile, cluster: Cluster, job: Tra
         raise AdvisorError(f"recommend ranks by throughput or carbon, got objective {str(objective)[:40]!r}")
     from advisor.cost.carbon import cluster_power_w
 
-    power = cluster_power_w(hardware, job.dtype, cluster.devices, cluster.nodes, e.hfu)
+    power = cluster_power_w(hardware, job.dtype, cluster.devices, e.hfu)
     if power is None:
         raise AdvisorError(f"--objective carbon needs the device power of profile {hardware.name} (power_watts)")
     return e.tokens_per_s / power

@@ -54,3 +54,20 @@ def recsys_estimate_request(*, model: str | None, hardware: str | None, nodes: i
     result = recommend_recsys(i.model, i.hardware, i.cluster, i.job, ps_pins, top_k=1)
     return RecsysEstimateResult(f"{i.model.name} on {i.cluster.devices} x {i.hardware.device.name} ({i.hardware.name}), "
                                 f"batch {i.job.global_batch_size}", result.estimates[0])
+
+
+def estimate_recsys_cmd(model, hardware, nodes, devices, gbs, dtype, plan, ps_mode, ps_servers, ps_async, as_json) -> None:
+    """advisor estimate for a recommendation model or a PS plan (advisor.cli): the table or JSON."""
+    from advisor.commands.cli_options import console, print_json
+    from advisor.errors import InfeasibleError
+    from advisor.render.report_recsys import render_recsys_estimate
+    from advisor.search.parameter_server import PsPins
+
+    result = recsys_estimate_request(model=model, hardware=hardware, nodes=nodes, devices=devices, gbs=gbs, dtype=dtype,
+                                     plan=plan, ps_pins=PsPins(ps_mode, ps_servers, not ps_async))
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_recsys_estimate(console, result.title, result.estimate)
+    if not result.estimate.feasible:
+        raise InfeasibleError(f"the plan does not fit: {result.estimate.reasons[0]}")

@@ -10,7 +10,7 @@ the data centre's overhead (PUE) and the grid's carbon intensity.
   their rating: an 8 x H100 node peaked at 8.4 kW of its 10.2 kW while training (Latif et al. 2024,
   arXiv 2412.08602), which this model does not exceed.
 * The rest of a node (CPUs, NICs, NVSwitches, fans): the profile's ``host: power_watts``, per node,
-  when given (bundled DGX profiles: the datasheet's system maximum less the GPUs' TDP, an upper
+  shared by its devices (a job on part of a node pays its devices' share), when given (bundled DGX profiles: the datasheet's system maximum less the GPUs' TDP, an upper
   bound); not counted otherwise.
 * Facility: energy x PUE (default 1.58, the global average of the Uptime Institute's 2018 survey, the
   figure Carbontracker uses: Anthony et al. 2020, arXiv 2007.03051).
@@ -70,12 +70,13 @@ def device_power_w(hw: HardwareProfile, dtype: str, hfu):
     return hw.power_watts * (IN_JOB_FLOOR + (1.0 - IN_JOB_FLOOR) * busy)
 
 
-def cluster_power_w(hw: HardwareProfile, dtype: str, devices: int, nodes: int, hfu):
-    """Watts of the job's devices and (when the profile gives it) the rest of their nodes."""
+def cluster_power_w(hw: HardwareProfile, dtype: str, devices: int, hfu):
+    """Watts of the job's devices and (when the profile gives it) their share of the rest of the nodes."""
     device = device_power_w(hw, dtype, hfu)
     if device is None:
         return None
-    return devices * device + nodes * (hw.host.power_watts or 0.0)
+    # the rest of the node in proportion to the devices the job holds (a job on part of a node pays its share)
+    return devices * device + devices / hw.node.devices_per_node * (hw.host.power_watts or 0.0)
 
 
 def energy_kwh(power_w, seconds, pue: float):

@@ -113,7 +113,7 @@ def from_batch(e: EstimateBatch, i: int, model: ModelSpec, hw: HardwareProfile, 
         train_s = job.train_tokens / tps
         hours = train_s / 3600.0 * cluster.devices
         cost = hours * hw.price_per_device_hour_usd if hw.price_per_device_hour_usd else None
-        power = carbon.cluster_power_w(hw, job.dtype, cluster.devices, cluster.nodes, float(e.hfu[i]))
+        power = carbon.cluster_power_w(hw, job.dtype, cluster.devices, float(e.hfu[i]))
         energy = None if power is None else float(carbon.energy_kwh(power, train_s, job.pue))
         if energy is not None and job.grid_gco2e_per_kwh is not None:
             emissions = float(carbon.emissions_tco2e(energy, job.grid_gco2e_per_kwh))

@@ -17,9 +17,10 @@ aggregate the pushes of all workers, apply the optimizer and answer the pulls):
   N pulls: memory-bound work on the host at its memory bandwidth.
 * synchronous PS: the next forward needs the pulled weights, so the step is compute plus the PS
   phase, whose messages pipeline through worker NICs, server NICs and server memory: the slowest of
-  the three sets its length, plus the host time of the messages themselves: a server handles the
-  pull request, the answer and the push of each of the N workers one after another (ps-lite's
-  server thread; the executor's), at the link latency each or the per-message time calibrate measures.
+  the three sets its length, plus the messages' own time: where calibrate measured a per-message
+  host time, a server handles the pull request, the answer and the push of each of the N workers one
+  after another (ps-lite's server thread; the executor's); otherwise a push and a pull round trip of
+  network latency.
   Hybrid: the dense all-reduce runs beside backward (MindSpore's fused AllReduce) and shares the
   workers' NICs with the PS traffic; its exposed part and the PS phase overlap (max).
 * asynchronous PS (Li et al. 2014 section 3.4, bounded delay): a worker computes its next batch while
@@ -60,6 +61,7 @@ HOST_MEMORY_EFFICIENCY = 0.75
 # Messages per step between a worker and a server: the pull request, its answer, the push (Li et al.
 # 2014 section 3: push and pull are the interface; a pull is a request and a response).
 MESSAGES_PER_STEP = 3
+ROUND_TRIPS = 2          # push (request + acknowledgement) and pull (request + response) per step
 
 
 def server_shards(model: RecModelSpec, tensors: tuple[str, ...], servers: int, optimizer: str,
@@ -124,6 +126,17 @@ def _server_update_bytes(model: RecModelSpec, name: str, workers: int, samples: 
     return rows_all * table.dim * opt + 2.0 * workers * rows_w * table.dim * PARAM_BYTES
 
 
+def message_times(hw: HardwareProfile, workers: int, servers: int) -> tuple[float, float]:
+    """(a server's, a worker's) seconds of message handling per step. With a per-message host time
+    measured by `advisor calibrate` (inter_node.message_overhead_us): a server handles the pull request,
+    the answer and the push of each worker in turn, a worker the same three with each server. Without
+    one, only the network's latency: a push and a pull round trip, whose latencies overlap across peers."""
+    if hw.inter.message_overhead_us is None:
+        latency = ROUND_TRIPS * 2 * hw.inter.latency_s
+        return latency, latency
+    return MESSAGES_PER_STEP * workers * hw.inter.message_s, MESSAGES_PER_STEP * servers * hw.inter.message_s
+
+
 def estimate_parameter_server(model: RecModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob,
                               config: RecsysConfig) -> RecEstimate:
     n, S = cluster.devices, config.servers
@@ -175,18 +188,16 @@ def estimate_parameter_server(model: RecModelSpec, hw: HardwareProfile, cluster:
         server_nic_s = max(max(si, so) for si, so in zip(s_in, s_out)) / nic
         worker_nic_s = (max(w_out, w_in) + ar_nic) / nic
     server_update_s = max(s_work) / host_bw
-    # Each message costs its endpoint a host time (the link's latency, or the per-message time that
-    # `advisor calibrate` measures): a server handles three messages of every worker in turn, a worker
-    # three of every server; the busier of the two sets the messages' share of the step.
-    latency_s = MESSAGES_PER_STEP * max(n, S) * hw.inter.message_s
+    server_msgs_s, worker_msgs_s = message_times(hw, n, S)
+    latency_s = max(server_msgs_s, worker_msgs_s)
     ar_exposed = exposed_after_backward(ar_s, compute.backward_s, hw)
     ps_phase = max(worker_nic_s, server_nic_s, server_update_s)
     staleness = None
     if config.synchronous:
         step = compute.total_s + max(ps_phase + latency_s, ar_exposed)
     else:
-        worker_iter = max(compute.total_s + ar_exposed, worker_nic_s + latency_s)
-        step = max(worker_iter, server_nic_s, server_update_s)
+        worker_iter = max(compute.total_s + ar_exposed, worker_nic_s + worker_msgs_s)
+        step = max(worker_iter, server_nic_s, server_update_s, server_msgs_s)
         staleness = float(n)
     parts = step_parts(compute_s=compute.total_s, worker_nic_s=worker_nic_s, server_nic_s=server_nic_s,
                        server_update_s=server_update_s, allreduce_s=ar_exposed, latency_s=latency_s)

@@ -50,7 +50,7 @@ def render_estimate(console: Console, title: str, s: Strategy, e: Estimate) -> N
         if e.energy_to_train_kwh is not None:
             line += f" | energy {energy(e.energy_to_train_kwh)}"
         if e.emissions_to_train_tco2e is not None:
-            line += f" | {e.emissions_to_train_tco2e:,.1f} tCO2e"
+            line += f" | {e.emissions_to_train_tco2e:.3g} tCO2e"
         console.print(line)
 
     mem = Table(title=f"memory per device (GiB), pipeline stage {e.worst_memory_stage}", title_justify="left")

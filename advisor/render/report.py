@@ -96,7 +96,7 @@ def _training_time(e: Estimate) -> str | None:
     if e.energy_to_train_kwh is not None:
         text += f", {energy(e.energy_to_train_kwh)}"
     if e.emissions_to_train_tco2e is not None:
-        text += f", {e.emissions_to_train_tco2e:,.1f} tCO2e"
+        text += f", {e.emissions_to_train_tco2e:.3g} tCO2e"
     return text
 
 

@@ -62,7 +62,7 @@ def whatif_tables(result: Any) -> list:
                 if result.train_tokens:
                     row += [duration(p.time_to_train_s), money(p.cost_usd), energy(p.energy_kwh)]
                 if carbon:
-                    row += [f"{p.emissions_tco2e:,.1f}" if p.emissions_tco2e is not None else "-"]
+                    row += [f"{p.emissions_tco2e:.3g}" if p.emissions_tco2e is not None else "-"]
                 if targeted:
                     row += [str(p.target_batch_size), duration(p.time_to_target_s)]
             table.add_row(*row)

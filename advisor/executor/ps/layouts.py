@@ -5,6 +5,10 @@ sides compute it from the configuration and the pull request of the step:
   worker's batch looks up, at most min(the piece's rows, local batch x lookups per sample);
 * answer (server -> worker): those rows of each sparse piece, every other piece whole;
 * push (worker -> server): the worker's loss, then the gradient of exactly what was answered.
+
+A request's slots are padded to their capacity, so a table split over S servers sends each of them
+room for all of a worker's lookups: up to S times the ids actually asked for. Ids are 8 bytes against
+a row's dim x 4 of values, and the cost model counts the ids asked for, not this padding.
 """
 
 from __future__ import annotations
