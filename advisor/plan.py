@@ -19,7 +19,8 @@ from advisor.specs import _fields as f
 from advisor.specs import limits
 from advisor.specs.untrusted import check_tree, load_tree, prefix
 from advisor.specs.hardware import HardwareProfile, hardware_from_dict
-from advisor.specs.job import DEFAULT_PUE, FP8_RECIPES, FRAMEWORKS, Cluster, TrainingJob
+from advisor.specs.job import (DEFAULT_PUE, FP8_RECIPES, FRAMEWORKS, OPTIMIZERS, TRANSFORMER_OPTIMIZERS, Cluster,
+                               TrainingJob)
 from advisor.specs.model import ModelSpec, model_from_dict, model_to_dict
 from advisor.specs.recommendation import RecModelSpec
 from advisor.plan_ps import embedding_placement_from_dict, parameter_server_from_dict, rec_violations
@@ -168,7 +169,7 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
         global_batch_size=f.positive_int(data, "global_batch_size", o),
         seq_length=f.positive_int(data, "seq_length", o),
         dtype=dtype,
-        optimizer=f.choice(data, "optimizer", o, ("adamw", "adam", "sgd"), default="adamw"),
+        optimizer=f.choice(data, "optimizer", o, OPTIMIZERS, default="adamw"),
         train_tokens=None if tokens is None else f.positive_float(data, "train_tokens", o),
         attention=f.choice(data, "attention", o, ("flash", "math"), default="flash"),
         dropout=f.boolean(data, "dropout", o, default=False),
@@ -203,6 +204,9 @@ def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
             f"{cluster.nodes} x {hardware.node.devices_per_node}"
         )
     training = _training_from_dict(data["training"], origin)
+    if not isinstance(model, RecModelSpec) and training.optimizer not in TRANSFORMER_OPTIMIZERS:
+        raise AdvisorError(f"{origin}: training: optimizer {training.optimizer!r} is priced for recommendation models "
+                           f"only; transformer plans train with {', '.join(TRANSFORMER_OPTIMIZERS)}")
     strategy = _strategy_from_dict(data["parallel"], origin)
     broken = (rec_violations if isinstance(model, RecModelSpec) else violations)(model, cluster, training, strategy)
     if broken:

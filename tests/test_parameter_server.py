@@ -395,3 +395,32 @@ def test_cli_k8s_export_of_an_ascend_plan_is_a_mindspore_job_unless_asked_otherw
     assert r.returncode == 0, r.stderr
     docs = list(yaml.safe_load_all(next(iter(json.loads(r.stdout)["files"].values()))))
     assert any(d and d.get("kind") == "PyTorchJob" for d in docs)
+
+
+def test_adagrad_is_priced_for_recommendation_models_only():
+    """Adagrad's one fp32 sum per parameter (Duchi et al. 2011): in the recommendation cost model's
+    memory and server traffic; transformer plans are refused with it."""
+    model = model_from_dict(tiny(), "t")
+    cluster = Cluster.of(A100, devices=2)
+    names = tuple(model.tensor_params())
+    figures = {}
+    for opt in ("sgd", "adagrad", "adam"):
+        job = TrainingJob(global_batch_size=8, seq_length=1, optimizer=opt)
+        figures[opt] = estimate_recsys(model, A100, cluster, job, RecsysConfig("ps", 1, "dedicated", True, names))
+    params = figures["sgd"].server_memory.parameters_gib
+    assert figures["adagrad"].server_memory.optimizer_gib == pytest.approx(params)          # 4 bytes vs 4
+    assert figures["adam"].server_memory.optimizer_gib == pytest.approx(2 * params)
+    assert (figures["sgd"].time_s["server_update_s"] < figures["adagrad"].time_s["server_update_s"]
+            < figures["adam"].time_s["server_update_s"])
+    plan = plan_to_dict(recommend_llama_plan())
+    plan["training"]["optimizer"] = "adagrad"
+    with pytest.raises(AdvisorError, match="recommendation models only"):
+        plan_from_dict(plan, "plan.json")
+
+
+def recommend_llama_plan():
+    from advisor.commands.recommend import recommend
+
+    hw = load_hardware("dgx-h100")
+    return recommend(load_model("llama3-8b"), hw, Cluster.of(hw, devices=8),
+                     TrainingJob(global_batch_size=16, seq_length=8192), top_k=1).best

@@ -48,9 +48,11 @@ from advisor.specs.recommendation import INDEX_BYTES, PARAM_BYTES, RecModelSpec
 MODES = ("replicated", "sharded", "ps", "hybrid")
 PLACEMENTS = ("dedicated", "colocated")
 # fp32 optimizer traffic per updated element: SGD reads weight and gradient and writes the weight
-# (12 bytes); Adam also reads and writes m and v (28 bytes; Kingma and Ba 2015, Algorithm 1).
-OPTIMIZER_BYTES = {"sgd": 12.0, "adam": 28.0, "adamw": 28.0}
-STATE_BYTES = {"sgd": 0.0, "adam": 8.0, "adamw": 8.0}     # m and v in fp32
+# (12 bytes); Adam also reads and writes m and v (28 bytes; Kingma and Ba 2015, Algorithm 1);
+# Adagrad reads and writes its sum of squared gradients (20 bytes; Duchi et al. 2011, as
+# torch.optim.Adagrad keeps one state_sum per element and updates only touched rows of a sparse grad).
+OPTIMIZER_BYTES = {"sgd": 12.0, "adam": 28.0, "adamw": 28.0, "adagrad": 20.0}
+STATE_BYTES = {"sgd": 0.0, "adam": 8.0, "adamw": 8.0, "adagrad": 4.0}     # m and v, or Adagrad's sum, in fp32
 # Kernels per step: per Linear a GEMM, a bias add and a ReLU forward and two GEMMs and two
 # element-wise kernels backward; the embeddings as one table-batched kernel per pass (FBGEMM's
 # TBE as TorchRec runs it; NVIDIA's DLRM one fused gather over all tables: lookup, backward, update) and the interaction's

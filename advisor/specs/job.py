@@ -14,7 +14,10 @@ from advisor.specs.untrusted import prefix
 # BF16 and runs only the linear layers' GEMMs in FP8 (Transformer Engine, torchao float8;
 # Micikevicius et al. 2022, "FP8 Formats for Deep Learning", section 4).
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
-OPTIMIZERS = ("adamw", "adam", "sgd")
+OPTIMIZERS = ("adamw", "adam", "sgd", "adagrad")
+# Adagrad (Duchi et al. 2011) is what sparse embedding training often uses; advisor prices it for
+# recommendation models (advisor.cost.recsys) only: transformer plans train with the others.
+TRANSFORMER_OPTIMIZERS = ("adamw", "adam", "sgd")
 ATTENTION = ("flash", "math")
 # Whose implementation runs the plan; it decides what "selective" recomputation keeps and what
 # sequence parallelism saves (see advisor.cost.recompute and advisor.cost.memory).
