@@ -265,10 +265,9 @@ def whatif(
         raise AdvisorError("--hardware: give at least one hardware profile")
     if bool(nodes) == bool(devices):
         raise AdvisorError("give the cluster sizes with exactly one of --nodes or --devices (a comma-separated list)")
-    from advisor.commands.recommend import SEARCHERS
+    from advisor.commands.recommend import find_searcher
 
-    if searcher not in SEARCHERS:
-        raise AdvisorError(f"--searcher {searcher}: unknown searcher (available: {', '.join(sorted(SEARCHERS))})")
+    find_searcher(searcher)
     from advisor.commands.objective import check_objective
 
     if (check_objective(objective) == "time-to-target") != (target is not None):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import sys
 
 import pytest
 
@@ -20,6 +19,7 @@ from advisor.executor.matrix import MATRIX, llama3_8b_plan, matrix_plans, tiny_p
 from advisor.executor.measure import ActivationTracker  # noqa: E402
 from advisor.executor.model import GPT, ModelConfig, _RMSNormFn, _SwiGLUFn, cross_entropy  # noqa: E402
 from advisor.executor.parallel import chunk_layout  # noqa: E402
+from _cli import cli_exit_code as _cli  # noqa: E402
 
 
 # ---- reading plans and refusing ----------------------------------------------------------------
@@ -282,15 +282,6 @@ def test_matrix_covers_every_shape_with_and_without_recompute():
 
 
 # ---- the command line (no processes start: every case is refused up front) ------------------------
-def _cli(monkeypatch, *args) -> int:
-    from advisor import cli
-
-    monkeypatch.setattr(sys, "argv", ["advisor", *args])
-    try:
-        cli.main()
-    except SystemExit as done:
-        return done.code or 0
-    return 0
 
 
 @pytest.mark.parametrize("change, code, words", [

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -18,7 +17,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from advisor import cli
 from advisor.errors import AdvisorError
 from advisor.commands.inputs import resolve_inputs
 from advisor.plan import dumps_plan, load_plan, plan_from_dict
@@ -27,19 +25,11 @@ from advisor.specs import limits
 from advisor.specs.hardware import PROFILES_DIR, bundled_hardware, load_hardware
 from advisor.specs.model import MODELS_DIR, bundled_models, load_model
 from advisor.specs.untrusted import load_tree
+from _cli import run_cli as _run_cli
 
 HANG_GUARD_S = 10.0
 MODEL = yaml.safe_load((MODELS_DIR / "gpt3-1.3b.yaml").read_text())
 PROFILE = yaml.safe_load((PROFILES_DIR / "dgx-h100.yaml").read_text())
-
-
-def _run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["advisor", *args])
-    with pytest.raises(SystemExit) as done:
-        cli.main()
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return int(done.value.code or 0), out.out, out.err
 
 
 def _write_yaml(path: Path, data) -> Path:

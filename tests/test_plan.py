@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 
 import pytest
 
-from advisor import cli
 from advisor.errors import AdvisorError
 from advisor.commands.inputs import resolve_inputs
 from advisor.plan import dumps_plan, load_plan, plan_from_dict, plan_to_dict, save_plan
 from advisor.commands.recommend import recommend
+from _cli import run_cli as _run_cli
 
 
 @pytest.fixture(scope="module")
@@ -103,15 +102,6 @@ def test_inconsistent_batch_is_refused(plan_dict):
     data["parallel"]["num_micro_batches"] += 1
     with pytest.raises(AdvisorError, match="global batch"):
         plan_from_dict(data)
-
-
-def _run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["advisor", *args])
-    with pytest.raises(SystemExit) as done:
-        cli.main()
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return int(done.value.code or 0), out.out, out.err
 
 
 def test_cli_refuses_a_bad_plan_with_exit_2(plan_dict, tmp_path, monkeypatch, capsys):

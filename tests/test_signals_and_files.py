@@ -22,6 +22,7 @@ from advisor.errors import AdvisorError, InfeasibleError
 from advisor.runtime.capacity import RANK_FOOTPRINT_BYTES, RANKS_PER_CORE, Machine, capacity_problems
 from advisor.runtime.files import json_text, write_atomic, write_json
 from _procs import processes_naming
+from _cli import cli_exit_code as _cli
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2 ** 30
@@ -30,17 +31,6 @@ WAIT_S = 240          # how long a test waits for a process to reach a point bef
 
 def _env(**extra) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
-
-
-def _cli(monkeypatch, *argv: str) -> int:
-    from advisor import cli
-
-    monkeypatch.setattr(sys, "argv", ["advisor", *argv])
-    try:
-        cli.main()
-    except SystemExit as done:
-        return done.code or 0
-    return 0
 
 
 def _lines(text: str) -> list[str]:
@@ -84,8 +74,6 @@ def _ranks_ready(scratch: Path, prefix: str, nproc: int) -> bool:
 def _ours(scratch: Path) -> list[str]:
     """advisor's temporary folders left in TMPDIR (torch keeps caches of its own there)."""
     return [p.name for p in scratch.iterdir() if p.name.startswith("advisor-")]
-
-
 
 
 # ---- refused before anything starts ---------------------------------------------------------------

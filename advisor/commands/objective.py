@@ -57,15 +57,13 @@ def time_to_target(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster
                    ) -> tuple[RecommendResult, tuple[BatchTrial, ...]]:
     """The plans at the global batch that reaches the target first, each plan's prediction with its
     ``time_to_target``; and every batch tried. InfeasibleError when no batch has a plan that fits."""
-    from advisor.commands.recommend import MAX_TOP_K, SEARCHERS, check_pins
+    from advisor.commands.recommend import check_pins, check_top_k, find_searcher
 
     # what does not depend on the batch is refused once, before any search
     if getattr(model, "family", None) == "recommendation":
         raise AdvisorError(f"--objective time-to-target ranks transformer plans; {model.name} is a recommendation model")
-    if searcher not in SEARCHERS:
-        raise AdvisorError(f"--searcher {searcher}: unknown searcher (available: {', '.join(sorted(SEARCHERS))})")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
-        raise AdvisorError(f"--top must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}")
+    find_searcher(searcher)
+    check_top_k(top_k)
     check_pins(cluster, pins)
     trials, best = [], None
 
@@ -116,12 +114,7 @@ def target_from_flags(tokens: str | None, loss: float | None, critical_batch_tok
     from advisor.specs.job import parse_token_count
 
     def count(flag: str, text: str | None) -> float | None:
-        if text is None:
-            return None
-        try:
-            return parse_token_count(text)
-        except AdvisorError as exc:
-            raise AdvisorError(str(exc).replace("--tokens", flag)) from None
+        return None if text is None else parse_token_count(text, flag)
     if tokens is None and loss is None:
         raise AdvisorError("--objective time-to-target needs --target-tokens (tokens to the target at a small "
                            "batch, with --critical-batch-tokens) or --target-loss")

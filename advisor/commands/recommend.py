@@ -76,14 +76,13 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
             raise AdvisorError(f"--objective {objective} ranks transformer plans; parameter-server and "
                                f"recommendation plans are ranked by throughput")
         return _recommend_recsys(model, hardware, cluster, job, pins, top_k, searcher, ps_pins)
-    search = _searcher(searcher)
+    search = find_searcher(searcher)
     if operator_strategies is not None:     # semi-automatic: user-fixed operator strategies (drec / ilp only)
         if searcher not in ("drec", "ilp"):
             raise AdvisorError(f"--operator-strategies needs --searcher drec or ilp (the {searcher} searcher prices "
                                f"Megatron's uniform layout only)")
         search = partial(_semi_auto, searcher=searcher, fixed=operator_strategies)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
-        raise AdvisorError(f"--top must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}")
+    check_top_k(top_k)
     check_pins(cluster, pins)
     outcome = search(model, hardware, cluster, job, pins, top_k, progress)
     if len(outcome.finalists) == 0:
@@ -145,12 +144,17 @@ def _recommend_recsys(model, hardware, cluster, job, pins, top_k, searcher, ps_p
     if not isinstance(model, RecModelSpec):
         raise AdvisorError(f"{describe(ps_pins)}: parameter servers serve the embedding tables of "
                            f"recommendation models (family: recommendation); {model.name} is a transformer")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
-        raise AdvisorError(f"--top must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}")
+    check_top_k(top_k)
     return recommend_recsys(model, hardware, cluster, job, ps_pins or PsPins(), top_k, searcher, pins)
 
 
-def _searcher(name: str) -> Searcher:
+def check_top_k(top_k) -> None:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        raise AdvisorError(f"--top must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}")
+
+
+def find_searcher(name: str) -> Searcher:
+    """The searcher registered under ``name``; an unknown name is refused listing the others."""
     if name not in SEARCHERS:
         raise AdvisorError(f"--searcher {name}: unknown searcher (available: {', '.join(sorted(SEARCHERS))})")
     return SEARCHERS[name]
@@ -226,7 +230,7 @@ def _flag(value) -> str:
 # ---- nothing fits -------------------------------------------------------------------------------
 def fits_somewhere(model, hardware, cluster, job, pins: Pins, searcher: str = "enumerate") -> bool:
     """Whether any legal strategy fits (a top-1 search)."""
-    check = _searcher(searcher)
+    check = find_searcher(searcher)
     try:
         check_pins(cluster, pins)
     except AdvisorError:

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from advisor.cost.estimate import Estimate
-from advisor.render.formatting import duration, energy, money, step_time
+from advisor.render.formatting import duration, step_time, training_figures
 from advisor.space.strategy import Strategy
 
 
@@ -44,14 +44,7 @@ def render_estimate(console: Console, title: str, s: Strategy, e: Estimate) -> N
         console.print("extrapolates (outside the profile's calibrated region): " + "; ".join(e.confidence.extrapolated),
                       highlight=False, markup=False)
     if e.time_to_train_s is not None:
-        line = f"time to train: {duration(e.time_to_train_s)}"
-        if e.cost_to_train_usd is not None:
-            line += f" | cost {money(e.cost_to_train_usd)}"
-        if e.energy_to_train_kwh is not None:
-            line += f" | energy {energy(e.energy_to_train_kwh)}"
-        if e.emissions_to_train_tco2e is not None:
-            line += f" | {e.emissions_to_train_tco2e:.3g} tCO2e"
-        console.print(line)
+        console.print(" | ".join([f"time to train: {duration(e.time_to_train_s)}", *training_figures(e)]))
 
     mem = Table(title=f"memory per device (GiB), pipeline stage {e.worst_memory_stage}", title_justify="left")
     for part in ("parameters", "gradients", "optimizer", "activations", "buffers", "total"):

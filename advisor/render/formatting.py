@@ -47,3 +47,15 @@ def step_time(seconds: float | None) -> str:
     rounded = float(f"{seconds:.3g}")       # 0.9996 -> 1.0, so that it prints 1.00, not 1.000
     decimals = max(0, 2 - math.floor(math.log10(rounded)))
     return f"{rounded:.{decimals}f}"
+
+
+def training_figures(e) -> list[str]:
+    """Cost, energy and emissions to train the token budget, those an estimate has (each a string)."""
+    out = []
+    if e.cost_to_train_usd is not None:
+        out.append(money(e.cost_to_train_usd))
+    if e.energy_to_train_kwh is not None:
+        out.append(energy(e.energy_to_train_kwh))
+    if e.emissions_to_train_tco2e is not None:
+        out.append(f"{e.emissions_to_train_tco2e:.3g} tCO2e")
+    return out

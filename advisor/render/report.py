@@ -12,7 +12,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from advisor.cost.estimate import Estimate
-from advisor.render.formatting import duration, energy, money, step_time
+from advisor.render.formatting import duration, step_time, training_figures
 from advisor.search import Progress as ProgressHook
 from advisor.search import SearchStats
 from advisor.space.strategy import Strategy
@@ -90,14 +90,8 @@ def search_lines(stats: SearchStats) -> list[str]:
 def _training_time(e: Estimate) -> str | None:
     if e.time_to_train_s is None:
         return None
-    text = f"time to train the token budget with plan 1: {duration(e.time_to_train_s)}"
-    if e.cost_to_train_usd is not None:
-        text += f", {money(e.cost_to_train_usd)}"
-    if e.energy_to_train_kwh is not None:
-        text += f", {energy(e.energy_to_train_kwh)}"
-    if e.emissions_to_train_tco2e is not None:
-        text += f", {e.emissions_to_train_tco2e:.3g} tCO2e"
-    return text
+    return ", ".join([f"time to train the token budget with plan 1: {duration(e.time_to_train_s)}",
+                      *training_figures(e)])
 
 
 def render_recommendation(console: Console, result: RecommendResult, saved_to: str | None = None) -> None:

@@ -240,8 +240,8 @@ class Cluster:
         return Cluster(nodes=-(-devices // per_node), devices=devices)
 
 
-def parse_token_count(text: str) -> float:
-    """'2T', '300B', '1.5e12' -> tokens."""
+def parse_token_count(text: str, flag: str = "--tokens") -> float:
+    """'2T', '300B', '1.5e12' -> tokens; errors name ``flag``."""
     units = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
     raw = str(text).strip().upper()
     try:
@@ -250,8 +250,8 @@ def parse_token_count(text: str) -> float:
         else:
             value = float(raw)
     except ValueError:
-        raise AdvisorError(f"--tokens: cannot read {prefix(str(text))} as a token count (examples: 300B, 2T, 1.5e12)") from None
+        raise AdvisorError(f"{flag}: cannot read {prefix(str(text))} as a token count (examples: 300B, 2T, 1.5e12)") from None
     if not 0 < value <= limits.MAX_QUANTITY:
-        raise AdvisorError(f"--tokens must be a positive, finite count of at most {limits.MAX_QUANTITY:g}, "
+        raise AdvisorError(f"{flag} must be a positive, finite count of at most {limits.MAX_QUANTITY:g}, "
                            f"got {prefix(str(text))}")
     return value

@@ -106,14 +106,19 @@ class Server:
                 "memory_bytes": {"parameters": sum(d.numel() * d.element_size() for d in self.data),
                                  "optimizer": state_bytes(self.optimizers), "gradients": self.gradient_bytes}}
 
-    def _serve_pulls(self, step: int, inbox: wire.Inbox) -> dict[int, list[torch.Tensor]]:
-        pending, requested, sends = set(self.live), {}, []
+    def _each(self, pending: set[int], inbox: wire.Inbox, kind: int, step: int):
+        """(worker, message) of this step's kind from each pending worker as it arrives, until every
+        one has sent or is known to be gone."""
         while pending:
-            got = self._next(pending, inbox, wire.PULL, step)
+            got = self._next(pending, inbox, kind, step)
             if got is None:
-                break
-            w, msg = got
-            pending.discard(w)
+                return
+            pending.discard(got[0])
+            yield got
+
+    def _serve_pulls(self, step: int, inbox: wire.Inbox) -> dict[int, list[torch.Tensor]]:
+        requested, sends = {}, []
+        for w, msg in self._each(set(self.live), inbox, wire.PULL, step):
             rows = iter(msg.ids)
             requested[w] = [next(rows) if p.sparse else None for p in self.pieces]
             values = [d.detach()[r] if r is not None else d.detach() for d, r in zip(self.data, requested[w])]
@@ -127,17 +132,10 @@ class Server:
         return requested
 
     def _take_pushes(self, step: int, inbox: wire.Inbox, requested) -> dict[int, wire.Message]:
-        pending, pushed = {w for w in self.live if w in requested}, {}
+        pending = {w for w in self.live if w in requested}
         for w in set(self.live) - pending:      # pulled nothing this step: gone before the round
             self._drop(w, step, set())
-        while pending:
-            got = self._next(pending, inbox, wire.PUSH, step)
-            if got is None:
-                break
-            w, msg = got
-            pending.discard(w)
-            pushed[w] = msg
-        return pushed
+        return dict(self._each(pending, inbox, wire.PUSH, step))
 
     def _apply(self, pushed: dict[int, wire.Message], requested) -> None:
         n = len(pushed)
