@@ -13,7 +13,7 @@ import typer
 
 from advisor.commands.cli_options import (
     CRITICAL_HELP, DEVICES_HELP, FP8_HELP, FRAMEWORK_HELP, GRID_HELP, MODULES_HELP, NODES_HELP, OBJECTIVE_HELP,
-    OPSTRAT_HELP, PS_MODE_HELP, PUE_HELP, SEQ_HELP, TARGET_LOSS_HELP, TARGET_TOKENS_HELP, console, err_console,
+    OPSTRAT_HELP, PRIORITY_HELP, PS_MODE_HELP, PUE_HELP, SEQ_HELP, TARGET_LOSS_HELP, TARGET_TOKENS_HELP, console, err_console,
     print_json, print_warnings,
 )
 from advisor.commands.cli_run import calibrate_cmd, execute_cmd
@@ -87,6 +87,7 @@ def estimate_cmd(
     ps_async: bool = typer.Option(False, "--ps-async", help="asynchronous parameter servers (staleness reported)"),
     grid: Optional[str] = typer.Option(None, "--grid-intensity", help=GRID_HELP),
     pue: Optional[float] = typer.Option(None, "--pue", help=PUE_HELP),
+    priority: bool = typer.Option(False, "--comm-priority", help=PRIORITY_HELP),
     as_json: bool = typer.Option(False, "--json", help="print only JSON"),
 ) -> None:
     """Score one given strategy, with the full breakdown of memory and time."""
@@ -109,6 +110,7 @@ def estimate_cmd(
         offload_optimizer=offload_optimizer, dtype=dtype, tokens=tokens, attention=attention, dropout=dropout,
         plan=plan, framework=framework, fp8_recipe=fp8_recipe, cp_comm=cp_comm, recompute_modules=recompute_modules,
         bucket_mb=bucket_mb, copies=copies, operator_strategies=operator_strategies, grid_intensity=grid, pue=pue,
+        comm_priority=priority,
     )
     warnings = input_warnings(result.inputs.hardware, result.inputs.cluster)
     if as_json:
@@ -165,6 +167,7 @@ def recommend_cmd(
     critical_batch: Optional[str] = typer.Option(None, "--critical-batch-tokens", help=CRITICAL_HELP),
     grid: Optional[str] = typer.Option(None, "--grid-intensity", help=GRID_HELP),
     pue: Optional[float] = typer.Option(None, "--pue", help=PUE_HELP),
+    priority: bool = typer.Option(False, "--comm-priority", help=PRIORITY_HELP),
     as_json: bool = typer.Option(False, "--json", help="print only JSON: {plans, search}"),
 ) -> None:
     """Search the strategy space and rank the plans; the best is saved with --out."""
@@ -182,7 +185,8 @@ def recommend_cmd(
     fixed = load_operator_strategies(operator_strategies) if operator_strategies is not None else None
     inputs = resolve_inputs(model, hardware, nodes=nodes, devices=devices, global_batch=gbs, seq_len=seq_len,
                             dtype=dtype, tokens=tokens, attention=attention, framework=framework, fp8_recipe=fp8_recipe,
-                            recompute_modules=recompute_modules, grid_intensity=grid, pue=pue)
+                            recompute_modules=recompute_modules, grid_intensity=grid, pue=pue,
+                            comm_priority=priority)
     warnings = input_warnings(inputs.hardware, inputs.cluster)
     if not as_json:   # before the search: a mistaken cluster size is seen at once
         print_warnings(warnings)

@@ -87,6 +87,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         training["train_tokens"] = plan.training.train_tokens
     if plan.training.fp8_recipe is not None:
         training["fp8_recipe"] = plan.training.fp8_recipe
+    if plan.training.comm_priority:
+        training["comm_priority"] = True
     if plan.training.recompute_modules is not None:
         training["recompute_modules"] = list(plan.training.recompute_modules)
     if plan.target is not None:
@@ -156,7 +158,7 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
     o = f"{origin}: training"
     f.check_keys(data, o, ("global_batch_size", "seq_length"), ("dtype", "optimizer", "train_tokens", "attention", "dropout", "framework",
                                                                 "overlap_grad_reduce", "fp8_recipe", "recompute_modules", "target",
-                                                                "pue", "grid_gco2e_per_kwh"))
+                                                                "pue", "grid_gco2e_per_kwh", "comm_priority"))
     tokens = data.get("train_tokens")
     modules = data.get("recompute_modules")
     if modules is not None and (not isinstance(modules, list) or not all(isinstance(m, str) for m in modules)):
@@ -177,6 +179,7 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
         overlap_grad_reduce=f.boolean(data, "overlap_grad_reduce", o, default=True),
         fp8_recipe=None if recipe is None else f.choice(data, "fp8_recipe", o, FP8_RECIPES),
         recompute_modules=None if modules is None else tuple(modules),
+        comm_priority=f.boolean(data, "comm_priority", o, default=False),
         pue=f.positive_float(data, "pue", o, default=DEFAULT_PUE),
         grid_gco2e_per_kwh=(None if data.get("grid_gco2e_per_kwh") is None
                             else f.non_negative_float(data, "grid_gco2e_per_kwh", o)),

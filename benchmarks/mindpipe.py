@@ -10,13 +10,23 @@ Figures, not a pass/fail test.
 Carbon: one plan's facility energy and tCO2e to train its token budget at three grid intensities
 (advisor.cost.carbon), and what --objective carbon changes against --objective throughput.
 
-Not built yet (printed as such): communication contention, mixed clusters, supernets.
+Contention: `advisor calibrate`'s probe on this machine (an all-reduce and a send between two gloo
+ranks, alone and together) against the cost model's shared-link prediction, from the profile's own
+fitted links; `--hardware PROFILE.yaml` reads a calibrated profile's figures instead of calibrating
+(about 30 s). Then what contention costs an MoE plan whose FSDP traffic shares links with its tp and ep traffic,
+with fair sharing and with priority to the pipeline (advisor.cost.contention).
+
+Not built yet (printed as such): mixed clusters, supernets.
 """
 
 from __future__ import annotations
 
+import argparse
+import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,6 +46,9 @@ CASES = (   # model, hardware, devices, sequence, starting global batch, target 
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hardware", help="a profile written by advisor calibrate (default: calibrate now)")
+    args = ap.parse_args()
     started = time.perf_counter()
     print("converging efficiency: throughput-optimal vs time-to-target-optimal global batch")
     for name, hw_name, devices, seq, gbs, loss in CASES:
@@ -59,7 +72,8 @@ def main() -> None:
         print(f"  the time-to-target choice reaches the target {saved:.0%} sooner than the given batch, at "
               f"{first.tokens_per_s / given.tokens_per_s:.0%} of its throughput")
     carbon_section()
-    print("\nnot built yet: contention (measured vs predicted), mixed A100 + H100 clusters, the supernet executor")
+    contention_section(args.hardware)
+    print("\nnot built yet: mixed A100 + H100 clusters, the supernet executor")
     print(f"\n{time.perf_counter() - started:.1f} s")
 
 
@@ -77,6 +91,45 @@ def carbon_section() -> None:
             print(f"  {region:>6} ({GRID_GCO2E_PER_KWH[region]:>3.0f} gCO2e/kWh)  --objective {objective:<10} "
                   f"{duration(e.time_to_train_s):>10}  HFU {e.hfu:.1%}  {e.energy_to_train_kwh / 1000:,.0f} MWh  "
                   f"{e.emissions_to_train_tco2e:.3g} tCO2e")
+
+
+def contention_section(profile: str | None) -> None:
+    import yaml
+
+    from advisor.cost.estimate import estimate
+    from advisor.space.strategy import Strategy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if profile is None:
+            profile = str(Path(tmp) / "this-machine.yaml")
+            subprocess.run([sys.executable, "-m", "advisor", "calibrate", "--nproc", "2", "--out", profile],
+                           check=True, capture_output=True, cwd=Path(__file__).resolve().parents[1])
+        notes = yaml.safe_load(Path(profile).read_text())["node"]["intra_node"].get("notes", {}).get("contention")
+    print("\ncontention on this machine: all-reduce and send between two gloo ranks (ms, medians)")
+    if not notes:
+        print(f"  {profile} has no contention probe (calibrate it again)")
+    else:
+        print(f"  {'size':>6} {'all-reduce':>10} {'send':>6} {'together':>8} {'predicted shared':>16} "
+              f"{'predicted own links':>19} {'contention measured / predicted':>32}")
+        for row in notes["points"]:
+            got, model = row["measured_ms"], row["predicted_ms"]
+            measured = got["together"] - max(got["all_reduce"], got["p2p"])
+            predicted = model["together_shared"] - model["together_independent"]
+            print(f"  {row['bytes'] >> 20:>3} MiB {got['all_reduce']:>10.2f} {got['p2p']:>6.2f} {got['together']:>8.2f} "
+                  f"{model['together_shared']:>16.2f} {model['together_independent']:>19.2f} "
+                  f"{measured:>15.2f} / {predicted:.2f}")
+    model, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    cluster = Cluster.of(hw, nodes=4)
+    job = TrainingJob(global_batch_size=64, seq_length=4096)
+    base = Strategy(dp=16, tp=2, pp=1, ep=8, micro_batch_size=1, num_micro_batches=4, zero_stage=3, recompute="full")
+    print(f"\ncontention in a plan: mixtral-8x7b on {cluster.devices} x dgx-h100, dp16 tp2 ep8, FSDP (ZeRO-3), "
+          "full recomputation: the gathers and reduce-scatters share NVLink and the NICs with the tp and ep traffic")
+    for order in (("pp", "dp", "cp", "tp"), ("pp", "tp", "cp", "dp")):
+        for priority in (False, True):
+            e = estimate(model, hw, cluster, replace(job, comm_priority=priority), replace(base, mesh_order=order))
+            print(f"  mesh {'-'.join(order):<12} {'priority' if priority else 'fair share':<10} contention "
+                  f"{e.time_s['contention'] * 1e3:6.0f} ms of a {e.step_time_s:.2f} s step "
+                  f"(ep {e.time_s['ep_comm'] * 1e3:.0f} ms, dp {e.time_s['dp_comm'] * 1e3:.0f} ms exposed)")
 
 
 if __name__ == "__main__":

@@ -97,6 +97,30 @@ def test_calibrate_command_writes_a_loadable_profile(tmp_path, monkeypatch, caps
     # a worker-server round of the PS executor's messages, a third of it per message
     assert 1.0 < hw.inter.message_overhead_us < 1e5
     assert hw.inter.message_s == pytest.approx(hw.inter.message_overhead_us * 1e-6)
+    # the contention probe: an all-reduce and a send, alone and together, beside the model's figures
+    (point,) = hw.raw["node"]["intra_node"]["notes"]["contention"]["points"]
+    assert point["bytes"] == 16 << 20
+    assert all(v > 0 for v in point["measured_ms"].values())
+    model = point["predicted_ms"]
+    assert model["together_independent"] == pytest.approx(max(model["all_reduce"], model["p2p"]), abs=1e-3)
+    assert model["together_shared"] > model["together_independent"]
+
+
+def test_contention_prediction_shares_the_link_byte_by_byte():
+    """Two transfers started together on one link: the longer start-up, then both data parts in turn."""
+    ranks = _fake_ranks()
+    ranks[0]["contention"] = [{"bytes": 16 << 20, "all_reduce_s": 0.010, "p2p_s": 0.004, "together_s": 0.013}]
+    profile = build_profile(ranks, 2)
+    (row,) = profile["node"]["intra_node"]["notes"]["contention"]["points"]
+    assert row["measured_ms"] == {"all_reduce": 10.0, "p2p": 4.0, "together": 13.0}
+    link = hardware_from_dict(profile, "probe").node.intra
+    reduce, send = link.for_op("all_reduce"), link.for_op("p2p")
+    size = 16 << 20
+    # two ranks: the all-reduce is 2 x 1/2 of the buffer plus 2 start-ups; the send one start-up and the buffer
+    reduce_data, send_data = size / reduce.effective_bandwidth_bytes_per_s, size / send.effective_bandwidth_bytes_per_s
+    expected = max(2 * reduce.latency_s, send.latency_s) + reduce_data + send_data
+    assert row["predicted_ms"]["together_shared"] == pytest.approx(expected * 1e3, abs=2e-3)
+    assert row["predicted_ms"]["all_reduce"] == pytest.approx((2 * reduce.latency_s + reduce_data) * 1e3, abs=2e-3)
 
 
 def test_ps_round_becomes_the_per_message_time():

@@ -258,8 +258,9 @@ def test_bounds_never_exceed_the_real_step_time(case):
     pair_lower = np.zeros(len(pairs["dp"]))
     for idx in en.chunks_by_pp(pairs):
         part = en._take(pairs, idx)
-        ring = estimate_batch(model, fast, cluster, job, en.to_batch(model, job, part)).step_time_s
-        ulysses = estimate_batch(model, fast, cluster, job, en.to_batch(model, job, {**part, "cp_comm": np.ones_like(part["dp"])})).step_time_s
+        ring = en.bound_step_s(estimate_batch(model, fast, cluster, job, en.to_batch(model, job, part)))
+        ulysses = en.bound_step_s(estimate_batch(model, fast, cluster, job,
+                                                 en.to_batch(model, job, {**part, "cp_comm": np.ones_like(part["dp"])})))
         a2a = en.cp_comm_options(model, part, Pins())[:, 1]
         pair_lower[idx] = np.where(a2a, np.minimum(ring, ulysses), ring)
     full = en.mesh_variants(pairs, hw, Pins(), model)

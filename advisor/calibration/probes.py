@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from advisor.calibration.contention_probe import CONTENTION_BYTES, QUICK_CONTENTION_BYTES
+from advisor.calibration.contention_probe import measure as measure_contention
 from advisor.calibration.fit import PROBE_BATCH, PROBE_MODEL, merge_rounds
 from advisor.calibration.rounds import RoundRule, rank_summary, stop_reason, worst_spread
 from advisor.executor.host_probe import layer_host_us
@@ -322,10 +324,12 @@ def worker_main(argv: list[str] | None = None) -> NoReturn:
         matmul, memory, comm, pipeline = merge_rounds(rounds)
         ps_round_s = _ps_messages(rank) if backend == "gloo" else None
         dist.barrier()
+        report_progress(out, rank, n_rounds * probes, n_rounds * probes, "contention: all-reduce and send together")
+        contention = measure_contention(rank, device, sync, QUICK_CONTENTION_BYTES if args.quick else CONTENTION_BYTES)
         result = {"rank": rank, "backend": backend, "device": _device_name(device), "matmul": matmul,
                   "memory": memory, "comm": comm if rank == 0 else None, "pipeline": pipeline if rank == 0 else None,
                   "device_memory_bytes": _device_memory(device), "threads": torch.get_num_threads(),
-                  "ps_round_s": ps_round_s,
+                  "ps_round_s": ps_round_s, "contention": contention,
                   "rounds": rank_summary(rounds, stopped, rule)}
         write_result(out / f"rank{rank}.json", result)
         dist.barrier()

@@ -23,6 +23,8 @@ def build_profile(ranks: list[dict], nproc: int, name: str | None = None) -> dic
     On GPUs (nccl) the probe layer is too small to time anything but kernel launches, and Megatron's
     fused Adam moves its 28 bytes per parameter: both keep the cost model's defaults there."""
     profile = _measured_profile(ranks, nproc, name)
+    if ranks[0].get("contention"):
+        profile["node"]["intra_node"]["notes"]["contention"] = contention_notes(profile, ranks[0]["contention"])
     if all("rounds" in r for r in ranks):
         profile["notes"] = {"rounds": summarize([r["rounds"] for r in ranks])}
     if ranks[0]["backend"] == "nccl":
@@ -123,6 +125,25 @@ def _measured_profile(ranks: list[dict], nproc: int, name: str | None = None) ->
     }
 
 
+def contention_notes(profile: dict[str, Any], points: list[dict]) -> dict[str, Any]:
+    """The contention probe's medians beside the cost model's figures for them, from this profile's own
+    fitted links (advisor.calibration.contention_probe)."""
+    from advisor.calibration.contention_probe import predicted
+    from advisor.specs.hardware import hardware_from_dict
+
+    hw = hardware_from_dict(_plain(profile), "the measured profile")
+    rows = []
+    for point in points:
+        model = predicted(hw, point)
+        rows.append({"bytes": point["bytes"],
+                     "measured_ms": {k[:-2]: round(point[k] * 1e3, 3) for k in ("all_reduce_s", "p2p_s", "together_s")},
+                     "predicted_ms": {k[:-2]: round(v * 1e3, 3) for k, v in model.items()}})
+    return {"probe": "an all-reduce and a send between ranks 0 and 1, each on its own process group, alone and "
+                     "started together (median); predicted: together_shared = the link shared byte by byte "
+                     "(advisor.cost.contention), together_independent = each on links of its own",
+            "points": rows}
+
+
 def _action_overheads(probes: dict | None, p2p: dict | None, latency_us: float, bandwidth_gbps: float) -> dict[str, float]:
     """Per schedule, the per-action overhead from the pipeline probe, with point-to-point priced as
     the profile will price it (its own fit when measured, else the link's)."""
@@ -198,6 +219,11 @@ def render_profile(console, profile: dict[str, Any], saved_to: str | None = None
                   f"{link['latency_us']:.1f} us / {link['bandwidth_gbps']:.2f} GB/s")
     for op, fit in link.get("collectives", {}).items():
         table.add_row(f"  {op}", f"{fit['latency_us']:.1f} us per step / {fit['bandwidth_gbps']:.2f} GB/s")
+    for row in (link.get("notes") or {}).get("contention", {}).get("points", []):
+        got, model = row["measured_ms"], row["predicted_ms"]
+        table.add_row(f"all-reduce + send together, {row['bytes'] >> 20} MiB",
+                      f"{got['together']:.2f} ms (alone {got['all_reduce']:.2f} + {got['p2p']:.2f}); predicted "
+                      f"{model['together_shared']:.2f} ms shared, {model['together_independent']:.2f} ms on own links")
     rounds = (profile.get("notes") or {}).get("rounds") if isinstance(profile.get("notes"), dict) else None
     if rounds:
         table.add_row("rounds", f"{rounds['count']} (stopped: {rounds['stopped'] or 'all done'})")

@@ -46,6 +46,8 @@ def print_json(obj) -> None:
 
 OBJECTIVE_HELP = "throughput | time-to-target (the global batch chosen with the parallelism) | carbon (tokens per kWh)"
 GRID_HELP = "grid carbon intensity: gCO2e/kWh or a region (world, china, india, germany, france, norway, ...)"
+PRIORITY_HELP = ("price the layers' transfers ahead of overlapped data-parallel traffic on shared links "
+                 "(MindPipe-style communication priority; default: fair sharing)")
 PUE_HELP = "the data centre's power usage effectiveness (default 1.58)"
 TARGET_TOKENS_HELP = "time-to-target: tokens to the target at a small batch, e.g. 300B (with --critical-batch-tokens)"
 TARGET_LOSS_HELP = "time-to-target: a loss in Kaplan et al. 2020's units (nats per token)"

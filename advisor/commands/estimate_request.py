@@ -110,7 +110,7 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
                      cp_comm: str = "p2p", recompute_modules: str | None = None,
                      bucket_mb: float | None = None, copies: int = 1,
                      operator_strategies: str | None = None, grid_intensity: str | None = None,
-                     pue: float | None = None) -> EstimateResult:
+                     pue: float | None = None, comm_priority: bool = False) -> EstimateResult:
     layout = None
     if plan is not None:
         p = load_plan(plan)
@@ -119,7 +119,7 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
         if grid_intensity is not None or pue is not None:
             site = site_settings(grid_intensity, pue if pue is not None else p.training.pue, job.train_tokens)
             job = replace(job, **({"pue": site["pue"]} if grid_intensity is None else site))
-        inputs = Inputs(p.model, p.hardware, p.cluster, job)
+        inputs = Inputs(p.model, p.hardware, p.cluster, replace(job, comm_priority=job.comm_priority or comm_priority))
         strategy = p.strategy
         title = f"{p.model.name} on {p.cluster.devices} x {p.hardware.device.name} ({p.hardware.name}), plan {plan}"
     else:
@@ -128,7 +128,8 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
         inputs = resolve_inputs(model, hardware, nodes=nodes, devices=devices, global_batch=gbs,
                                 seq_len=seq_len, dtype=dtype, tokens=tokens, attention=attention,
                                 dropout=dropout, framework=framework, fp8_recipe=fp8_recipe,
-                                recompute_modules=recompute_modules, grid_intensity=grid_intensity, pue=pue)
+                                recompute_modules=recompute_modules, grid_intensity=grid_intensity, pue=pue,
+                                comm_priority=comm_priority)
         strategy = strategy_from_flags(
             inputs, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, vpp=vpp, zero=zero, recompute=recompute,
             recompute_layers=recompute_layers, sequence_parallel=sequence_parallel, schedule=schedule,

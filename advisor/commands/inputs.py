@@ -61,6 +61,7 @@ def resolve_inputs(
     recompute_modules: str | None = None,
     grid_intensity: str | None = None,
     pue: float | None = None,
+    comm_priority: bool = False,
 ) -> Inputs:
     spec = load_model(model)
     hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
@@ -93,6 +94,7 @@ def resolve_inputs(
     return Inputs(spec, hw, cluster, TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens,
                                                   attention=attention, dropout=dropout, framework=framework,
                                                   fp8_recipe=fp8_recipe, recompute_modules=modules,
+                                                  comm_priority=comm_priority,
                                                   **site_settings(grid_intensity, pue, train_tokens)))
 
 

@@ -133,6 +133,33 @@ def fanout_time_s(hw: HardwareProfile, op: str, message_bytes, g0, g1, g2):
     return np.where(n > MORE_THAN_ONE, np.minimum(t, flat), 0.0)
 
 
+def tier_busy_s(hw: HardwareProfile, op: str, message_bytes, group) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seconds one collective keeps each tier's link of a member busy with data (fast group, node,
+    between nodes): the bandwidth terms of the hierarchical schedule above, without start-up latency
+    (what another transfer on the same link has to share; advisor.cost.contention)."""
+    message_bytes = np.asarray(message_bytes, dtype=float)
+    g0, g1, g2 = (np.asarray(g, dtype=float) for g in group.fanouts)
+    links = [link.for_op(op) for link in _tier_links(hw)]
+    if op == "all_to_all":
+        nf = np.maximum(g0 * g1 * g2, 1.0)
+        shares = ((g0 - 1.0) / nf, g0 * (g1 - 1.0) / nf, (nf - g0 * g1) / nf)
+        return tuple(s * message_bytes / link.effective_bandwidth_bytes_per_s for s, link in zip(shares, links))
+    out = []
+    for g, size, link in ((g0, message_bytes, links[0]), (g1, message_bytes / g0, links[1]),
+                          (g2, message_bytes / (g0 * g1), links[2])):
+        bw_factor, _ = _ring_factor(op, g)
+        out.append(bw_factor * size / link.effective_bandwidth_bytes_per_s)
+    return tuple(out)
+
+
+def tier_p2p_busy_s(hw: HardwareProfile, message_bytes, tier) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seconds one point-to-point transfer keeps each tier's link busy with data (only its own tier)."""
+    message_bytes = np.asarray(message_bytes, dtype=float)
+    tier = np.asarray(tier)
+    return tuple(np.where(tier == k, message_bytes / link.for_op("p2p").effective_bandwidth_bytes_per_s, 0.0)
+                 for k, link in enumerate(_tier_links(hw)))
+
+
 def p2p_time_s(hw: HardwareProfile, message_bytes, stride):
     """One point-to-point transfer between ranks `stride` apart (aligned neighbours)."""
     stride = np.asarray(stride, dtype=np.int64)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.cost import bubble, comm, compute, multi_copy, recompute
+from advisor.cost import bubble, comm, compute, contention, multi_copy, recompute
 from advisor.cost.data_parallel import dp_time_s
 from advisor.cost.layer_comm import layer_comm
 from advisor.cost.memory import GIB, MemoryArrays, col, linear_params, memory, stage_layer_counts, stage_masks, stage_params, state_bytes_per_param
@@ -25,8 +25,8 @@ from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
 
-TIME_PARTS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "host_overhead", "pp_comm", "dp_comm", "bubble",
-              "optimizer", "offload")
+TIME_PARTS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "host_overhead", "pp_comm", "dp_comm",
+              "contention", "bubble", "optimizer", "offload")
 # Kernels one transformer layer launches per micro-batch, counted in Megatron-LM's
 # ParallelTransformerLayer with its fused kernels (norm, QKV GEMM, layout copies, score batched
 # matmul, fused scale-mask-softmax, dropout, context batched matmul, output GEMM, TP all-reduce,
@@ -194,6 +194,11 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     units = np.max(np.where(active, n_layers, 0), axis=1)
     dp_s = dp_time_s(hw, job, b, dense_max, expert_max, groups["dp_cp"], groups["edp"],
                      units, at_slowest(fwd), at_slowest(bwd), gather_bytes)
+    # overlapped data-parallel traffic sharing links with the slowest stage's critical path
+    critical = contention.critical_busy_s(model, hw, job, b, groups, ring, neighbour,
+                                          at_slowest(dense_n), at_slowest(moe_n))
+    contention_s = contention.contention_s(hw, job, b, critical, dense_max, expert_max, groups["dp_cp"], groups["edp"],
+                                           at_slowest(fwd), at_slowest(bwd), gather_bytes)
     # Tied embeddings under pipelining: the first and last stages all-reduce the word-embedding
     # gradient every step (Megatron's embedding group, _allreduce_embedding_grads).
     if model.tie_embeddings:
@@ -231,11 +236,12 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
         "host_overhead": at_slowest(host_s) * m,
         "pp_comm": pp_s,
         "dp_comm": dp_s,
+        "contention": contention_s,
         "bubble": bubble_s,
         "optimizer": opt_s,
         "offload": offload_s,
     }
-    step = pipe_s + pp_s + dp_s + opt_s + offload_s + weight_cast
+    step = pipe_s + pp_s + dp_s + contention_s + opt_s + offload_s + weight_cast
 
     tokens = job.tokens_per_step
     model_flops = model.training_flops_per_token(job.seq_length) * tokens

@@ -68,3 +68,12 @@ def torchtitan_bucket_unsupported(plan: Plan) -> str | None:
         return None
     return (f"parallel.grad_bucket_mb = {mb:g}: torchtitan's job config has no gradient bucket size; exported with "
             "its default")
+
+
+def priority_unsupported(plan: Plan, target: str) -> str | None:
+    """training.comm_priority (advisor.cost.contention): no launcher schedules bytes on a link by priority."""
+    if not plan.training.comm_priority:
+        return None
+    return (f"training.comm_priority = true: {target} has no switch that lets the layers' transfers go ahead of "
+            "data-parallel traffic on a shared link (Megatron-Core's high_priority_stream_groups orders kernels on "
+            "the device, not bytes on a link); exported without it, and the plan's step time assumes it")

@@ -48,7 +48,7 @@ from advisor.cost.memory import GIB
 from advisor.search.rank import TIE_BAND
 from advisor.search import Pins, Progress, SearchOutcome, SearchStats
 from advisor.search.enumerate_bounds import (
-    UNBOUNDED_GBPS, bound_skeletons, family_bounds, fastest_link_hardware, free_hardware, leanest_options,
+    UNBOUNDED_GBPS, bound_skeletons, bound_step_s, family_bounds, fastest_link_hardware, free_hardware, leanest_options,
 )
 from advisor.search.enumerate_rows import (
     DEFAULT_ORDER_INDEX, MESH_ORDERS, PRICE_CELLS, Rows, _DEFAULTS, _add, _concat, _count, _cross, _take, chunks_by_pp,
@@ -79,7 +79,7 @@ __all__ = [
     "DEFAULT_ORDER_INDEX", "DEVICE_MEMORY_REASON", "HCCS_REASON", "HOST_MEMORY_REASON", "MESH_ORDERS", "PRICE_CELLS",
     "Rows", "SearchStats", "TIME_BOUND_REASON", "UNBOUNDED_GBPS", "ZERO_STAGES", "_concat", "_count", "_cross",
     "_take", "bound_skeletons", "chunks_by_pp", "cp_comm_options", "degree_rows", "divisors", "family_bounds",
-    "fastest_link_hardware", "finalist_batch", "free_hardware", "leanest_options", "mesh_counts", "mesh_strides",
+    "bound_step_s", "fastest_link_hardware", "finalist_batch", "free_hardware", "leanest_options", "mesh_counts", "mesh_strides",
     "mesh_variants", "order_variants", "search", "skeleton_rows", "space_size", "stage_layers_for", "to_batch",
     "top_distinct", "tp_inside_fast_group", "zero_offload_options", "zero_variants",
 ]
@@ -247,14 +247,14 @@ class _Scoring:
             part = _take(pairs, idx)
             e = estimate_batch(model, self.fast, cluster, job, to_batch(model, job, part))
             self.bounded += len(idx)
-            step = e.step_time_s
+            step = bound_step_s(e)
             a2a = cp_comm_options(model, part, self.pins)[:, 1]
             if a2a.any():   # the bound covers both context-parallel kinds: the faster of the two
                 rows = _take(part, a2a)
                 rows = {**rows, "cp_comm": np.ones(_count(rows), dtype=np.int64)}
                 ulysses = estimate_batch(model, self.fast, cluster, job, to_batch(model, job, rows))
                 step = step.copy()
-                step[a2a] = np.minimum(step[a2a], ulysses.step_time_s)
+                step[a2a] = np.minimum(step[a2a], bound_step_s(ulysses))
             host = e.memory.host_optimizer * hw.node.devices_per_node <= hw.host.memory_gib * GIB
             upper[idx] = job.tokens_per_step / step
             reach = upper[idx] >= limit

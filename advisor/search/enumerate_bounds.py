@@ -22,6 +22,13 @@ from advisor.specs.model import ModelSpec
 UNBOUNDED_GBPS = 1e12
 
 
+def bound_step_s(e) -> np.ndarray:
+    """A bound's step time: its estimate without contention (advisor.cost.contention), which is never
+    negative on the real profile and not monotone in where a profile puts its tiers (the bound profiles
+    put the whole cluster in one node, so traffic that the real tiers keep apart would meet)."""
+    return e.step_time_s - e.time_s["contention"]
+
+
 def _free_host(hw: HardwareProfile) -> dict:
     host = replace(hw.host, pcie_bandwidth_gbps=UNBOUNDED_GBPS, memory_bandwidth_gbps=UNBOUNDED_GBPS)
     return {"host": host, "device": replace(hw.device, launch_overhead_us=0.0)}
@@ -93,7 +100,7 @@ def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job
             if todo.any():
                 other = _take(_with_lean_memory(part, options, pair), todo)
                 fits[todo] = memory(model, job, to_batch(model, job, other)).total <= capacity
-        lower[idx] = e.step_time_s
+        lower[idx] = bound_step_s(e)
         may_fit[idx] = fits
     return lower, may_fit
 
@@ -115,5 +122,5 @@ def family_bounds(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
     reps = _with_lean_memory(_take(rows, fastest), options, leanest_options(options)[0])
     free = free_hardware(hw)
     for idx in chunks_by_pp(reps):
-        lower[idx] = estimate_batch(model, free, cluster, job, to_batch(model, job, _take(reps, idx))).step_time_s
+        lower[idx] = bound_step_s(estimate_batch(model, free, cluster, job, to_batch(model, job, _take(reps, idx))))
     return starts, lower

@@ -120,6 +120,10 @@ class TrainingJob:
     # sized, a device-to-host synchronization per MoE layer and pass. False: a capacity factor with
     # padding keeps shapes static (no synchronization; advisor.cost.step prices both).
     moe_dropless: bool = True
+    # Critical-path traffic (TP/EP/CP collectives, pipeline transfers) ahead of overlapped data-parallel
+    # traffic on a shared link (MindPipe's communication scheduling; ByteScheduler): the data-parallel
+    # collective yields instead of slowing the layers (advisor.cost.contention).
+    comm_priority: bool = False
     # What Megatron's selective recomputation replays (--recompute-modules, RECOMPUTE_MODULES; framework
     # megatron only); None: Megatron-Core's default, the attention core.
     recompute_modules: tuple[str, ...] | None = None
