@@ -16,6 +16,9 @@ fitted links; `--hardware PROFILE.yaml` reads a calibrated profile's figures ins
 (about 30 s). Then what contention costs an MoE plan whose FSDP traffic shares links with its tp and ep traffic,
 with fair sharing and with priority to the pipeline (advisor.cost.contention).
 
+vPipe: a 1F1B plan that does not fit without recomputation, with every layer recomputed against the
+memory-aware repartitioning (advisor.search.vpipe) for MindSpore (a count per stage) and Megatron (one count).
+
 Not built yet (printed as such): mixed clusters, supernets.
 """
 
@@ -73,6 +76,7 @@ def main() -> None:
               f"{first.tokens_per_s / given.tokens_per_s:.0%} of its throughput")
     carbon_section()
     contention_section(args.hardware)
+    vpipe_section()
     print("\nnot built yet: mixed A100 + H100 clusters, the supernet executor")
     print(f"\n{time.perf_counter() - started:.1f} s")
 
@@ -91,6 +95,28 @@ def carbon_section() -> None:
             print(f"  {region:>6} ({GRID_GCO2E_PER_KWH[region]:>3.0f} gCO2e/kWh)  --objective {objective:<10} "
                   f"{duration(e.time_to_train_s):>10}  HFU {e.hfu:.1%}  {e.energy_to_train_kwh / 1000:,.0f} MWh  "
                   f"{e.emissions_to_train_tco2e:.3g} tCO2e")
+
+
+def vpipe_section() -> None:
+    from advisor.cost.estimate import estimate
+    from advisor.search.vpipe import memory_aware_strategy
+    from advisor.space.strategy import Strategy
+
+    model, hw = load_model("llama3-70b"), load_hardware("dgx-h100")
+    cluster = Cluster.of(hw, nodes=4)
+    plain = Strategy(dp=2, tp=4, pp=4, micro_batch_size=1, num_micro_batches=32, zero_stage=1, sequence_parallel=True)
+    print(f"\nmemory-aware repartitioning (vPipe): llama3-70b on {cluster.devices} x dgx-h100, dp2 tp4 pp4 1F1B, "
+          "sequence 8192, batch 64")
+    for framework in ("mindspore", "megatron"):
+        job = TrainingJob(global_batch_size=64, seq_length=8192, framework=framework)
+        rows = [("no recomputation", plain), ("every layer recomputed", replace(plain, recompute="full")),
+                ("vPipe", memory_aware_strategy(model, hw, job, plain))]
+        for label, s in rows:
+            e = estimate(model, hw, cluster, job, s)
+            recomputed = "all" if s.recompute == "full" and s.recompute_layers is None else (s.recompute_layers or 0)
+            print(f"  {framework:<9} {label:<22} stages {str(list(s.resolved_stage_layers(model.num_layers))):<18} "
+                  f"recomputed {str(recomputed):<14} "
+                  f"{e.memory_gib.total:5.1f} GiB  {'fits' if e.feasible else 'does not fit'}  step {e.step_time_s:.2f} s")
 
 
 def contention_section(profile: str | None) -> None:

@@ -23,6 +23,7 @@ from advisor.search import enumerate as enumerate_searcher
 from advisor.search import operator_plan
 from advisor.search.intra_op import price_layouts
 from advisor.search.stages import rebalance as balance_stages
+from advisor.search.vpipe import repartition
 from advisor.space.rules import RULES
 from advisor.space.strategy import RECOMPUTE
 from advisor.specs.hardware import HardwareProfile
@@ -100,6 +101,8 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
                 feasible=e.feasible, memory_bytes=e.memory.total)
     if len(lead):
         batch = balance_stages(model, hardware, cluster, job, batch.take(lead))
+        # ... and, for those with no or full recomputation, stages sized with per-stage recompute counts (vPipe)
+        batch = repartition(model, hardware, cluster, job, batch)
         if outcome.operator_strategies is not None:
             outcome = replace(outcome, operator_strategies=[outcome.operator_strategies[int(i)] for i in lead])
         e = price_layouts(estimate_batch(model, hardware, cluster, job, batch), batch, outcome.operator_strategies,

@@ -1,0 +1,156 @@
+"""Memory-aware repartitioning (vPipe: Zhao et al., "vPipe: A Virtualized Acceleration System for
+Achieving Efficient and Scalable Pipeline Parallel DNN Training", TPDS 2022): layers per stage chosen
+together with how many layers each stage recomputes, so that a faster partition fits.
+
+Under 1F1B the first stage keeps pp micro-batches of activations in flight and the last one keeps
+one (advisor.cost.memory), so one recomputation count for every stage recomputes too much on the
+late stages or too little on the early ones. Here each stage recomputes only what its own memory
+needs: for stage i holding a span of L layers, the cost model's stage model priced without
+recomputation (time T0, memory M0) and with every layer recomputed (T1, M1) (advisor.search.stages'
+probes) give the fewest recomputed layers that fit, r = ceil(L (M0 - capacity) / (M0 - M1)) clipped
+to [0, L], and its time T0 + r / L (T1 - T0) (a layer's replay and the memory it frees are the same
+for every layer of a kind; spans that mix dense and MoE layers recompute them in proportion). The
+exact min-max partition over those times (stages' dynamic programme) then picks the stage sizes;
+the result is re-checked with the cost model's memory and a stage that misses its capacity
+recomputes one more layer until it fits.
+
+vPipe also swaps activations to the host; the cost model does not price activation offload, so that
+half is not searched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from advisor.cost.estimate import estimate_batch
+from advisor.cost.memory import memory
+from advisor.search.stages import _min_max, _min_sum, stage_cost_model
+from advisor.space.strategy import RECOMPUTE, Strategy, StrategyBatch
+from advisor.specs.hardware import HardwareProfile
+from advisor.specs.job import Cluster, TrainingJob
+from advisor.specs.model import ModelSpec
+
+FULL = RECOMPUTE.index("full")
+SELECTIVE = RECOMPUTE.index("selective")
+
+
+def _span_counts(model: ModelSpec, v: int):
+    """(dense, MoE, span) over unit spans [a, b) of v layers: (units + 1, units + 1) arrays."""
+    units = model.num_layers // v
+    kinds = np.array([model.is_moe_layer(j) for j in range(model.num_layers)], dtype=bool)
+    moe_prefix = np.concatenate([[0], np.cumsum(kinds)])[:: v].astype(float)
+    dense_prefix = np.arange(0, model.num_layers + 1, v, dtype=float) - moe_prefix
+    a, b = np.meshgrid(np.arange(units + 1), np.arange(units + 1), indexing="ij")
+    return dense_prefix[b] - dense_prefix[a], moe_prefix[b] - moe_prefix[a], b > a
+
+
+def memory_aware_strategy(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strategy: Strategy) -> Strategy | None:
+    """The strategy with full recomputation of some layers per stage and the stage sizes that minimize
+    the slowest stage within memory; None where no partition fits, pp is 1 or the framework cannot run
+    it. Counts per stage as MindFormers' recompute list takes them (framework mindspore); one count for
+    every stage, a multiple of the virtual stages, as Megatron's --recompute-method block takes it
+    (framework megatron); the PyTorch stacks recompute all layers or none (advisor.search.stages)."""
+    p, v = strategy.pp, strategy.virtual_pipeline_stages
+    if p == 1 or model.num_layers % v or model.num_layers // v < p or job.framework not in ("mindspore", "megatron"):
+        return None
+    base = replace(strategy, stage_layers=None, recompute_layers=None)
+    keep = stage_cost_model(model, hw, job, replace(base, recompute="none"))
+    replay = stage_cost_model(model, hw, job, replace(base, recompute="full"))
+    dense, moe, span = _span_counts(model, v)
+    layers = np.maximum(dense + moe, 1.0)
+    capacity = keep.capacity_bytes
+    stages = []
+    for i in range(p):
+        t0 = keep.time_fixed_s[i] + dense * keep.time_dense_s + moe * keep.time_moe_s
+        t1 = replay.time_fixed_s[i] + dense * replay.time_dense_s + moe * replay.time_moe_s
+        m0 = keep.memory_fixed_bytes[i] + dense * keep.memory_dense_bytes[i] + moe * keep.memory_moe_bytes[i]
+        m1 = replay.memory_fixed_bytes[i] + dense * replay.memory_dense_bytes[i] + moe * replay.memory_moe_bytes[i]
+        need = np.clip(np.ceil(layers * (m0 - capacity) / np.maximum(m0 - m1, 1.0) - 1e-9), 0.0, layers)
+        stages.append((t0, t1, need, span & (m1 <= capacity)))
+    if job.framework == "mindspore":
+        best = _partition(stages, layers, p, model.num_layers // v, v, None)
+    else:   # one count for every stage: the best of each multiple of v
+        best = None
+        for count in range(0, model.num_layers // p + v, v):
+            found = _partition(stages, layers, p, model.num_layers // v, v, float(count))
+            if found is not None and (best is None or found[0] < best[0]):
+                best = found
+    if best is None:
+        return None
+    _, stage_layers, counts = best
+    return _fit(model, job, replace(strategy, recompute="full", stage_layers=stage_layers), counts, capacity,
+                per_stage=job.framework == "mindspore", step=v)
+
+
+def _partition(stages, layers, p: int, units: int, v: int, count: float | None):
+    """(slowest stage, stage layers, counts) of the min-max partition, each stage recomputing what its
+    memory needs (count None) or the given count (capped at its layers), or None if none fits."""
+    times, fits, needs = [], [], []
+    for t0, t1, need, ok in stages:
+        r = need if count is None else np.minimum(count, layers)
+        ok = ok & (r >= need)
+        times.append(np.where(ok, t0 + r / layers * (t1 - t0), np.inf))
+        fits.append(ok)
+        needs.append(r)
+    bottleneck = _min_max(times, fits, p, units)
+    if not np.isfinite(bottleneck):
+        return None
+    allowed = [f & (t <= bottleneck * (1 + 1e-9)) for t, f in zip(times, fits)]
+    cuts = _min_sum([np.where(a, t * t, np.inf) for t, a in zip(times, allowed)], p, units)
+    spans = list(zip(cuts, cuts[1:]))
+    return (bottleneck, tuple(int((b - a) * v) for a, b in spans), [int(needs[i][a, b]) for i, (a, b) in enumerate(spans)])
+
+
+def _fit(model: ModelSpec, job: TrainingJob, s: Strategy, counts: list[int], capacity: float, per_stage: bool,
+         step: int) -> Strategy | None:
+    """The strategy with the counts raised (the fullest stage's by one layer, or every stage's by
+    ``step`` when they share one count) until the cost model's memory says every stage fits (the stage
+    model is affine; the real memory may round)."""
+    layers = s.stage_layers
+    if not per_stage:
+        counts = [max(counts)] * len(layers)
+    for _ in range(sum(layers) + 1):
+        candidate = (replace(s, recompute_layers=tuple(counts) if per_stage else counts[0]) if any(counts)
+                     else replace(s, recompute="none", recompute_layers=None))   # nothing to recompute
+        mem = memory(model, job, StrategyBatch.from_strategies([candidate], model.num_layers))
+        if mem.total[0] <= capacity:
+            return candidate
+        worst = int(mem.worst_stage[0])
+        if counts[worst] >= layers[worst]:
+            return None
+        if per_stage:
+            counts[worst] += 1
+        else:
+            counts = [c + step for c in counts]
+    return None
+
+
+def repartition(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob,
+                batch: StrategyBatch) -> StrategyBatch:
+    """The batch with each pipelined candidate (no or full recomputation) replaced by its
+    memory-aware repartitioning where the cost model prices that faster, or where only it fits. A
+    candidate that keeps its optimizer states on the host also tries them back on the device, the
+    recomputation paying for the memory (vPipe's trade of swapping against recomputing)."""
+    rows = np.flatnonzero((batch.pp > 1) & (batch.recompute != SELECTIVE))
+    if len(rows) == 0:
+        return batch
+    current = estimate_batch(model, hw, cluster, job, batch)
+    strategies = [batch.strategy(i) for i in range(len(batch))]
+    tried, owner = [], []
+    for i in rows:
+        s = strategies[i]
+        for start in [s] + ([replace(s, offload_optimizer=False)] if s.offload_optimizer else []):
+            alt = memory_aware_strategy(model, hw, job, start)
+            if alt is not None and alt != s:
+                tried.append(alt)
+                owner.append(int(i))
+    if not tried:
+        return batch
+    e = estimate_batch(model, hw, cluster, job, StrategyBatch.from_strategies(tried, model.num_layers))
+    best = {int(i): float(current.step_time_s[i]) if current.feasible[i] else np.inf for i in rows}
+    for k, i in enumerate(owner):
+        if e.feasible[k] and e.step_time_s[k] < best[i] * (1 - 1e-9):
+            strategies[i], best[i] = tried[k], float(e.step_time_s[k])
+    return StrategyBatch.from_strategies(strategies, model.num_layers)
