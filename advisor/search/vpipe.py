@@ -32,7 +32,6 @@ from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
 
-FULL = RECOMPUTE.index("full")
 SELECTIVE = RECOMPUTE.index("selective")
 
 
