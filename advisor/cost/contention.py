@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from advisor.cost import comm
-from advisor.cost.layer_comm import CP_A2A
+from advisor.cost.layer_comm import CP_A2A, ep_message_bytes, tp_message_bytes
 from advisor.cost.memory import resharding
 from advisor.cost.placement import GroupPlacement
 from advisor.space.strategy import StrategyBatch
@@ -56,16 +56,14 @@ def critical_busy_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: 
     a stage with the given layers: its TP, EP and CP collectives and its pipeline transfer."""
     tokens = b.micro_batch_size * job.seq_length / b.cp
     layers = dense_layers + moe_layers
-    msg = tokens * model.hidden_size * job.dtype_bytes
+    msg = tp_message_bytes(model, job, b)
     tp = groups["tp"]
     sp = _add(comm.tier_busy_s(hw, "reduce_scatter", msg, tp), comm.tier_busy_s(hw, "all_gather", msg, tp))
     ar = comm.tier_busy_s(hw, "all_reduce", msg, tp)
     tp_layer = tuple(2.0 * np.where(b.sequence_parallel, x, y) for x, y in zip(sp, ar))
     fwd = _scale(tp_layer, layers)
     if model.moe is not None:
-        ep_tokens = tokens / np.where(b.sequence_parallel, b.tp, 1)
-        a2a = comm.tier_busy_s(hw, "all_to_all", ep_tokens * model.moe.top_k * model.hidden_size * job.dtype_bytes,
-                               groups["ep"])
+        a2a = comm.tier_busy_s(hw, "all_to_all", ep_message_bytes(model, job, b), groups["ep"])
         fwd = _add(fwd, _scale(a2a, 2.0 * moe_layers))
     t = b.tp.astype(float)
     kv = comm.tier_p2p_busy_s(hw, (b.cp - 1.0) * tokens * (model.k_size + model.v_size) / t * job.dtype_bytes, ring_tier)
@@ -75,7 +73,7 @@ def critical_busy_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: 
     on = b.cp > 1
     cp_f = tuple(np.where(on, np.where(b.cp_comm == CP_A2A, u, r), 0.0) for u, r in zip(ulysses, kv))
     cp_b = tuple(np.where(on, np.where(b.cp_comm == CP_A2A, u, 2.0 * r), 0.0) for u, r in zip(ulysses, kv))
-    pp = comm.tier_p2p_busy_s(hw, tokens * model.hidden_size * job.dtype_bytes / t, neighbour_tier)
+    pp = comm.tier_p2p_busy_s(hw, msg / t, neighbour_tier)
     pp = tuple(np.where(b.pp > 1, x, 0.0) for x in pp)
     # the backward repeats the forward's TP and EP collectives (advisor.cost.layer_comm)
     return _add(fwd, _scale(cp_f, layers), pp), _add(fwd, _scale(cp_b, layers), pp)

@@ -52,9 +52,20 @@ class LayerComm:
     cp_backward: np.ndarray
 
 
+def tp_message_bytes(model: ModelSpec, job: TrainingJob, b: StrategyBatch):
+    """One TP collective's full buffer: the micro-batch's activations on this cp slice."""
+    return b.micro_batch_size * job.seq_length / b.cp * model.hidden_size * job.dtype_bytes
+
+
+def ep_message_bytes(model: ModelSpec, job: TrainingJob, b: StrategyBatch):
+    """One dispatch (or combine) all-to-all's buffer: the top-k copies of this rank's tokens."""
+    tokens = b.micro_batch_size * job.seq_length / b.cp / np.where(b.sequence_parallel, b.tp, 1)
+    return tokens * model.moe.top_k * model.hidden_size * job.dtype_bytes
+
+
 def tp_comm_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, tp: GroupPlacement):
     """Forward TP collectives of one layer and micro-batch, before any overlap (the backward repeats them)."""
-    msg = b.micro_batch_size * job.seq_length / b.cp * model.hidden_size * job.dtype_bytes
+    msg = tp_message_bytes(model, job, b)
     ar = comm.group_time_s(hw, "all_reduce", msg, tp)
     rs_ag = comm.group_time_s(hw, "reduce_scatter", msg, tp) + comm.group_time_s(hw, "all_gather", msg, tp)
     return 2.0 * np.where(b.sequence_parallel, rs_ag, ar)
@@ -64,9 +75,7 @@ def ep_comm_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: Strate
     """Forward all-to-alls (dispatch + combine) of one MoE layer and micro-batch, before any overlap."""
     if model.moe is None:
         return np.zeros(len(b))
-    tokens = b.micro_batch_size * job.seq_length / b.cp / np.where(b.sequence_parallel, b.tp, 1)
-    msg = tokens * model.moe.top_k * model.hidden_size * job.dtype_bytes
-    return 2.0 * comm.group_time_s(hw, "all_to_all", msg, ep)
+    return 2.0 * comm.group_time_s(hw, "all_to_all", ep_message_bytes(model, job, b), ep)
 
 
 def cp_comm_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, cp: GroupPlacement,
