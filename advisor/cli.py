@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from advisor.commands.cli_options import (
-    CRITICAL_HELP, DEVICES_HELP, FP8_HELP, FRAMEWORK_HELP, GRID_HELP, MODULES_HELP, NODES_HELP, OBJECTIVE_HELP,
+    CRITICAL_HELP, DEVICES_HELP, FP8_HELP, FRAMEWORK_HELP, GRID_HELP, HARDWARE_HELP, MODULES_HELP, NODES_HELP, OBJECTIVE_HELP,
     OPSTRAT_HELP, PRIORITY_HELP, PS_MODE_HELP, PUE_HELP, SEQ_HELP, TARGET_LOSS_HELP, TARGET_TOKENS_HELP, console, err_console,
     print_json, print_warnings,
 )
@@ -50,7 +50,7 @@ def list_cmd(what: str = typer.Argument(..., help="models | hardware")) -> None:
 @app.command("estimate")
 def estimate_cmd(
     model: Optional[str] = typer.Option(None, "--model", help="bundled model name or path"),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="bundled hardware profile or path"),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help=HARDWARE_HELP),
     nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP),
     devices: Optional[int] = typer.Option(None, "--devices", help=DEVICES_HELP),
     tp: int = typer.Option(1, "--tp", help="tensor-parallel degree"),
@@ -94,8 +94,12 @@ def estimate_cmd(
     from advisor.render.breakdown import render_estimate
     from advisor.commands.estimate_request import estimate_request
     from advisor.commands.recsys_request import estimate_recsys_cmd, wants_recsys
+    from advisor.commands.mixed_cli import estimate_mixed_cmd, is_mixed_plan
+    from advisor.specs.mixed import is_mixed
     from advisor.specs.input_notes import input_warnings
 
+    if is_mixed(hardware) or is_mixed_plan(plan):
+        return estimate_mixed_cmd(dict(locals()))
     if wants_recsys(model, plan):
         return estimate_recsys_cmd(model, hardware, nodes, devices, gbs, dtype, plan, ps_mode, ps_servers, ps_async,
                                    as_json)
@@ -129,7 +133,7 @@ def estimate_cmd(
 @app.command("recommend")
 def recommend_cmd(
     model: str = typer.Option(..., "--model", help="bundled model name or path"),
-    hardware: str = typer.Option(..., "--hardware", help="bundled hardware profile or path"),
+    hardware: str = typer.Option(..., "--hardware", help=HARDWARE_HELP),
     nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP),
     devices: Optional[int] = typer.Option(None, "--devices", help=DEVICES_HELP),
     gbs: Optional[int] = typer.Option(None, "--global-batch", "--gbs", help="global batch (sequences); default ~4M tokens"),
@@ -171,6 +175,11 @@ def recommend_cmd(
     as_json: bool = typer.Option(False, "--json", help="print only JSON: {plans, search}"),
 ) -> None:
     """Search the strategy space and rank the plans; the best is saved with --out."""
+    from advisor.commands.mixed_cli import recommend_mixed_cmd
+    from advisor.specs.mixed import is_mixed
+
+    if is_mixed(hardware):
+        return recommend_mixed_cmd(dict(locals()))
     from advisor.commands.inputs import resolve_inputs
     from advisor.plan import save_plan
     from advisor.commands.objective import target_for, time_to_target
@@ -250,6 +259,8 @@ def whatif_cmd(
     critical_batch: Optional[str] = typer.Option(None, "--critical-batch-tokens", help=CRITICAL_HELP),
     grid: Optional[str] = typer.Option(None, "--grid-intensity", help=GRID_HELP),
     pue: Optional[float] = typer.Option(None, "--pue", help=PUE_HELP),
+    replace_half: Optional[str] = typer.Option(None, "--replace-half", help="also price each even node count "
+                                               "with half its nodes of this profile (a mixed cluster)"),
     as_json: bool = typer.Option(False, "--json", help="print only JSON: {points: [...]}"),
 ) -> None:
     """Best plan per hardware variant and cluster size: throughput, time, cost and energy to train."""
@@ -268,7 +279,7 @@ def whatif_cmd(
             global_batch=parse_list("--global-batch", gbs), seq_len=parse_list("--seq-len", seq_len),
             tokens=tokens, dtype=dtype, searcher=searcher, workers=workers, progress=update,
             target=target_for(objective, target_tokens, target_loss, critical_batch), objective=objective,
-            grid_intensity=grid, pue=pue,
+            grid_intensity=grid, pue=pue, replace_half=replace_half,
         )
     if plot:
         from advisor.render.plots import whatif_plot

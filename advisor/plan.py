@@ -23,6 +23,8 @@ from advisor.specs.job import (DEFAULT_PUE, FP8_RECIPES, FRAMEWORKS, OPTIMIZERS,
                                TrainingJob)
 from advisor.specs.model import ModelSpec, model_from_dict, model_to_dict
 from advisor.specs.recommendation import RecModelSpec
+from advisor.specs.mixed import MixedHardware, MixedLayout, mixed_from_list
+from advisor.plan_mixed import check_cluster, layout_from_dict
 from advisor.plan_ps import embedding_placement_from_dict, parameter_server_from_dict, rec_violations
 
 SCHEMA_VERSION = 1
@@ -33,7 +35,7 @@ _PARALLEL_OPTIONAL = (
     "cp", "ep", "sequence_parallel", "virtual_pipeline_stages", "micro_batch_size", "num_micro_batches",
     "zero_stage", "recompute", "recompute_layers", "pipeline_schedule", "stage_layers", "mesh_order",
     "offload_optimizer", "cp_comm", "parameter_server", "embedding_placement",
-    "grad_bucket_mb", "micro_batch_copies",
+    "grad_bucket_mb", "micro_batch_copies", "stage_devices", "replica_devices", "dp_batch_split",
 )
 
 
@@ -54,6 +56,10 @@ class Plan:
     embedding_placement: str | None = None
     # what --objective time-to-target aimed at (advisor.cost.convergence.Target.to_dict), in training.target
     target: dict[str, Any] | None = None
+    # a mixed cluster (advisor.plan_mixed): its parts (``hardware`` is then the first part's profile)
+    # and which device type runs which stages or replicas
+    mixed: MixedHardware | None = None
+    layout: MixedLayout | None = None
 
 
 def strategy_to_dict(s: Strategy, num_layers: int) -> dict[str, Any]:
@@ -101,11 +107,13 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         parallel["parameter_server"] = plan.parameter_server
     if plan.embedding_placement is not None:
         parallel["embedding_placement"] = plan.embedding_placement
+    if plan.layout is not None:
+        parallel.update(plan.layout.to_parallel())
     return {
         "schema_version": SCHEMA_VERSION,
         "advisor_version": plan.advisor_version,
         "model": plan.model_raw if plan.model_raw is not None else model_to_dict(plan.model),
-        "hardware": plan.hardware.raw,
+        "hardware": plan.mixed.to_list() if plan.mixed is not None else plan.hardware.raw,
         "cluster": {"nodes": plan.cluster.nodes, "devices": plan.cluster.devices},
         "training": training,
         "parallel": parallel,
@@ -193,15 +201,21 @@ def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
         raise AdvisorError(f"{origin}: key 'schema_version' must be {SCHEMA_VERSION}, got {prefix(data['schema_version'])}")
     if not isinstance(data["model"], dict):
         raise AdvisorError(f"{origin}: key 'model' must be a mapping (the model description)")
-    if not isinstance(data["hardware"], dict):
-        raise AdvisorError(f"{origin}: key 'hardware' must be a mapping (the hardware profile)")
+    mixed = None
+    if isinstance(data["hardware"], list):
+        mixed = mixed_from_list(data["hardware"], origin)
+    elif not isinstance(data["hardware"], dict):
+        raise AdvisorError(f"{origin}: key 'hardware' must be a mapping (the hardware profile) or a list of "
+                           "{'profile': ..., 'nodes': N} (a mixed cluster)")
     model = model_from_dict(data["model"], f"{origin}: model")
-    hardware = hardware_from_dict(data["hardware"], f"{origin}: hardware")
+    hardware = mixed.parts[0].profile if mixed else hardware_from_dict(data["hardware"], f"{origin}: hardware")
     co = f"{origin}: cluster"
     f.check_keys(data["cluster"], co, ("nodes", "devices"))
     cluster = Cluster(nodes=f.positive_int(data["cluster"], "nodes", co, maximum=limits.MAX_DEVICES),
                       devices=f.positive_int(data["cluster"], "devices", co, maximum=limits.MAX_DEVICES))
-    if cluster.devices > cluster.nodes * hardware.node.devices_per_node:
+    if mixed is not None:
+        check_cluster(mixed, cluster, co)
+    elif cluster.devices > cluster.nodes * hardware.node.devices_per_node:
         raise AdvisorError(
             f"{co}: key 'devices' = {cluster.devices} exceeds nodes x devices per node = "
             f"{cluster.nodes} x {hardware.node.devices_per_node}"
@@ -227,6 +241,7 @@ def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
         parameter_server=(ps := parameter_server_from_dict(data["parallel"].get("parameter_server"), origin, model, cluster)),
         embedding_placement=embedding_placement_from_dict(data["parallel"], origin, model, ps),
         target=_target_from_dict(data["training"].get("target"), f"{origin}: training: target"),
+        mixed=mixed, layout=layout_from_dict(data["parallel"], origin, mixed, strategy, training),
     )
 
 

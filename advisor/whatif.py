@@ -248,11 +248,14 @@ def whatif(
     grid_intensity: str | None = None,
     pue: float | None = None,
     objective: str = "throughput",
+    replace_half: str | None = None,
 ) -> WhatIfResult:
     """Sweep the grid and return the best plan at every point (in grid order: hardware, overrides,
     batch, sequence length, then cluster size); ``progress(done, total)`` after each point. With a
     ``target`` (advisor.cost.convergence.Target) each point chooses its global batch for the least
-    time to the target, starting from the point's batch."""
+    time to the target, starting from the point's batch. ``replace_half`` (a profile) adds, after each
+    point with an even node count, the same job with half its nodes of that profile
+    (advisor.whatif_mixed)."""
     import time
 
     global _MODEL, _SEARCHER, _TARGET, _OBJECTIVE
@@ -281,6 +284,13 @@ def whatif(
             if dtype not in prof.device.peak_tflops:
                 raise AdvisorError(f"--dtype {dtype}: the {prof.device.name} of profile '{name}' has no {dtype} peak "
                                    f"(it has {', '.join(prof.device.peak_tflops)})")
+    other = None
+    if replace_half is not None:
+        from advisor.whatif_mixed import replacement
+
+        if not nodes or target is not None or objective != "throughput":
+            raise AdvisorError("--replace-half goes with --nodes (half of each count) and the throughput objective")
+        other = replacement(replace_half, profiles, {dtype or default_dtype(p) for p in profiles.values()})
     seqs = list(seq_len) or [spec.seq_length]
     sizes = list(nodes) or list(devices)
     overrides = list(itertools.product(list(inter_node_gbps) or [None], list(intra_node_gbps) or [None],
@@ -321,6 +331,10 @@ def whatif(
             hardware=task.hardware, variant=task.profile.name, nodes=task.cluster.nodes, devices=task.cluster.devices,
             inter_node_gbps=inter, intra_node_gbps=intra, memory_gib=task.profile.device.memory_gib,
             global_batch_size=task.job.global_batch_size, seq_length=task.job.seq_length, **res))
+    if other is not None:
+        from advisor.whatif_mixed import with_mixed_points
+
+        points = with_mixed_points(points, tasks, spec, other, WhatIfPoint)
     points = _with_scaling(points)
     axes = {"hardware": list(hardware), "nodes" if nodes else "devices": sizes,
             "inter_node_gbps": list(inter_node_gbps), "intra_node_gbps": list(intra_node_gbps),

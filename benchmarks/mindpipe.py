@@ -19,7 +19,11 @@ with fair sharing and with priority to the pipeline (advisor.cost.contention).
 vPipe: a 1F1B plan that does not fit without recomputation, with every layer recomputed against the
 memory-aware repartitioning (advisor.search.vpipe) for MindSpore (a count per stage) and Megatron (one count).
 
-Not built yet (printed as such): mixed clusters, supernets.
+Mixed cluster: the best plan on 16 DGX A100 + 16 DGX H100 nodes (advisor.search.mixed) against the best
+plans of each homogeneous half at the same global batch, and the same for a pipeline pinned to cut
+between the types.
+
+Not built yet (printed as such): supernets.
 """
 
 from __future__ import annotations
@@ -77,7 +81,8 @@ def main() -> None:
     carbon_section()
     contention_section(args.hardware)
     vpipe_section()
-    print("\nnot built yet: mixed A100 + H100 clusters, the supernet executor")
+    mixed_section()
+    print("\nnot built yet: the supernet executor")
     print(f"\n{time.perf_counter() - started:.1f} s")
 
 
@@ -117,6 +122,33 @@ def vpipe_section() -> None:
             print(f"  {framework:<9} {label:<22} stages {str(list(s.resolved_stage_layers(model.num_layers))):<18} "
                   f"recomputed {str(recomputed):<14} "
                   f"{e.memory_gib.total:5.1f} GiB  {'fits' if e.feasible else 'does not fit'}  step {e.step_time_s:.2f} s")
+
+
+def mixed_section() -> None:
+    from advisor.commands.inputs import resolve_inputs
+    from advisor.commands.mixed import mixed_inputs, recommend_mixed
+    from advisor.commands.recommend import recommend
+    from advisor.render.mixed import placement_text
+    from advisor.search import Pins
+
+    spec = "dgx-a100-80g:16,dgx-h100:16"
+    print(f"\nmixed cluster {spec}: llama3-70b, batch 512 x 8192, bf16")
+    for label, pins in (("best plan", Pins()), ("pipeline pinned dp1 tp8 pp16", Pins(dp=1, tp=8, pp=16))):
+        mixed, inputs = mixed_inputs("llama3-70b", spec, None, None, global_batch=512)
+        result = recommend_mixed(inputs, mixed, pins, top_k=1)
+        s, e = result.best.strategy, result.estimates[0]
+        halves = []
+        for part in mixed.parts:
+            half = resolve_inputs("llama3-70b", part.profile, nodes=part.nodes, global_batch=512)
+            best = recommend(half.model, part.profile, half.cluster, half.job, top_k=1).estimates[0]
+            halves.append((part.profile.name, best.tokens_per_s))
+        side_by_side = sum(t for _, t in halves)
+        print(f"  {label}: dp{s.dp} tp{s.tp} pp{s.pp} cp{s.cp} {count(e.tokens_per_s)} tokens/s, MFU {e.mfu:.1%} "
+              f"({result.stats.seconds:.1f} s search)")
+        print(f"    {placement_text(e.layout, s.stage_layers or ())}")
+        print("    each half alone: " + ", ".join(f"{n} {count(t)} tokens/s" for n, t in halves)
+              + f"; the mixed plan reaches {e.tokens_per_s / side_by_side:.0%} of both halves side by side, "
+              f"{e.tokens_per_s / max(t for _, t in halves):.2f}x the faster half")
 
 
 def contention_section(profile: str | None) -> None:

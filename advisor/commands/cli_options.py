@@ -22,6 +22,8 @@ OPSTRAT_HELP = ("YAML/JSON: operator name -> cuts per input (MindSpore shard() f
                 "are searched around them (drec | ilp)")
 PS_MODE_HELP = ("recommendation models: pin none (collectives only: replicated or sharded tables) | ps (every "
                 "tensor on parameter servers) | hybrid (tables on servers, towers all-reduced)")
+HARDWARE_HELP = ("bundled hardware profile or path; a mixed cluster as PROFILE:NODES,PROFILE:NODES (then no "
+                 "--nodes/--devices)")
 NODES_HELP = "cluster size in nodes of the profile (or give --devices)"
 DEVICES_HELP = "cluster size in devices (or give --nodes); need not fill the last node (a warning)"
 SEQ_HELP = "sequence length in tokens (default: the model's seq_length)"

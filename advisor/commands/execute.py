@@ -283,6 +283,10 @@ def execute(plan_path: str | Path, options: ExecuteOptions) -> dict[str, Any]:
 
     check_options(options)
     plan = read_plan(plan_path)
+    if isinstance(plan.get("hardware"), list):
+        raise AdvisorError(f"{plan_path} is a plan for a mixed cluster: the executor runs one device type (this "
+                           "machine's), so it cannot measure what the plan predicts per type; price it with "
+                           "advisor estimate --plan")
     if (plan.get("parallel") or {}).get("parameter_server"):      # servers and workers: advisor.executor.ps
         from advisor.executor.ps.run import run_ps
         return run_ps(plan, str(plan_path), steps=options.steps, tiny=options.tiny, dtype=options.dtype,

@@ -128,6 +128,7 @@ class MemoryArrays:
     host_optimizer: np.ndarray
     worst_stage: np.ndarray
     activation_per_microbatch: np.ndarray
+    stage_total: np.ndarray | None = None      # (N, P): every stage's total (-1 where a stage is inactive)
 
 
 def state_bytes_per_param(job: TrainingJob):
@@ -268,5 +269,5 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     return MemoryArrays(
         parameters=pick(params), gradients=pick(grads), optimizer=pick(optim), activations=pick(acts),
         buffers=pick(buffers), total=pick(total), host_optimizer=np.max(np.where(offload, optim_all, 0.0), axis=1),
-        worst_stage=worst, activation_per_microbatch=pick(per_mb),
+        worst_stage=worst, activation_per_microbatch=pick(per_mb), stage_total=total,
     )

@@ -27,6 +27,8 @@ from advisor.specs.model import ModelSpec
 
 TIME_PARTS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "host_overhead", "pp_comm", "dp_comm",
               "contention", "bubble", "optimizer", "offload")
+# the parts of a stage's micro-batch time (the first six of TIME_PARTS, per micro-batch)
+STAGE_PARTS = TIME_PARTS[:6]
 # Kernels one transformer layer launches per micro-batch, counted in Megatron-LM's
 # ParallelTransformerLayer with its fused kernels (norm, QKV GEMM, layout copies, score batched
 # matmul, fused scale-mask-softmax, dropout, context batched matmul, output GEMM, TP all-reduce,
@@ -55,6 +57,10 @@ class EstimateBatch:
     mfu: np.ndarray
     hfu: np.ndarray
     slowest_stage: np.ndarray
+    # (N, P) per-stage micro-batch seconds: the total and its parts (STAGE_PARTS), for mixed
+    # clusters (advisor.cost.mixed), whose stages run on different devices
+    stage_micro_batch_s: np.ndarray | None = None
+    stage_parts_s: dict[str, np.ndarray] | None = None
 
     @property
     def feasible(self) -> np.ndarray:
@@ -163,6 +169,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     if model.moe is not None and job.moe_dropless and hw.device.asynchronous_launch:
         host_s = host_s + moe_n * col(_dropless_sync_s(hw, moe, moe_c)) * (1.0 + full_share * REPLAYED_LAUNCHES)
     stage_mb = np.where(active, comp + recompute_s + tp_s + ep_s + cp_s + host_s, 0.0)
+    stage_parts = dict(zip(STAGE_PARTS, (comp, recompute_s, tp_s, cp_s, ep_s, host_s)))
 
     pipe_s, bubble_s, slowest = bubble.pipeline_time_s(stage_mb, active, b.num_micro_batches, b.virtual_pipeline_stages)
     rows = np.arange(n_cand)
@@ -271,4 +278,6 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
         mfu=tflops * 1e12 / peak,
         hfu=hfu_tflops * 1e12 / peak,
         slowest_stage=slowest,
+        stage_micro_batch_s=stage_mb,
+        stage_parts_s={k: np.where(active, np.broadcast_to(v, stage_mb.shape), 0.0) for k, v in stage_parts.items()},
     )

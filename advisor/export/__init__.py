@@ -79,8 +79,13 @@ def export_plan(plan: Plan, target: str, target_version: str | None = None, laun
     if launch is not None and target != "mindspore":
         raise AdvisorError(f"--hosts and --master-port go with --to mindspore (its msrun, mpirun and rank-table "
                            f"launchers), not --to {target[:20]}")
+    from advisor.export._mixed import check_mixed
+
+    mixed_notes = check_mixed(plan, target)
     result = _exporter(target)(plan, target_version, launch) if launch is not None else \
         _exporter(target)(plan, target_version)
+    if mixed_notes:
+        result = replace(result, notes=result.notes + mixed_notes)
     written = target == "mindspore" and isinstance(plan.operator_strategies, dict) and "strategies" in plan.operator_strategies
     if plan.operator_strategies and not written:   # mindspore writes them (advisor/export/mindspore_strategy.py)
         searcher = (plan.search or {}).get("searcher", "an operator-level")

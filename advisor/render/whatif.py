@@ -42,6 +42,9 @@ def whatif_tables(result: Any) -> list:
         pts = [p for p in result.points if p.hardware == hw]
         first = pts[0].plan.hardware if pts[0].plan is not None else None
         device = f" - {first.device.name}, {first.node.devices_per_node} per node" if first is not None else ""
+        mixed = next((p.plan.mixed for p in pts if p.plan is not None and p.plan.mixed is not None), None)
+        if mixed is not None:
+            device = " - half the nodes each: " + " + ".join(p.profile.device.name for p in mixed.parts)
         table = Table(title=f"{hw}{device}: {result.model} ({result.dtype}{budget})", title_justify="left",
                       box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
         for name in columns:

@@ -1,0 +1,92 @@
+"""The command line's side of mixed clusters (advisor.cli): ``recommend`` and ``estimate`` with
+``--hardware PROFILE:NODES,...``, and ``estimate --plan`` of a mixed plan. advisor.cli hands the
+options over as given; what a mixed cluster does not take is refused in one sentence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from advisor.commands.cli_options import console, print_json
+from advisor.errors import AdvisorError, InfeasibleError
+from advisor.search import Pins
+
+# advisor.cli's parameter names -> the names used here
+_ALIASES = {"gbs": "global_batch", "grid": "grid_intensity", "priority": "comm_priority", "offload_optimizer": "offload"}
+_JOB_KEYS = ("global_batch", "seq_len", "dtype", "tokens", "attention", "framework", "fp8_recipe", "recompute_modules",
+             "grid_intensity", "pue", "comm_priority")
+
+
+def _options(given: dict[str, Any]) -> dict[str, Any]:
+    return {_ALIASES.get(k, k): v for k, v in given.items()}
+
+
+def _pins(o: dict[str, Any]) -> Pins:
+    return Pins(dp=o.get("dp"), tp=o.get("tp"), pp=o.get("pp"), cp=o.get("cp"), ep=o.get("ep"),
+                zero_stage=o.get("zero"), recompute=o.get("recompute"), micro_batch_size=o.get("mbs"),
+                virtual_pipeline_stages=o.get("vpp"), pipeline_schedule=o.get("schedule"),
+                sequence_parallel=o.get("sequence_parallel"), offload_optimizer=o.get("offload"),
+                cp_comm=o.get("cp_comm"))
+
+
+def _inputs(o: dict[str, Any]):
+    from advisor.commands.mixed import mixed_inputs
+
+    job = {k: o.get(k) for k in _JOB_KEYS if o.get(k) is not None}
+    return mixed_inputs(o["model"], o["hardware"], o.get("nodes"), o.get("devices"), **job)
+
+
+def recommend_mixed_cmd(given: dict[str, Any]) -> None:
+    o = _options(given)
+    from advisor.commands.mixed import recommend_mixed, refuse_unsupported
+    from advisor.plan import save_plan
+    from advisor.render.mixed import render_mixed_recommendation
+
+    refuse_unsupported(searcher=o.get("searcher"), operator_strategies=o.get("operator_strategies"),
+                       ps_mode=o.get("ps_mode"), objective=o.get("objective"), plot=o.get("plot"))
+    mixed, inputs = _inputs(o)
+    result = recommend_mixed(inputs, mixed, _pins(o), o.get("top", 5))
+    if o.get("out"):
+        save_plan(result.best, o["out"])
+    if o.get("as_json"):
+        print_json(result.to_dict())
+    else:
+        render_mixed_recommendation(console, result, saved_to=o.get("out"))
+
+
+def is_mixed_plan(path: str | None) -> bool:
+    from advisor.plan import read_plan_dict
+
+    return path is not None and isinstance(read_plan_dict(path).get("hardware"), list)
+
+
+def estimate_mixed_cmd(given: dict[str, Any]) -> None:
+    """--plan: the plan's own layout; degrees: the best layout of that strategy on the parts."""
+    o = _options(given)
+    for key, flag in (("recompute_layers", "--recompute-layers"), ("bucket_mb", "--bucket-mb")):
+        if o.get(key) is not None:
+            raise AdvisorError(f"{flag} is not available on a mixed cluster (--hardware PROFILE:NODES,...)")
+    if o.get("copies", 1) != 1:
+        raise AdvisorError("--copies is not available on a mixed cluster (--hardware PROFILE:NODES,...)")
+    from advisor.commands.mixed import estimate_plan, recommend_mixed, refuse_unsupported
+    from advisor.plan import load_plan
+    from advisor.render.mixed import render_mixed_estimate
+
+    refuse_unsupported(operator_strategies=o.get("operator_strategies"), ps_mode=o.get("ps_mode"))
+    if o.get("plan") is not None:
+        plan = load_plan(o["plan"])
+        e, title = estimate_plan(plan), f"{plan.model.name} on {plan.mixed.label} (plan {o['plan']})"
+    else:
+        if o.get("pp") is None or o.get("tp") is None:
+            raise AdvisorError("estimate on a mixed cluster needs at least --tp and --pp (or --plan)")
+        mixed, inputs = _inputs(o)
+        plan = recommend_mixed(inputs, mixed, _pins(o), top_k=1).best
+        e, title = estimate_plan(plan), f"{plan.model.name} on {mixed.label}, its best layout"
+    if o.get("as_json"):
+        from advisor.plan import strategy_to_dict
+
+        print_json({"strategy": strategy_to_dict(plan.strategy, plan.model.num_layers), "estimate": e.to_dict()})
+    else:
+        render_mixed_estimate(console, title, plan.strategy, e)
+    if not e.feasible:
+        raise InfeasibleError(f"the strategy does not fit: {e.reasons[0]}")
