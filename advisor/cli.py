@@ -94,12 +94,11 @@ def estimate_cmd(
     from advisor.render.breakdown import render_estimate
     from advisor.commands.estimate_request import estimate_request
     from advisor.commands.recsys_request import estimate_recsys_cmd, wants_recsys
-    from advisor.commands.mixed_cli import estimate_mixed_cmd, is_mixed_plan
-    from advisor.specs.mixed import is_mixed
+    from advisor.commands.route import route
     from advisor.specs.input_notes import input_warnings
 
-    if is_mixed(hardware) or is_mixed_plan(plan):
-        return estimate_mixed_cmd(dict(locals()))
+    if route("estimate", dict(locals())):
+        return
     if wants_recsys(model, plan):
         return estimate_recsys_cmd(model, hardware, nodes, devices, gbs, dtype, plan, ps_mode, ps_servers, ps_async,
                                    as_json)
@@ -175,11 +174,10 @@ def recommend_cmd(
     as_json: bool = typer.Option(False, "--json", help="print only JSON: {plans, search}"),
 ) -> None:
     """Search the strategy space and rank the plans; the best is saved with --out."""
-    from advisor.commands.mixed_cli import recommend_mixed_cmd
-    from advisor.specs.mixed import is_mixed
+    from advisor.commands.route import route
 
-    if is_mixed(hardware):
-        return recommend_mixed_cmd(dict(locals()))
+    if route("recommend", dict(locals())):
+        return
     from advisor.commands.inputs import resolve_inputs
     from advisor.plan import save_plan
     from advisor.commands.objective import target_for, time_to_target

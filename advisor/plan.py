@@ -25,6 +25,9 @@ from advisor.specs.model import ModelSpec, model_from_dict, model_to_dict
 from advisor.specs.recommendation import RecModelSpec
 from advisor.specs.mixed import MixedHardware, MixedLayout, mixed_from_list
 from advisor.plan_mixed import check_cluster, layout_from_dict
+from advisor.plan_supernet import check_strategy, run_from_dict
+from advisor.cost.supernet import SupernetRun
+from advisor.specs.supernet import SupernetSpec
 from advisor.plan_ps import embedding_placement_from_dict, parameter_server_from_dict, rec_violations
 
 SCHEMA_VERSION = 1
@@ -35,7 +38,7 @@ _PARALLEL_OPTIONAL = (
     "cp", "ep", "sequence_parallel", "virtual_pipeline_stages", "micro_batch_size", "num_micro_batches",
     "zero_stage", "recompute", "recompute_layers", "pipeline_schedule", "stage_layers", "mesh_order",
     "offload_optimizer", "cp_comm", "parameter_server", "embedding_placement",
-    "grad_bucket_mb", "micro_batch_copies", "stage_devices", "replica_devices", "dp_batch_split",
+    "grad_bucket_mb", "micro_batch_copies", "stage_devices", "replica_devices", "dp_batch_split", "supernet",
 )
 
 
@@ -60,6 +63,8 @@ class Plan:
     # and which device type runs which stages or replicas
     mixed: MixedHardware | None = None
     layout: MixedLayout | None = None
+    # a supernet's sampling (advisor.plan_supernet; None for other models)
+    supernet: SupernetRun | None = None
 
 
 def strategy_to_dict(s: Strategy, num_layers: int) -> dict[str, Any]:
@@ -109,6 +114,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         parallel["embedding_placement"] = plan.embedding_placement
     if plan.layout is not None:
         parallel.update(plan.layout.to_parallel())
+    if plan.supernet is not None:
+        parallel["supernet"] = plan.supernet.to_dict()
     return {
         "schema_version": SCHEMA_VERSION,
         "advisor_version": plan.advisor_version,
@@ -225,7 +232,10 @@ def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
         raise AdvisorError(f"{origin}: training: optimizer {training.optimizer!r} is priced for recommendation models "
                            f"only; transformer plans train with {', '.join(TRANSFORMER_OPTIMIZERS)}")
     strategy = _strategy_from_dict(data["parallel"], origin)
-    broken = (rec_violations if isinstance(model, RecModelSpec) else violations)(model, cluster, training, strategy)
+    if isinstance(model, SupernetSpec):
+        check_strategy(model, data["parallel"], origin)
+    rules_model = model.base if isinstance(model, SupernetSpec) else model
+    broken = (rec_violations if isinstance(model, RecModelSpec) else violations)(rules_model, cluster, training, strategy)
     if broken:
         raise AdvisorError(f"{origin}: parallel: {broken[0]}")
     for key in ("prediction", "search"):
@@ -242,6 +252,7 @@ def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
         embedding_placement=embedding_placement_from_dict(data["parallel"], origin, model, ps),
         target=_target_from_dict(data["training"].get("target"), f"{origin}: training: target"),
         mixed=mixed, layout=layout_from_dict(data["parallel"], origin, mixed, strategy, training),
+        supernet=run_from_dict(data["parallel"], origin, model),
     )
 
 

@@ -261,6 +261,9 @@ def whatif(
     global _MODEL, _SEARCHER, _TARGET, _OBJECTIVE
     start = time.perf_counter()
     spec = model if isinstance(model, ModelSpec) else load_model(model)
+    if getattr(spec, "family", None) == "supernet":
+        raise AdvisorError(f"advisor whatif sweeps transformer plans; {spec.name} is a supernet (compare pipeline "
+                           "depths with advisor recommend)")
     if getattr(spec, "family", None) == "recommendation":
         raise AdvisorError(f"advisor whatif sweeps transformer plans; {spec.name} is a recommendation model "
                            f"(compare clusters with advisor recommend, or benchmarks/parameter_server.py)")

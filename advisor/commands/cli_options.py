@@ -31,6 +31,13 @@ MODULES_HELP = ("with --framework megatron: what selective recomputation replays
                 "moe_act, mla_up_proj, mlp (Megatron's --recompute-modules; default core_attn)")
 
 
+def wide_console(width: int = 120) -> Console:
+    """The console, or one ``width`` wide where output is piped (not squeezed to 80 columns)."""
+    if console.is_terminal or console.width >= width:
+        return console
+    return Console(file=console.file, width=width, no_color=console.no_color, highlight=False)
+
+
 def print_warnings(warnings: list[str]) -> None:
     """Input warnings (advisor.specs.input_notes) on stderr, one line each."""
     for text in warnings:

@@ -283,6 +283,16 @@ def execute(plan_path: str | Path, options: ExecuteOptions) -> dict[str, Any]:
 
     check_options(options)
     plan = read_plan(plan_path)
+    if (plan.get("model") or {}).get("family") == "supernet":      # NASPipe's pipeline: advisor.executor.supernet
+        from advisor.executor.supernet.run import run_supernet
+        from advisor.plan import plan_from_dict
+
+        loaded = plan_from_dict(plan, str(plan_path))
+        if options.nproc not in (None, loaded.strategy.pp):
+            raise AdvisorError(f"--nproc {options.nproc}: the supernet plan runs one rank per pipeline stage "
+                               f"({loaded.strategy.pp})")
+        return run_supernet(loaded, subnets=options.steps, tiny=options.tiny,
+                            timeout_s=options.timeout_s, workdir=options.workdir)
     if isinstance(plan.get("hardware"), list):
         raise AdvisorError(f"{plan_path} is a plan for a mixed cluster: the executor runs one device type (this "
                            "machine's), so it cannot measure what the plan predicts per type; price it with "

@@ -64,6 +64,9 @@ def resolve_inputs(
     comm_priority: bool = False,
 ) -> Inputs:
     spec = load_model(model)
+    if getattr(spec, "family", None) == "supernet":
+        raise AdvisorError(f"{spec.name} is a supernet (family: supernet): advisor recommend and estimate plan it on "
+                           "one hardware profile with NASPipe's schedule (--pp, --global-batch); other options do not apply")
     hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
     cluster = Cluster.of(hw, nodes=nodes, devices=devices)
     seq = check_count("--seq-len", seq_len if seq_len is not None else spec.seq_length, limits.MAX_SEQ_LENGTH)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from advisor.commands.cli_options import console, print_json
+from advisor.commands.cli_options import console, print_json, wide_console
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.search import Pins
 
@@ -51,7 +51,7 @@ def recommend_mixed_cmd(given: dict[str, Any]) -> None:
     if o.get("as_json"):
         print_json(result.to_dict())
     else:
-        render_mixed_recommendation(console, result, saved_to=o.get("out"))
+        render_mixed_recommendation(wide_console(), result, saved_to=o.get("out"))
 
 
 def is_mixed_plan(path: str | None) -> bool:

@@ -81,6 +81,10 @@ def export_plan(plan: Plan, target: str, target_version: str | None = None, laun
                            f"launchers), not --to {target[:20]}")
     from advisor.export._mixed import check_mixed
 
+    if getattr(plan.model, "family", None) == "supernet":
+        raise AdvisorError(f"{plan.model.name} is a supernet: no launcher runs NASPipe's causal pipeline schedule, "
+                           "so there is nothing to export; advisor execute runs the plan")
+
     mixed_notes = check_mixed(plan, target)
     result = _exporter(target)(plan, target_version, launch) if launch is not None else \
         _exporter(target)(plan, target_version)

@@ -34,9 +34,11 @@ def models_table() -> Table:
     for name in bundled_models():
         m = load_model(name)
         size = count(m.num_params)
+        supernet = getattr(m, "family", None) == "supernet"
         if m.num_active_params != m.num_params:      # MoE: the parameters one token passes through
-            size += f" ({count(m.num_active_params)} active)"
-        family = "recommendation" if isinstance(m, RecModelSpec) else ("moe" if m.moe is not None else "transformer")
+            size += f" ({count(m.num_active_params)} {'per subnet' if supernet else 'active'})"
+        family = ("recommendation" if isinstance(m, RecModelSpec) else "supernet" if supernet
+                  else "moe" if m.moe is not None else "transformer")
         table.add_row(*map(Text, (name, family, size, str(m.num_layers), _source(m.source))))
     return table
 

@@ -280,9 +280,13 @@ class ModelSpec:
 def model_from_dict(data: dict[str, Any], origin: str) -> ModelSpec:
     family = data.get("family") if isinstance(data, dict) else None
     if family is not None:   # a model family other than the transformer (advisor.specs.recommendation)
-        f.choice(data, "family", origin, ("transformer", "recommendation"))
+        f.choice(data, "family", origin, ("transformer", "recommendation", "supernet"))
         if family == "recommendation":
             return rec_model_from_dict(data, origin)
+        if family == "supernet":        # advisor.specs.supernet: its base is this parser's transformer
+            from advisor.specs.supernet import supernet_from_dict
+
+            return supernet_from_dict({k: v for k, v in data.items() if k != "family"}, origin)
         data = {k: v for k, v in data.items() if k != "family"}
     f.check_keys(data, origin, _REQUIRED, _OPTIONAL)
     name = f.name(data, "name", origin)
@@ -343,6 +347,10 @@ def model_to_dict(model: ModelSpec) -> dict[str, Any]:
     """The description as a plain mapping (round-trips through model_from_dict)."""
     if isinstance(model, RecModelSpec):
         return rec_model_to_dict(model)
+    if getattr(model, "family", None) == "supernet":
+        from advisor.specs.supernet import supernet_to_dict
+
+        return supernet_to_dict(model)
     out: dict[str, Any] = {
         "name": model.name, "source": model.source, "num_layers": model.num_layers,
         "hidden_size": model.hidden_size, "num_attention_heads": model.num_attention_heads,
@@ -385,7 +393,7 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 
 def bundled_models(family: str | None = None) -> list[str]:
-    """Bundled model names; with `family` ("transformer" or "recommendation") only that family's."""
+    """Bundled model names; with `family` ("transformer", "recommendation" or "supernet") only that family's."""
     names = sorted(p.stem for p in MODELS_DIR.glob("*.yaml"))
     if family is None:
         return names

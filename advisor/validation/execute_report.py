@@ -189,6 +189,8 @@ def render_report(console, report: dict[str, Any], saved_to: str | None = None) 
     """The rich table: measured next to predicted, with the verdicts."""
     from rich.table import Table
 
+    if report.get("kind") == "supernet":
+        return _render_supernet(console, report, saved_to)
     if "parameter_server" in report:
         from advisor.executor.ps.report import ps_title, summary_rows as rows_of
         title = ps_title(report)
@@ -208,5 +210,26 @@ def render_report(console, report: dict[str, Any], saved_to: str | None = None) 
     console.print(table)
     for note in report["notes"]:
         console.print(f"note: {note}", markup=False, highlight=False)
+    if saved_to:
+        console.print(f"report written to {saved_to}", markup=False, highlight=False)
+
+
+def _render_supernet(console, report: dict[str, Any], saved_to: str | None) -> None:
+    """A supernet run (advisor.executor.supernet.run): the pipeline's losses next to sequential training's."""
+    from rich.table import Table
+
+    table = Table(title=f"{report['model']} supernet{' (tiny)' if report['tiny'] else ''}: {report['subnets']} "
+                        f"subnets on {report['stages']} pipeline stages {report['stage_layers']} in NASPipe's order, "
+                        "against sequential training on one process")
+    for col in ("subnet", "pipeline loss", "sequential loss", "difference"):
+        table.add_column(col, justify="right")
+    for j, (a, b) in enumerate(zip(report["losses"], report["sequential_losses"])):
+        table.add_row(str(j), f"{a:.6f}", f"{b:.6f}", f"{abs(a - b):.1e}")
+    console.print(table)
+    verdict = "match" if report["losses_match"] else "DIFFER"
+    console.print(f"losses {verdict}: largest difference {report['max_loss_difference']:.1e} (tolerance "
+                  f"{report['tolerance']:g}); {report['held_back']} forward starts waited for an earlier subnet's "
+                  f"update; pipeline {report['pipeline_s']:.2f} s, sequential {report['sequential_s']:.2f} s "
+                  "(CPU ranks: times are not the plan's)", markup=False, highlight=False)
     if saved_to:
         console.print(f"report written to {saved_to}", markup=False, highlight=False)

@@ -1,0 +1,153 @@
+"""`recommend`, `estimate` and `execute` for supernets (models of ``family: supernet``): plans priced with
+NASPipe's schedule (advisor.search.supernet, advisor.cost.supernet) and run on CPU ranks
+(advisor.executor.supernet). advisor.cli hands the options over as given (see advisor.commands.route).
+
+The job: ``--global-batch`` sequences per subnet (each subnet trains one step on one batch), the
+model's sequence length unless ``--seq-len``; ``--pp`` pins the pipeline depth. What a supernet plan
+does not take (tensor or context parallelism, the other searchers) is refused in one sentence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.table import Table
+
+from advisor.commands.cli_options import console, print_json, wide_console
+from advisor.cost.supernet import SupernetEstimate, SupernetRun
+from advisor.errors import AdvisorError, InfeasibleError
+from advisor.plan import Plan, save_plan, strategy_to_dict
+from advisor.render.formatting import step_time
+
+DEFAULT_BATCH = 32          # sequences per subnet step (HAT trains with 4,096 tokens per GPU batch: 8 x 512)
+LEGEND = ("NASPipe, sequential, bound: seconds for the subnets; sequential: one subnet at a time through the "
+          "stages (exact training without NASPipe); x: the speed-up over it; bound: the same pipeline if no two "
+          "subnets shared a block; held: forward starts that waited for an earlier subnet's update")
+_REFUSED = ("tp", "cp", "ep", "vpp", "zero", "operator_strategies", "ps_mode", "plot")
+
+
+def is_supernet(model: str | None) -> bool:
+    if model is None:
+        return False
+    from advisor.specs import _fields as f
+    from advisor.specs.model import MODELS_DIR
+
+    try:
+        data = f.read_mapping(f.resolve_bundled(model, MODELS_DIR, "model"), "model description")
+    except AdvisorError:
+        return False          # the regular path reports the problem
+    return data.get("family") == "supernet"
+
+
+def _refuse(o: dict[str, Any]) -> None:
+    for key in _REFUSED:
+        if o.get(key) not in (None, False, 1, 0):
+            raise AdvisorError(f"--{key.replace('_', '-')} is not available for a supernet (NASPipe trains each subnet "
+                               "as one pipeline task; give --pp and --global-batch)")
+    if o.get("searcher", "enumerate") != "enumerate" or o.get("objective", "throughput") != "throughput":
+        raise AdvisorError("a supernet plan is ranked by subnets per second with NASPipe's schedule; --searcher and "
+                           "--objective do not apply")
+
+
+def _inputs(o: dict[str, Any]):
+    from advisor.commands.inputs import default_dtype
+    from advisor.specs import _fields as f
+    from advisor.specs.hardware import load_hardware
+    from advisor.specs.job import Cluster, TrainingJob
+    from advisor.specs.model import MODELS_DIR, load_model
+
+    net = load_model(o["model"])
+    raw = f.read_mapping(f.resolve_bundled(o["model"], MODELS_DIR, "model"), "model description")
+    hw = load_hardware(o["hardware"])
+    cluster = Cluster.of(hw, nodes=o.get("nodes"), devices=o.get("devices"))
+    dtype = o.get("dtype") or default_dtype(hw)
+    if dtype not in hw.device.peak_tflops:
+        raise AdvisorError(f"--dtype {dtype}: the {hw.device.name} of profile '{hw.name}' has no {dtype} peak")
+    job = TrainingJob(global_batch_size=o.get("gbs") or DEFAULT_BATCH, seq_length=o.get("seq_len") or net.base.seq_length,
+                      dtype=dtype)
+    return net, raw, hw, cluster, job
+
+
+def _plan(net, raw, hw, cluster, job, p, run: SupernetRun, rank: int, seconds: float) -> Plan:
+    e = p.estimate
+    prediction = {"step_time_s": e.naspipe.makespan_s / e.subnets, "tokens_per_s": e.tokens_per_s,
+                  "memory_gib": {"total": e.memory_gib}, "supernet": e.to_dict()}
+    return Plan(model=net, hardware=hw, cluster=cluster, training=job, strategy=p.strategy, prediction=prediction,
+                search={"searcher": "naspipe", "rank": rank, "seconds": round(seconds, 3)}, model_raw=raw, supernet=run)
+
+
+def _table(title: str, rows: list[tuple]) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
+                  collapse_padding=True)
+    for name in ("#", "dp.pp", "layers", "subnet/s", "tokens/s", "NASPipe", "sequential", "x", "bound", "held",
+                 "GiB"):
+        table.add_column(name, justify="left" if name in ("dp.pp", "layers") else "right", no_wrap=True)
+    for i, (s, e) in enumerate(rows, start=1):
+        layers = "+".join(str(n) for n in s.stage_layers) if s.stage_layers else "all"
+        table.add_row(str(i), f"{s.dp}.{s.pp}", layers, f"{e.subnets_per_s:,.1f}", f"{e.tokens_per_s:,.0f}",
+                      step_time(e.naspipe.makespan_s), step_time(e.sequential_s), f"{e.speedup:.2f}x",
+                      step_time(e.no_dependency.makespan_s), str(e.naspipe.waits), f"{e.memory_gib:.1f}")
+    return table
+
+
+def recommend_supernet_cmd(o: dict[str, Any]) -> None:
+    import time
+
+    from advisor.search.supernet import search_supernet
+
+    _refuse(o)
+    net, raw, hw, cluster, job = _inputs(o)
+    run = SupernetRun()
+    started = time.perf_counter()
+    plans = search_supernet(net, hw, cluster, job, run, pp=o.get("pp"), top_k=o.get("top") or 5)
+    seconds = time.perf_counter() - started
+    best = _plan(net, raw, hw, cluster, job, plans[0], run, 1, seconds)
+    if o.get("out"):
+        save_plan(best, o["out"])
+    if o.get("as_json"):
+        print_json({"plans": [{"parallel": strategy_to_dict(p.strategy, net.num_layers), **p.estimate.to_dict()}
+                              for p in plans], "search": {"searcher": "naspipe", "seconds": seconds}})
+        return
+    wide_console().print(_table(f"{net.name} supernet on {cluster.devices} x {hw.device.name}: {run.subnets} subnets of "
+                         f"{job.global_batch_size} x {job.seq_length} tokens, NASPipe schedule",
+                         [(p.strategy, p.estimate) for p in plans]))
+    console.print(LEGEND, highlight=False)
+    if o.get("out"):
+        console.print(f"best plan saved to {o['out']}")
+
+
+def estimate_supernet_plan(plan: Plan) -> SupernetEstimate:
+    from advisor.cost.supernet import estimate_supernet
+
+    return estimate_supernet(plan.model, plan.hardware, plan.training, plan.strategy, plan.supernet or SupernetRun())
+
+
+def estimate_supernet_cmd(o: dict[str, Any]) -> None:
+    from advisor.plan import load_plan
+    from advisor.search.supernet import supernet_strategy
+
+    if o.get("plan"):
+        plan = load_plan(o["plan"])
+        s, e = plan.strategy, estimate_supernet_plan(plan)
+        title = f"{plan.model.name} supernet (plan {o['plan']})"
+    else:
+        _refuse(o)
+        net, _, hw, cluster, job = _inputs(o)
+        pp = o.get("pp") or 1
+        if cluster.devices % pp or job.global_batch_size % (cluster.devices // pp):
+            raise AdvisorError(f"--pp {pp}: it must divide the {cluster.devices} devices, and the replicas "
+                               f"({cluster.devices // max(pp, 1)}) the batch {job.global_batch_size}")
+        s = supernet_strategy(net, hw, job, pp, cluster.devices // pp)
+        from advisor.cost.supernet import estimate_supernet
+
+        e = estimate_supernet(net, hw, job, s)
+        title = f"{net.name} supernet on {cluster.devices} x {hw.device.name}"
+    if o.get("as_json"):
+        print_json({"parallel": {"dp": s.dp, "pp": s.pp, "stage_layers": list(s.stage_layers or [])}, **e.to_dict()})
+    else:
+        wide_console().print(_table(title, [(s, e)]))
+        console.print(LEGEND, highlight=False)
+    if not e.feasible:
+        raise InfeasibleError(f"the supernet plan needs {e.memory_gib:.1f} GiB per device, the device has "
+                              f"{e.capacity_gib:g} GiB")

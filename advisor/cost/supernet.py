@@ -1,0 +1,170 @@
+"""Supernet training on a pipeline (advisor.specs.supernet, advisor.search.naspipe): each candidate
+block's time on a device, each subnet's forward and backward per stage, and the schedules' makespans.
+
+* A transformer candidate is priced as the model's layer with its own FFN width and heads by the
+  transformer cost model (advisor.cost.compute.layer_compute: GEMMs at the device's size-dependent
+  efficiency, the attention kernel, the elementwise traffic).
+* A convolution candidate: its three pointwise GEMMs (h -> 2h GLU input, h -> h output) at the GEMM
+  curve, and the depthwise convolution and GLU as memory-bound passes over the activations (read and
+  write each of its tensors once: LN in/out, 2h projection, GLU out, conv out).
+* Each subnet trains for one step on one batch (NASPipe's one-to-one training); its backward on a
+  stage includes the optimizer update of the blocks it used there (Adam, memory-bound:
+  compute.optimizer_step_s) and, with data parallelism, the all-reduce of their gradients.
+* The embedding and the head are every subnet's. NASPipe's reproducible runs freeze them (their
+  gradients are dropped before the optimizer step, hku-systems/naspipe reproducible/translation/
+  main_with_runtime.py), so they never hold a subnet back; ``train_shared`` trains them, and then every
+  subnet waits for the previous one on the first and last stage (exact, and nearly sequential).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from advisor.cost import comm
+from advisor.cost.compute import gemm_time_s, head_compute_s, layer_compute, memory_time_s, optimizer_step_s
+from advisor.cost.placement import pipeline_neighbour_tier, placements
+from advisor.cost.naspipe import Schedule, dependencies, sample_subnets, sequential_s, simulate, stage_blocks
+from advisor.space.strategy import Strategy, StrategyBatch
+from advisor.specs.hardware import HardwareProfile
+from advisor.specs.job import TrainingJob
+from advisor.specs.supernet import SupernetSpec
+
+
+@dataclass(frozen=True)
+class SupernetRun:
+    """What to price: subnets sampled with a seed, the pipeline, and whether the ends train."""
+    subnets: int = 64
+    seed: int = 0
+    train_shared: bool = False
+    window: int | None = None      # subnets in flight (None: the pipeline depth)
+
+    def to_dict(self) -> dict:
+        return {"subnets": self.subnets, "seed": self.seed, "train_shared": self.train_shared,
+                **({"window": self.window} if self.window is not None else {})}
+
+
+@dataclass(frozen=True)
+class SupernetEstimate:
+    naspipe: Schedule
+    sequential_s: float
+    no_dependency: Schedule          # the same pipeline if subnets never shared a block (a bound)
+    subnets: int
+    tokens_per_subnet: int
+    memory_gib: float                # the fullest stage: every candidate's states and the subnets in flight
+    capacity_gib: float
+
+    @property
+    def subnets_per_s(self) -> float:
+        return self.subnets / self.naspipe.makespan_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.subnets_per_s * self.tokens_per_subnet
+
+    @property
+    def speedup(self) -> float:
+        return self.sequential_s / self.naspipe.makespan_s
+
+    @property
+    def feasible(self) -> bool:
+        return self.memory_gib <= self.capacity_gib
+
+    def to_dict(self) -> dict:
+        return {"makespan_s": self.naspipe.makespan_s, "sequential_s": self.sequential_s,
+                "no_dependency_s": self.no_dependency.makespan_s, "speedup_over_sequential": self.speedup,
+                "subnets": self.subnets, "subnets_per_s": self.subnets_per_s, "tokens_per_s": self.tokens_per_s,
+                "utilization": self.naspipe.utilization, "held_back": self.naspipe.waits,
+                "memory_gib": self.memory_gib, "capacity_gib": self.capacity_gib, "fits": self.feasible}
+
+
+def _batch(s: Strategy, num_layers: int) -> StrategyBatch:
+    return StrategyBatch.from_strategies([s], num_layers)
+
+
+def _conv_s(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, tokens: float, kernel: int) -> tuple[float, float]:
+    h = net.base.hidden_size
+    gemm = float(gemm_time_s(hw, job.gemm_dtype, 2.0 * tokens * 2 * h * h) + gemm_time_s(hw, job.gemm_dtype, 2.0 * tokens * h * h))
+    passes = (2 + 2 + 4 + 2 + 2) * tokens * h * job.dtype_bytes / 2.0      # the tensors named above, in the dtype
+    elementwise = float(memory_time_s(hw, passes + kernel * h * job.dtype_bytes))
+    return gemm + elementwise, 2.0 * gemm + 2.0 * elementwise
+
+
+def candidate_times_s(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: Strategy) -> np.ndarray:
+    """(candidates, 2): forward and backward seconds of one layer of each candidate, per subnet batch."""
+    b = _batch(s, net.num_layers)
+    tokens = s.micro_batch_size * job.seq_length
+    out = []
+    for c in net.candidates:
+        if c.kind == "conv":
+            out.append(_conv_s(net, hw, job, tokens, c.kernel_size))
+        else:
+            lc = layer_compute(c.layer_model(net.base), hw, job, b, moe_layer=False)
+            out.append((float(lc.forward_s[0]), float(lc.backward_s[0])))
+    return np.array(out)
+
+
+def _stage_bounds(s: Strategy, num_layers: int) -> np.ndarray:
+    return np.cumsum((0,) + tuple(s.resolved_stage_layers(num_layers)))
+
+
+def action_times_s(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: Strategy, choices: np.ndarray,
+                   train_shared: bool) -> tuple[np.ndarray, np.ndarray, float]:
+    """(forward (subnets, pp), backward with updates (subnets, pp), one stage-to-stage transfer)."""
+    times = candidate_times_s(net, hw, job, s)
+    params = np.array([c.params(net.base) for c in net.candidates], dtype=float)
+    bounds = _stage_bounds(s, net.num_layers)
+    b = _batch(s, net.num_layers)
+    head_s = float(head_compute_s(net.base, hw, job, b)[0][0])
+    dp = placements(hw, b, ("dp_cp",))["dp_cp"]
+    fwd = np.zeros((len(choices), s.pp))
+    bwd = np.zeros_like(fwd)
+    for st in range(s.pp):
+        picked = choices[:, bounds[st]:bounds[st + 1]]
+        fwd[:, st] = times[picked, 0].sum(axis=1)
+        bwd[:, st] = times[picked, 1].sum(axis=1)
+        used = params[picked].sum(axis=1)
+        if train_shared and st == 0:
+            used = used + net.base.embedding_params
+        if st == s.pp - 1:
+            fwd[:, st] += head_s
+            bwd[:, st] += 2.0 * head_s
+            if train_shared and not net.base.tie_embeddings:
+                used = used + net.base.lm_head_params
+        bwd[:, st] += optimizer_step_s(hw, used)
+        if s.dp > 1:
+            bwd[:, st] += comm.group_time_s(hw, "all_reduce", used * job.grad_reduce_bytes, dp)
+    p2p_bytes = s.micro_batch_size * job.seq_length * net.base.hidden_size * job.dtype_bytes
+    p2p = float(comm.tier_p2p_time_s(hw, p2p_bytes, pipeline_neighbour_tier(hw, b))[0]) if s.pp > 1 else 0.0
+    return fwd, bwd, p2p
+
+
+def _memory_gib(net: SupernetSpec, job: TrainingJob, s: Strategy, window: int, train_shared: bool) -> float:
+    """The fullest stage: weights, gradients and Adam states of every candidate of its layers (and
+    the ends), plus the activations of the subnets in flight (Korthikanti et al. 2022's 34 s b h bytes
+    per transformer layer with fused attention; 14 s b h for the convolution block's saved tensors)."""
+    h, tokens = net.base.hidden_size, s.micro_batch_size * job.seq_length
+    per_layer = sum(c.params(net.base) for c in net.candidates)
+    act = max(34.0 if c.kind == "transformer" else 14.0 for c in net.candidates) * tokens * h * job.dtype_bytes / 2.0
+    state = 2.0 + 4.0 + 12.0
+    worst = 0.0
+    for layers in s.resolved_stage_layers(net.num_layers):
+        worst = max(worst, layers * (per_layer * state + act * window))
+    # frozen ends (NASPipe) hold their weights only
+    ends = (net.base.embedding_params + (0 if net.base.tie_embeddings else net.base.lm_head_params)) * (
+        state if train_shared else 2.0)
+    return (worst + ends) / 2.0 ** 30
+
+
+def estimate_supernet(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: Strategy,
+                      run: SupernetRun = SupernetRun()) -> SupernetEstimate:
+    choices = sample_subnets(run.subnets, net.num_layers, len(net.candidates), run.seed)
+    fwd, bwd, p2p = action_times_s(net, hw, job, s, choices, run.train_shared)
+    blocks = stage_blocks(choices, s.resolved_stage_layers(net.num_layers), run.train_shared)
+    window = run.window or s.pp
+    schedule = simulate(fwd, bwd, p2p, dependencies(blocks), window)
+    free = simulate(fwd, bwd, p2p, dependencies(blocks, causal=False), window)
+    return SupernetEstimate(schedule, sequential_s(fwd, bwd, p2p), free, run.subnets,
+                            s.micro_batch_size * s.dp * job.seq_length, _memory_gib(net, job, s, window, run.train_shared),
+                            hw.device.memory_gib)
