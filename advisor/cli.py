@@ -181,6 +181,7 @@ def recommend_cmd(
     from advisor.commands.inputs import resolve_inputs
     from advisor.plan import save_plan
     from advisor.commands.objective import target_for, time_to_target
+    from advisor.commands.objective_cost import cheapest
     from advisor.commands.recommend import recommend
     from advisor.render.report import render_recommendation, search_progress
     from advisor.search import Pins
@@ -201,12 +202,13 @@ def recommend_cmd(
                 virtual_pipeline_stages=vpp, pipeline_schedule=schedule, sequence_parallel=sequence_parallel,
                 offload_optimizer=offload, cp_comm=cp_comm)
     target = target_for(objective, target_tokens, target_loss, critical_batch)
-    if objective == "time-to-target":
+    if objective in ("time-to-target", "cost"):
         if fixed is not None or ps_pins.mode not in (None, "none"):
-            raise AdvisorError("--objective time-to-target ranks the collective searchers' plans; it does not take "
+            raise AdvisorError(f"--objective {objective} ranks the collective searchers' plans; it does not take "
                                "--operator-strategies or --ps-mode")
-        result, trials = time_to_target(inputs.model, inputs.hardware, inputs.cluster, inputs.job, target,
-                                        pins=pins, top_k=top, searcher=searcher)
+        result, trials = (time_to_target(inputs.model, inputs.hardware, inputs.cluster, inputs.job, target, pins=pins,
+                                         top_k=top, searcher=searcher) if target is not None else
+                          cheapest(inputs.model, inputs.hardware, inputs.cluster, inputs.job, pins, top, searcher))
     else:
         trials = None
         with search_progress(console, enabled=not as_json and sys.stdout.isatty()) as progress:
@@ -223,13 +225,13 @@ def recommend_cmd(
         recommend_plot(result, plot)
     if as_json:
         print_json({**result.to_dict(), "warnings": warnings,
-                    **({"batches": [t.to_dict() for t in trials]} if trials else {})})
+                    **({"sizes" if objective == "cost" else "batches": [t.to_dict() for t in trials]} if trials else {})})
     else:
         render_recommendation(console, result, saved_to=out)
         if trials:
-            from advisor.render.objective import batch_table
+            from advisor.render.objective import trials_table
 
-            console.print(batch_table(trials, result.best.training.global_batch_size))
+            console.print(trials_table(trials, result))
         if plot:
             console.print(f"plot written to {plot}", markup=False, highlight=False)
 

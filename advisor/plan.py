@@ -39,6 +39,7 @@ _PARALLEL_OPTIONAL = (
     "zero_stage", "recompute", "recompute_layers", "pipeline_schedule", "stage_layers", "mesh_order",
     "offload_optimizer", "cp_comm", "parameter_server", "embedding_placement",
     "grad_bucket_mb", "micro_batch_copies", "stage_devices", "replica_devices", "dp_batch_split", "supernet",
+    "swap_layers",
 )
 
 
@@ -83,6 +84,7 @@ def strategy_to_dict(s: Strategy, num_layers: int) -> dict[str, Any]:
         # written only when set, so that plans without them save as they were read
         **({"grad_bucket_mb": s.grad_bucket_mb} if s.grad_bucket_mb is not None else {}),
         **({"micro_batch_copies": s.micro_batch_copies} if s.micro_batch_copies != 1 else {}),
+        **({"swap_layers": list(s.swap_layers)} if s.swap_layers is not None else {}),
     }
 
 
@@ -166,7 +168,19 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
         cp_comm=f.choice(data, "cp_comm", o, CP_COMM, default="p2p"),
         grad_bucket_mb=f.positive_float(data, "grad_bucket_mb", o) if data.get("grad_bucket_mb") is not None else None,
         micro_batch_copies=f.positive_int(data, "micro_batch_copies", o, default=1),
+        swap_layers=_swap_layers(data, o),
     )
+
+
+def _swap_layers(data: dict[str, Any], o: str) -> tuple[int, ...] | None:
+    value = data.get("swap_layers")
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= limits.MAX_LAYERS for x in value):
+        raise AdvisorError(f"{o}: key 'swap_layers' must be a list of non-negative layer counts (one per pipeline "
+                           f"stage), got {prefix(value)}")
+    return tuple(value)
 
 
 def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:

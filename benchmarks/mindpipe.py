@@ -17,7 +17,8 @@ fitted links; `--hardware PROFILE.yaml` reads a calibrated profile's figures ins
 with fair sharing and with priority to the pipeline (advisor.cost.contention).
 
 vPipe: a 1F1B plan that does not fit without recomputation, with every layer recomputed against the
-memory-aware repartitioning (advisor.search.vpipe) for MindSpore (a count per stage) and Megatron (one count).
+memory-aware repartitioning (advisor.search.vpipe) for MindSpore (a count per stage) and Megatron (one count),
+and against swapping activations to the host (MindSpore only).
 
 Mixed cluster: the best plan on 16 DGX A100 + 16 DGX H100 nodes (advisor.search.mixed) against the best
 plans of each homogeneous half at the same global batch, and the same for a pipeline pinned to cut
@@ -107,7 +108,7 @@ def carbon_section() -> None:
 
 def vpipe_section() -> None:
     from advisor.cost.estimate import estimate
-    from advisor.search.vpipe import memory_aware_strategy
+    from advisor.search.vpipe import memory_aware_strategy, swap_strategy
     from advisor.space.strategy import Strategy
 
     model, hw = load_model("llama3-70b"), load_hardware("dgx-h100")
@@ -119,9 +120,14 @@ def vpipe_section() -> None:
         job = TrainingJob(global_batch_size=64, seq_length=8192, framework=framework)
         rows = [("no recomputation", plain), ("every layer recomputed", replace(plain, recompute="full")),
                 ("vPipe", memory_aware_strategy(model, hw, job, plain))]
+        swapped = swap_strategy(model, hw, job, plain)
+        if swapped is not None:                # MindFormers swaps per layer; Megatron-Core not under pp
+            rows.append(("vPipe swap", swapped))
         for label, s in rows:
             e = estimate(model, hw, cluster, job, s)
             recomputed = "all" if s.recompute == "full" and s.recompute_layers is None else (s.recompute_layers or 0)
+            if s.swap_layers is not None:
+                recomputed = f"0, swapped {list(s.swap_layers)}"
             print(f"  {framework:<9} {label:<22} stages {str(list(s.resolved_stage_layers(model.num_layers))):<18} "
                   f"recomputed {str(recomputed):<14} "
                   f"{e.memory_gib.total:5.1f} GiB  {'fits' if e.feasible else 'does not fit'}  step {e.step_time_s:.2f} s")

@@ -162,3 +162,42 @@ def test_usage_errors_are_not_reported_as_nothing_fits():
         with pytest.raises(AdvisorError, match=message) as caught:
             time_to_target(MODEL, A100, cluster, job, Target(loss=2.6), **kwargs)
         assert type(caught.value) is AdvisorError          # exit 2, not InfeasibleError's exit 1
+
+
+# ---- --objective cost: the cluster size that trains a token for the least money ---------------------
+def test_cost_objective_tries_each_halving_and_picks_the_fastest_near_the_cheapest():
+    from advisor.commands.objective_cost import COST_TIE_BAND, cheapest, cluster_sizes
+    from advisor.specs.hardware import load_hardware
+    from advisor.specs.job import Cluster, TrainingJob
+    from advisor.specs.model import load_model
+
+    hw = load_hardware("dgx-a100-80g")
+    assert [(c.nodes, c.devices) for c in cluster_sizes(hw, Cluster(4, 32))] == [
+        (4, 32), (2, 16), (1, 8), (1, 4), (1, 2), (1, 1)]
+    model = load_model("gpt3-1.3b")
+    job = TrainingJob(global_batch_size=256, seq_length=2048, train_tokens=1e11)
+    result, trials = cheapest(model, hw, Cluster(2, 16), job, top_k=1)
+    priced = [t for t in trials if t.usd_per_million_tokens is not None]
+    assert [t.devices for t in trials][:3] == [16, 8, 4] and len(priced) >= 3
+    for t in priced:    # $ per 1M tokens = devices x $/device-hour / (tokens/s x 3600) x 1e6
+        assert t.usd_per_million_tokens == pytest.approx(t.devices * hw.price_per_device_hour_usd / 3600 / t.tokens_per_s * 1e6)
+    chosen = next(t for t in priced if t.devices == result.best.cluster.devices)
+    lowest = min(t.usd_per_million_tokens for t in priced)
+    assert chosen.usd_per_million_tokens <= lowest * (1 + COST_TIE_BAND)
+    assert all(t.tokens_per_s <= chosen.tokens_per_s for t in priced if t.usd_per_million_tokens <= lowest * (1 + COST_TIE_BAND))
+
+
+def test_cost_objective_needs_a_price(monkeypatch, capsys):
+    from advisor.commands.objective_cost import cheapest
+    from advisor.specs.hardware import hardware_from_dict, load_hardware
+    from advisor.specs.job import Cluster, TrainingJob
+    from advisor.specs.model import load_model
+
+    raw = dict(load_hardware("dgx-a100-80g").raw)
+    raw.pop("price_per_device_hour_usd")
+    with pytest.raises(AdvisorError, match="price_per_device_hour_usd"):
+        cheapest(load_model("gpt3-1.3b"), hardware_from_dict(raw, "t"), Cluster(1, 8),
+                 TrainingJob(global_batch_size=64, seq_length=2048))
+    code, text, _ = run_cli(monkeypatch, capsys, "recommend", "--model", "gpt3-1.3b", "--hardware", "dgx-a100-80g",
+                            "--nodes", "2", "--global-batch", "256", "--objective", "cost", "--top", "1", "--json")
+    assert code == 0 and [s["devices"] for s in json.loads(text)["sizes"]][:2] == [16, 8]

@@ -53,7 +53,8 @@ def print_json(obj) -> None:
     sys.stdout.write(text + "\n")
 
 
-OBJECTIVE_HELP = "throughput | time-to-target (the global batch chosen with the parallelism) | carbon (tokens per kWh)"
+OBJECTIVE_HELP = ("throughput | time-to-target (the global batch chosen with the parallelism) | cost (the cluster "
+                  "size, up to the given one, that trains a token for the least money) | carbon (tokens per kWh)")
 GRID_HELP = "grid carbon intensity: gCO2e/kWh or a region (world, china, india, germany, france, norway, ...)"
 PRIORITY_HELP = ("price the layers' transfers ahead of overlapped data-parallel traffic on shared links "
                  "(MindPipe-style communication priority; default: fair sharing)")

@@ -24,7 +24,7 @@ from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
 
-OBJECTIVES = ("throughput", "time-to-target", "carbon")
+OBJECTIVES = ("throughput", "time-to-target", "cost", "carbon")
 BATCH_FACTORS = (1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8)
 MAX_EXTENSIONS = 8          # further halvings or doublings past the range while the time improves
 

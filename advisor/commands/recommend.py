@@ -125,10 +125,10 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
 def _score(objective: str, hardware: HardwareProfile, cluster: Cluster, job: TrainingJob, e):
     """What the ranking maximizes: tokens/s, or (carbon) tokens per joule of the job's IT power, which
     ranks as emissions do for a fixed grid and PUE."""
-    if objective == "throughput":
+    if objective in ("throughput", "cost"):     # on one cluster, dollars per token follow 1 / throughput
         return e.tokens_per_s
     if objective != "carbon":
-        raise AdvisorError(f"recommend ranks by throughput or carbon, got objective {str(objective)[:40]!r}")
+        raise AdvisorError(f"recommend ranks by throughput, cost or carbon, got objective {str(objective)[:40]!r}")
     from advisor.cost.carbon import cluster_power_w
 
     power = cluster_power_w(hardware, job.dtype, cluster.devices, e.hfu)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.cost import fp8, fusion
+from advisor.cost import fp8, fusion, swap
 from advisor.cost.activations import end_stage_activations, layer_activation_terms, logits_gradient_bytes
 from advisor.cost.recompute import kept_bytes
 from advisor.space.strategy import GPIPE, INTERLEAVED, RECOMPUTE_NONE, StrategyBatch
@@ -202,6 +202,15 @@ def _layer_activations(model: ModelSpec, job: TrainingJob, b: StrategyBatch, den
     return per_mb, replay
 
 
+def swapped_layer_bytes(model: ModelSpec, job: TrainingJob, b: StrategyBatch):
+    """(N, P): one average layer's full activations per micro-batch on each stage (what a swapped
+    layer sends to the host)."""
+    dense_n, moe_n = stage_layer_counts(model, b)
+    dense = col(layer_activation_terms(model, job, b, moe_layer=False).no_recompute)
+    moe = col(layer_activation_terms(model, job, b, moe_layer=True).no_recompute)
+    return swap.layer_bytes(dense_n, moe_n, dense, moe)
+
+
 def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays:
     dense, expert = stage_params(model, b)
     dp_group = (b.dp * b.cp)[:, None].astype(float)
@@ -225,6 +234,8 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     per_mb = per_mb + np.where(first, col(first_x), 0.0) + np.where(last, col(last_x), 0.0)
     # the last stage's fp32 logits gradient is live once, during its backward (not per micro-batch in flight)
     acts = per_mb * in_flight(b) + replay + np.where(last, col(logits_gradient_bytes(model, job, b)), 0.0)
+    if b.swap_layers.any():       # activations swapped to the host (advisor.cost.swap)
+        acts = acts - swap.saved_bytes(b, swapped_layer_bytes(model, job, b), in_flight(b))
 
     n_layers = dense_n + moe_n
     layer_local = largest_local_layer(model, b)

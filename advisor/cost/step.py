@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.cost import bubble, comm, compute, contention, multi_copy, recompute
+from advisor.cost import bubble, comm, compute, contention, multi_copy, recompute, swap
 from advisor.cost.data_parallel import dp_time_s
 from advisor.cost.layer_comm import layer_comm
-from advisor.cost.memory import GIB, MemoryArrays, col, linear_params, memory, stage_layer_counts, stage_masks, stage_params, state_bytes_per_param
+from advisor.cost.memory import (GIB, MemoryArrays, col, linear_params, memory, stage_layer_counts, stage_masks, stage_params,
+                                 state_bytes_per_param, swapped_layer_bytes)
 from advisor.cost.placement import cp_ring_tier, pipeline_neighbour_tier, placements
 from advisor.space.strategy import INTERLEAVED, SCHEDULES, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
@@ -168,7 +169,10 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     host_s = _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_share)
     if model.moe is not None and job.moe_dropless and hw.device.asynchronous_launch:
         host_s = host_s + moe_n * col(_dropless_sync_s(hw, moe, moe_c)) * (1.0 + full_share * REPLAYED_LAUNCHES)
-    stage_mb = np.where(active, comp + recompute_s + tp_s + ep_s + cp_s + host_s, 0.0)
+    # activations swapped to the host: what the copies add beyond the stage's forward and backward
+    swap_s = (swap.exposed_s(hw, b, swapped_layer_bytes(model, job, b), fwd, bwd) if b.swap_layers.any()
+              else np.zeros_like(comp))
+    stage_mb = np.where(active, comp + recompute_s + tp_s + ep_s + cp_s + host_s + swap_s, 0.0)
     stage_parts = dict(zip(STAGE_PARTS, (comp, recompute_s, tp_s, cp_s, ep_s, host_s)))
 
     pipe_s, bubble_s, slowest = bubble.pipeline_time_s(stage_mb, active, b.num_micro_batches, b.virtual_pipeline_stages)
@@ -246,7 +250,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
         "contention": contention_s,
         "bubble": bubble_s,
         "optimizer": opt_s,
-        "offload": offload_s,
+        "offload": offload_s + at_slowest(swap_s) * m,     # optimizer offload, and activation swapping
     }
     step = pipe_s + pp_s + dp_s + contention_s + opt_s + offload_s + weight_cast
 

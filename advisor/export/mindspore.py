@@ -184,11 +184,25 @@ def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> 
         "runner_config": runner_config,
         "model": {"model_config": model_config},
     }
+    if s.swap_layers is not None:
+        out["swap_config"] = swap_config(plan)
     if m.moe is not None:
         out["moe_config"] = moe_config(plan, unsupported)
     if s.micro_batch_copies > 1:
         out["micro_batch_interleave_num"] = s.micro_batch_copies   # multi-copy parallelism
     return out
+
+
+def swap_config(plan: Plan) -> dict:
+    """Activation swapping (advisor.cost.swap) as MindFormers' swap_config: the first swap_layers[i]
+    layers of each stage i by global layer index, prefetched one layer ahead of their backward
+    (docs/mindformers/docs/source_en/feature/memory_optimization.md, "Fine-Grained Activations SWAP")."""
+    s = plan.strategy
+    layers, start, swapped = s.resolved_stage_layers(plan.model.num_layers), 0, []
+    for n, k in zip(layers, s.swap_layers):
+        swapped += list(range(start, start + k))
+        start += n
+    return {"swap": True, "default_prefetch": 1, "layer_swap": [{"backward_prefetch": 1, "layers": swapped}]}
 
 
 def moe_config(plan: Plan, unsupported: list[str]) -> dict:

@@ -26,6 +26,8 @@ def strategy_line(s: Strategy) -> str:
         parts.append(s.pipeline_schedule)
     if s.offload_optimizer:
         parts.append("offload")
+    if s.swap_layers is not None:
+        parts.append(f"swap_layers={list(s.swap_layers)}")
     return " ".join(parts)
 
 

@@ -29,6 +29,8 @@ def _knobs(s: Strategy) -> str:
     parts.append(f"z{s.zero_stage}" + ("+off" if s.offload_optimizer else ""))
     if s.recompute != "none":
         parts.append("rc=" + ("sel" if s.recompute == "selective" else s.recompute))
+    if s.swap_layers is not None:
+        parts.append("swap=" + ",".join(str(k) for k in s.swap_layers))
     if s.pp > 1:
         parts.append(f"int.x{s.virtual_pipeline_stages}" if s.pipeline_schedule == "interleaved-1f1b" else s.pipeline_schedule)
     parts.append("mesh=" + _mesh(s))

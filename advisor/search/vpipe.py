@@ -14,8 +14,12 @@ exact min-max partition over those times (stages' dynamic programme) then picks 
 the result is re-checked with the cost model's memory and a stage that misses its capacity
 recomputes one more layer until it fits.
 
-vPipe also swaps activations to the host; the cost model does not price activation offload, so that
-half is not searched.
+vPipe's other half swaps activations to the host instead (advisor.cost.swap): ``swap_strategy`` keeps
+the stage sizes and gives each stage the fewest swapped layers that fit, raising the fullest stage's
+count one layer at a time (MindFormers' swap_config lists the layers; Megatron-Core refuses its CPU
+offloading under pipeline parallelism, TransformerConfig.__post_init__, and the PyTorch stacks have no
+per-layer switch, so only framework mindspore swaps). ``repartition`` keeps whichever of recomputing
+and swapping the cost model prices faster.
 """
 
 from __future__ import annotations
@@ -126,13 +130,35 @@ def _fit(model: ModelSpec, job: TrainingJob, s: Strategy, counts: list[int], cap
     return None
 
 
+def swap_strategy(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strategy: Strategy) -> Strategy | None:
+    """The strategy, without recomputation, with the fewest swapped layers per stage that fit; None
+    where it fits without swapping, nothing fits, or the framework cannot swap per layer."""
+    if strategy.pp == 1 or strategy.virtual_pipeline_stages != 1 or job.framework != "mindspore":
+        return None
+    s = replace(strategy, recompute="none", recompute_layers=None, swap_layers=None)
+    layers = list(s.resolved_stage_layers(model.num_layers))
+    counts = [0] * s.pp
+    capacity = hw.device.memory_gib * 2.0 ** 30
+    for _ in range(sum(layers) + 1):
+        candidate = replace(s, stage_layers=tuple(layers), swap_layers=tuple(counts) if any(counts) else None)
+        mem = memory(model, job, StrategyBatch.from_strategies([candidate], model.num_layers))
+        if mem.total[0] <= capacity:
+            return candidate if any(counts) else None
+        worst = int(mem.worst_stage[0])
+        if counts[worst] >= layers[worst]:
+            return None
+        counts[worst] += 1
+    return None
+
+
 def repartition(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob,
                 batch: StrategyBatch) -> StrategyBatch:
-    """The batch with each pipelined candidate (no or full recomputation) replaced by its
-    memory-aware repartitioning where the cost model prices that faster, or where only it fits. A
+    """The batch with each pipelined candidate replaced by its memory-aware repartitioning (no or full
+    recomputation) or its activation swapping (any) where the cost model prices that faster,
+    or where only it fits. A
     candidate that keeps its optimizer states on the host also tries them back on the device, the
     recomputation paying for the memory (vPipe's trade of swapping against recomputing)."""
-    rows = np.flatnonzero((batch.pp > 1) & (batch.recompute != SELECTIVE))
+    rows = np.flatnonzero(batch.pp > 1)
     if len(rows) == 0:
         return batch
     current = estimate_batch(model, hw, cluster, job, batch)
@@ -141,10 +167,11 @@ def repartition(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tr
     for i in rows:
         s = strategies[i]
         for start in [s] + ([replace(s, offload_optimizer=False)] if s.offload_optimizer else []):
-            alt = memory_aware_strategy(model, hw, job, start)
-            if alt is not None and alt != s:
-                tried.append(alt)
-                owner.append(int(i))
+            repartitioned = memory_aware_strategy(model, hw, job, start) if s.recompute != "selective" else None
+            for alt in (repartitioned, swap_strategy(model, hw, job, start)):
+                if alt is not None and alt != s:
+                    tried.append(alt)
+                    owner.append(int(i))
     if not tried:
         return batch
     e = estimate_batch(model, hw, cluster, job, StrategyBatch.from_strategies(tried, model.num_layers))

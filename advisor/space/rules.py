@@ -14,7 +14,8 @@ from typing import Callable
 
 import numpy as np
 
-from advisor.space.strategy import INTERLEAVED, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE, Strategy, StrategyBatch
+from advisor.space.strategy import (INTERLEAVED, RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, Strategy,
+                                    StrategyBatch)
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
 
@@ -130,6 +131,16 @@ def _grad_bucket(m, c, j, b):
     return ~np.isfinite(b.grad_bucket_mb) | (b.grad_bucket_mb < 0) | ((b.grad_bucket_mb > 0) & (b.zero_stage > 1))
 
 
+def _swap_layers(m, c, j, b):
+    """Swapped layers: at most a stage's layers, and only without recomputation (a layer either keeps
+    its activations, swaps them or recomputes them; the priced swap is of full activations)."""
+    active = np.arange(b.stage_layers.shape[1])[None, :] < b.pp[:, None]
+    swapped = np.where(active, b.swap_layers, 0)
+    given = swapped.any(axis=1)
+    over = (swapped < 0).any(axis=1) | (swapped > np.where(active, b.stage_layers, 0)).any(axis=1)
+    return given & (over | (b.recompute != RECOMPUTE_NONE) | (b.virtual_pipeline_stages > 1))
+
+
 RULES: dict[str, tuple[Rule, str]] = {
     "positive degrees": (_positive, "every degree, the micro-batch size and the micro-batch count must be at least 1"),
     "device count": (_device_count, "dp x tp x pp x cp must equal the number of devices"),
@@ -154,6 +165,8 @@ RULES: dict[str, tuple[Rule, str]] = {
                            "micro-batch size"),
     "gradient bucket": (_grad_bucket, "a gradient bucket size must be a positive number of MiB and goes with ZeRO "
                         "stage 0 or 1"),
+    "swap layers": (_swap_layers, "swapped layers (one count per stage, at most its layers) go without "
+                    "recomputation and without interleaving"),
 }
 
 
@@ -204,5 +217,7 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "recompute layers": f"recompute = {s.recompute}, recompute_layers = {s.recompute_layers}",
         "micro-batch copies": f"copies = {s.micro_batch_copies}, micro-batch size = {s.micro_batch_size}",
         "gradient bucket": f"grad_bucket_mb = {s.grad_bucket_mb}, zero = {s.zero_stage}",
+        "swap layers": f"swap_layers = {list(s.swap_layers or ())}, stage_layers = "
+                       f"{list(s.resolved_stage_layers(m.num_layers))}, recompute = {s.recompute}",
     }
     return details.get(name, "")

@@ -54,6 +54,10 @@ class Strategy:
     # Multi-copy parallelism: copies each micro-batch is split into so that one copy's tensor-parallel
     # collectives run under another's compute (MindSpore MicroBatchInterleaved; advisor.cost.multi_copy).
     micro_batch_copies: int = 1
+    # Activation swapping (vPipe): per stage, how many of its first layers send their saved
+    # activations to the host after the forward and fetch them back for the backward (MindFormers'
+    # swap_config layer_swap; advisor.cost.swap). None: none.
+    swap_layers: tuple[int, ...] | None = None
 
     @property
     def devices(self) -> int:
@@ -129,6 +133,7 @@ class StrategyBatch:
     cp_comm: np.ndarray | None = None          # index into CP_COMM; None: all p2p
     grad_bucket_mb: np.ndarray | None = None   # MiB; 0: the framework's default buckets; None: all 0
     micro_batch_copies: np.ndarray | None = None   # None: all 1
+    swap_layers: np.ndarray | None = None          # (N, P) layers swapped per stage; None: all 0
 
     def __post_init__(self) -> None:
         if self.cp_comm is None:
@@ -137,6 +142,8 @@ class StrategyBatch:
             object.__setattr__(self, "grad_bucket_mb", np.zeros(len(self.dp)))
         if self.micro_batch_copies is None:
             object.__setattr__(self, "micro_batch_copies", np.ones(len(self.dp), dtype=np.int64))
+        if self.swap_layers is None:
+            object.__setattr__(self, "swap_layers", np.zeros(self.stage_layers.shape, dtype=np.int64))
 
     def __len__(self) -> int:
         return int(self.dp.shape[0])
@@ -147,12 +154,15 @@ class StrategyBatch:
         width = max((s.pp for s in strategies), default=1)
         stage = np.zeros((n, width), dtype=np.int64)
         recomputed = np.full((n, width), -1, dtype=np.int64)
+        swapped = np.zeros((n, width), dtype=np.int64)
         for i, s in enumerate(strategies):
             layers = s.resolved_stage_layers(num_layers)
             stage[i, : len(layers)] = layers
             counts = s.recompute_counts()
             if counts is not None:
                 recomputed[i, : min(len(counts), width)] = counts[:width]
+            if s.swap_layers is not None:
+                swapped[i, : min(len(s.swap_layers), width)] = s.swap_layers[:width]
         arr = {k: np.array([getattr(s, k) for s in strategies], dtype=np.int64) for k in _INT_FIELDS}
         return StrategyBatch(
             **arr,
@@ -170,6 +180,7 @@ class StrategyBatch:
             cp_comm=np.array([CP_COMM.index(s.cp_comm) for s in strategies], dtype=np.int64),
             grad_bucket_mb=np.array([s.grad_bucket_mb or 0.0 for s in strategies], dtype=float),
             micro_batch_copies=np.array([s.micro_batch_copies for s in strategies], dtype=np.int64),
+            swap_layers=swapped,
         )
 
     def take(self, index) -> "StrategyBatch":
@@ -203,4 +214,5 @@ class StrategyBatch:
             cp_comm=CP_COMM[int(self.cp_comm[i])],
             grad_bucket_mb=float(self.grad_bucket_mb[i]) if self.grad_bucket_mb[i] > 0 else None,
             micro_batch_copies=int(self.micro_batch_copies[i]),
+            swap_layers=tuple(int(x) for x in self.swap_layers[i, :pp]) if self.swap_layers[i, :pp].any() else None,
         )
