@@ -21,8 +21,9 @@ Sources and how their runs are read (every choice a source does not state is nam
   micro-batches, sequence parallelism, the parallel optimizer = ZeRO-2, or ZeRO-1 with gradient accumulation
   (see _strategy), recomputation with its per-stage layer counts); flash attention.
 Runs are excluded, with the reason, when they are marked doubtful, need a device without a bundled
-profile (B300, GB300), use NVFP4 (no FP4 GEMMs in the cost model) or CPU activation offload (not
-in the cost model; four GB200 FSDP rows), or are implausible: a measured
+profile (B300, GB300), use NVFP4 (no FP4 GEMMs in the cost model) or CPU activation offload (four
+GB200 FSDP rows: priced as activation swapping their memory comes out over the device, see _run), or
+are implausible: a measured
 MFU below a third of their source's median on the same device (_implausible).
 """
 
@@ -172,6 +173,9 @@ def _strategy(run: dict[str, Any], kind: str, model: ModelSpec, settings: dict[s
         micro_batch_size=mbs, num_micro_batches=t["gbs"] // (dp * mbs), zero_stage=zero, recompute=recompute,
         recompute_layers=layers, pipeline_schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
         stage_layers=tuple(settings["stage_layers"]) if settings.get("stage_layers") else None,
+        # Megatron-Core's cpu_offloading of the first N layers' activations (only without pipelining):
+        # priced as activation swapping (advisor.cost.swap)
+        swap_layers=(settings["activation_offload_layers"],) if settings.get("activation_offload_layers") else None,
     )
 
 
@@ -235,8 +239,13 @@ def _run(raw: dict[str, Any]) -> CalibrationRun:
     elif dtype == "nvfp4":
         excluded = "NVFP4: the cost model has no FP4 GEMMs"
     elif settings.get("activation_offload_layers"):
+        # Priced as activation swapping (advisor.cost.swap) these rows come within -8% to +5% of the
+        # measured throughput, but the 70B rows' memory is predicted at 195.5 GiB on the 186 GiB
+        # GB200 (judged not to fit, though they ran): the activations of this FP8 FSDP preset are
+        # over-counted by at least 5%, and until that is found the four offload rows stay out.
         excluded = (f"CPU activation offload of {settings['activation_offload_layers']} layers (Megatron's "
-                    "cpu_offloading): not in the cost model")
+                    "cpu_offloading): priced as activation swapping, the 70B preset's memory comes out 5% over "
+                    "the device (not yet explained)")
     recipe = settings.get("fp8_recipe") or FP8_RECIPES.get(dtype)
     job = TrainingJob(
         global_batch_size=t["gbs"], seq_length=t["seq"],
