@@ -168,18 +168,18 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
         cp_comm=f.choice(data, "cp_comm", o, CP_COMM, default="p2p"),
         grad_bucket_mb=f.positive_float(data, "grad_bucket_mb", o) if data.get("grad_bucket_mb") is not None else None,
         micro_batch_copies=f.positive_int(data, "micro_batch_copies", o, default=1),
-        swap_layers=_swap_layers(data, o),
+        swap_layers=_swap_layers(data, o, f.positive_int(data, "pp", o)),
     )
 
 
-def _swap_layers(data: dict[str, Any], o: str) -> tuple[int, ...] | None:
+def _swap_layers(data: dict[str, Any], o: str, pp: int) -> tuple[int, ...] | None:
     value = data.get("swap_layers")
     if value is None:
         return None
-    if not isinstance(value, list) or not value or not all(
+    if not isinstance(value, list) or len(value) != pp or not all(
             isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= limits.MAX_LAYERS for x in value):
-        raise AdvisorError(f"{o}: key 'swap_layers' must be a list of non-negative layer counts (one per pipeline "
-                           f"stage), got {prefix(value)}")
+        raise AdvisorError(f"{o}: key 'swap_layers' must be a list of non-negative layer counts, one per pipeline "
+                           f"stage ({pp}), got {prefix(value)}")
     return tuple(value)
 
 
@@ -236,6 +236,9 @@ def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
                       devices=f.positive_int(data["cluster"], "devices", co, maximum=limits.MAX_DEVICES))
     if mixed is not None:
         check_cluster(mixed, cluster, co)
+        if not isinstance(model, ModelSpec):
+            raise AdvisorError(f"{origin}: a mixed cluster (hardware list) runs transformer plans; {model.name} is a "
+                               f"{getattr(model, 'family', 'different')} model")
     elif cluster.devices > cluster.nodes * hardware.node.devices_per_node:
         raise AdvisorError(
             f"{co}: key 'devices' = {cluster.devices} exceeds nodes x devices per node = "

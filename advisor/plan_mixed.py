@@ -48,8 +48,9 @@ def layout_from_dict(parallel: dict[str, Any], origin: str, mixed: MixedHardware
     elif sorted(present) == ["dp_batch_split", "replica_devices"]:
         split = parallel["dp_batch_split"]
         if (not isinstance(split, list) or not split
-                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in split)):
-            raise AdvisorError(f"{o}: key 'dp_batch_split' must be a list of positive shares, got {prefix(split)}")
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= 1 for x in split)):
+            raise AdvisorError(f"{o}: key 'dp_batch_split' must be a list of shares of the global batch (each in "
+                               f"(0, 1]), got {prefix(split)}")
         per_micro = training.global_batch_size / strategy.micro_batch_size
         layout = MixedLayout(DATA, replica_devices=_names(parallel["replica_devices"], "replica_devices", o),
                              replica_micro_batches=tuple(int(round(x * per_micro)) for x in split))

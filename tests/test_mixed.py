@@ -212,3 +212,27 @@ def test_whatif_replace_half_adds_a_mixed_twin_of_each_even_point():
         whatif("llama3-8b", ["dgx-a100-80g"], devices=[16], workers=1, replace_half="dgx-h100")
     with pytest.raises(AdvisorError, match="already runs"):
         whatif("llama3-8b", ["dgx-a100-80g"], nodes=[2], workers=1, replace_half="dgx-a100-80g")
+
+
+def test_malformed_mixed_plans_are_refused_with_a_sentence(tmp_path, monkeypatch, capsys):
+    mixed, inputs = mixed_inputs("llama3-8b", "dgx-a100-80g:1,dgx-h100:1", None, None, global_batch=32)
+    plan = recommend_mixed(inputs, mixed, Pins(pp=1), top_k=1).best
+    data = json.loads(dumps_plan(plan))
+    too_big = json.loads(json.dumps(data))
+    too_big["parallel"]["dp_batch_split"][0] = 1e308
+    with pytest.raises(AdvisorError, match="dp_batch_split"):
+        plan_from_dict(too_big)
+    supernet = json.loads(json.dumps(data))
+    from advisor.specs.model import MODELS_DIR
+    import yaml
+    supernet["model"] = yaml.safe_load((MODELS_DIR / "hat-supernet.yaml").read_text())
+    with pytest.raises(AdvisorError, match="transformer plans"):
+        plan_from_dict(supernet)
+    # swapping is not priced on mixed clusters: a result with the reason, not a wrong figure
+    from dataclasses import replace as _replace
+    e = estimate_mixed(inputs.model, mixed, inputs.job, _replace(plan.strategy, swap_layers=(1,)), plan.layout)
+    assert not e.feasible and "swap" in e.reasons[0]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**data, "model": "gpt"}))
+    code, _, err = run_cli(monkeypatch, capsys, "estimate", "--plan", str(bad))
+    assert code == 2 and "model" in err

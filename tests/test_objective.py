@@ -201,3 +201,9 @@ def test_cost_objective_needs_a_price(monkeypatch, capsys):
     code, text, _ = run_cli(monkeypatch, capsys, "recommend", "--model", "gpt3-1.3b", "--hardware", "dgx-a100-80g",
                             "--nodes", "2", "--global-batch", "256", "--objective", "cost", "--top", "1", "--json")
     assert code == 0 and [s["devices"] for s in json.loads(text)["sizes"]][:2] == [16, 8]
+
+
+def test_cost_objective_with_pins_that_divide_no_size(monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "recommend", "--model", "gpt3-1.3b", "--hardware", "dgx-a100-80g",
+                           "--nodes", "1", "--objective", "cost", "--tp", "3")
+    assert code == 2 and "pinned degrees" in err

@@ -148,3 +148,9 @@ def test_what_a_supernet_plan_does_not_do_is_refused(monkeypatch, capsys, pipeli
                         (("whatif", "--model", HAT, "--hardware", "dgx-a100-80g", "--nodes", "1"), "supernet")):
         code, _, err = run_cli(monkeypatch, capsys, *args)
         assert code == 2 and words in err, args
+
+
+def test_supernet_estimate_refuses_a_pipeline_deeper_than_the_layers(monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "estimate", "--model", HAT, "--hardware", "dgx-a100-80g",
+                           "--nodes", "2", "--pp", "16")
+    assert code == 2 and "--pp 16" in err

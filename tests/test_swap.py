@@ -105,3 +105,17 @@ def test_exports_write_mindformers_swap_config_and_say_where_they_cannot():
     assert config["recompute_config"]["recompute"] is False
     mg = export_plan(plan, "megatron")
     assert any("swap_layers" in u for u in mg.unsupported)
+
+
+def test_swapped_activations_count_against_host_memory_and_plans_name_one_count_per_stage():
+    swapped = replace(BASE, swap_layers=(8, 4, 2, 0))
+    raw = dict(H100.raw)
+    raw["host"] = {**raw["host"], "memory_gib": 16}
+    small_host = hardware_from_dict(raw, "test")
+    e = estimate(MODEL, small_host, CLUSTER, JOB, swapped)
+    assert not e.feasible and any("swapped activations" in r for r in e.reasons)
+    plan = Plan(model=MODEL, hardware=H100, cluster=CLUSTER, training=JOB, strategy=swapped)
+    data = json.loads(dumps_plan(plan))
+    data["parallel"]["swap_layers"] = [8]
+    with pytest.raises(AdvisorError, match="one per pipeline stage"):
+        plan_from_dict(data)

@@ -283,7 +283,7 @@ def execute(plan_path: str | Path, options: ExecuteOptions) -> dict[str, Any]:
 
     check_options(options)
     plan = read_plan(plan_path)
-    if (plan.get("model") or {}).get("family") == "supernet":      # NASPipe's pipeline: advisor.executor.supernet
+    if isinstance(plan.get("model"), dict) and plan["model"].get("family") == "supernet":      # NASPipe's pipeline: advisor.executor.supernet
         from advisor.executor.supernet.run import run_supernet
         from advisor.plan import plan_from_dict
 

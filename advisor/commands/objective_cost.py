@@ -80,6 +80,9 @@ def cheapest(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job:
         usd = size.devices * price / 3600.0 / e.tokens_per_s * MILLION
         trials.append(SizeTrial(size.nodes, size.devices, e.tokens_per_s, usd, e.time_to_train_s, e.cost_to_train_usd))
         priced.append((usd, e.tokens_per_s, result))
+    if not trials:
+        raise AdvisorError(f"the pinned degrees divide none of the cluster sizes tried ({cluster.devices} devices and "
+                           "its halvings)")
     if not priced:
         raise InfeasibleError(f"no plan for {model.name} fits on {cluster.devices} devices or any halving of them: "
                               f"{trials[0].why_not}")

@@ -19,7 +19,8 @@ def route(command: str, options: dict[str, Any]) -> bool:
 
             estimate_mixed_cmd(options)
             return True
-        if (read_plan_dict(options["plan"]).get("model") or {}).get("family") == "supernet":
+        model = read_plan_dict(options["plan"]).get("model")
+        if isinstance(model, dict) and model.get("family") == "supernet":
             from advisor.commands.supernet import estimate_supernet_cmd
 
             estimate_supernet_cmd(options)

@@ -134,10 +134,11 @@ def estimate_supernet_cmd(o: dict[str, Any]) -> None:
     else:
         _refuse(o)
         net, _, hw, cluster, job = _inputs(o)
-        pp = o.get("pp") or 1
-        if cluster.devices % pp or job.global_batch_size % (cluster.devices // pp):
-            raise AdvisorError(f"--pp {pp}: it must divide the {cluster.devices} devices, and the replicas "
-                               f"({cluster.devices // max(pp, 1)}) the batch {job.global_batch_size}")
+        pp = 1 if o.get("pp") is None else o["pp"]
+        if not isinstance(pp, int) or not 1 <= pp <= net.num_layers or cluster.devices % pp \
+                or job.global_batch_size % (cluster.devices // pp):
+            raise AdvisorError(f"--pp {pp}: it must be 1 to the {net.num_layers} layers, divide the {cluster.devices} "
+                               f"devices, and leave replicas that divide the batch {job.global_batch_size}")
         s = supernet_strategy(net, hw, job, pp, cluster.devices // pp)
         from advisor.cost.supernet import estimate_supernet
 

@@ -129,6 +129,7 @@ class MemoryArrays:
     worst_stage: np.ndarray
     activation_per_microbatch: np.ndarray
     stage_total: np.ndarray | None = None      # (N, P): every stage's total (-1 where a stage is inactive)
+    host_activations: np.ndarray | None = None  # (N,): activations swapped to the host per device (advisor.cost.swap)
 
 
 def state_bytes_per_param(job: TrainingJob):
@@ -234,8 +235,11 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     per_mb = per_mb + np.where(first, col(first_x), 0.0) + np.where(last, col(last_x), 0.0)
     # the last stage's fp32 logits gradient is live once, during its backward (not per micro-batch in flight)
     acts = per_mb * in_flight(b) + replay + np.where(last, col(logits_gradient_bytes(model, job, b)), 0.0)
+    host_acts = np.zeros(len(b))
     if b.swap_layers.any():       # activations swapped to the host (advisor.cost.swap)
-        acts = acts - swap.saved_bytes(b, swapped_layer_bytes(model, job, b), in_flight(b))
+        per_layer = swapped_layer_bytes(model, job, b)
+        acts = acts - swap.saved_bytes(b, per_layer, in_flight(b))
+        host_acts = np.max(b.swap_layers * per_layer * in_flight(b), axis=1)
 
     n_layers = dense_n + moe_n
     layer_local = largest_local_layer(model, b)
@@ -280,5 +284,5 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     return MemoryArrays(
         parameters=pick(params), gradients=pick(grads), optimizer=pick(optim), activations=pick(acts),
         buffers=pick(buffers), total=pick(total), host_optimizer=np.max(np.where(offload, optim_all, 0.0), axis=1),
-        worst_stage=worst, activation_per_microbatch=pick(per_mb), stage_total=total,
+        worst_stage=worst, activation_per_microbatch=pick(per_mb), stage_total=total, host_activations=host_acts,
     )

@@ -68,6 +68,8 @@ def placement_reasons(mixed: MixedHardware, s: Strategy, layout: MixedLayout,
     layout can still be priced (every stage or replica names a part of the cluster)."""
     if layout.kind not in LAYOUTS:
         return [f"layout must be one of {', '.join(LAYOUTS)}, got {layout.kind!r}"], False
+    if s.swap_layers is not None:
+        return ["activation swapping (swap_layers) is not priced on a mixed cluster"], False
     pipeline = layout.kind == PIPELINE
     names = layout.stage_devices if pipeline else layout.replica_devices
     count, unit, what = (s.pp, s.dp * s.cp * s.tp, "stage") if pipeline else (s.dp, s.tp * s.pp * s.cp, "replica")

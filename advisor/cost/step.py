@@ -272,7 +272,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     host_capacity = hw.host.memory_gib * GIB
     return EstimateBatch(
         fits=mem.total <= capacity,
-        host_fits=mem.host_optimizer * hw.node.devices_per_node <= host_capacity,
+        host_fits=(mem.host_optimizer + mem.host_activations) * hw.node.devices_per_node <= host_capacity,
         memory=mem,
         time_s=time_s,
         step_time_s=step,

@@ -4,9 +4,9 @@ block's time on a device, each subnet's forward and backward per stage, and the 
 * A transformer candidate is priced as the model's layer with its own FFN width and heads by the
   transformer cost model (advisor.cost.compute.layer_compute: GEMMs at the device's size-dependent
   efficiency, the attention kernel, the elementwise traffic).
-* A convolution candidate: its three pointwise GEMMs (h -> 2h GLU input, h -> h output) at the GEMM
-  curve, and the depthwise convolution and GLU as memory-bound passes over the activations (read and
-  write each of its tensors once: LN in/out, 2h projection, GLU out, conv out).
+* A convolution candidate: its pointwise GEMMs (h -> 2h GLU input, h -> h output) at the GEMM curve,
+  and the norm, GLU, depthwise convolution and residual add as memory-bound passes that read their
+  inputs and write their outputs once.
 * Each subnet trains for one step on one batch (NASPipe's one-to-one training); its backward on a
   stage includes the optimizer update of the blocks it used there (Adam, memory-bound:
   compute.optimizer_step_s) and, with data parallelism, the all-reduce of their gradients.
@@ -86,7 +86,9 @@ def _batch(s: Strategy, num_layers: int) -> StrategyBatch:
 def _conv_s(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, tokens: float, kernel: int) -> tuple[float, float]:
     h = net.base.hidden_size
     gemm = float(gemm_time_s(hw, job.gemm_dtype, 2.0 * tokens * 2 * h * h) + gemm_time_s(hw, job.gemm_dtype, 2.0 * tokens * h * h))
-    passes = (2 + 2 + 4 + 2 + 2) * tokens * h * job.dtype_bytes / 2.0      # the tensors named above, in the dtype
+    # elements read and written: LN (h in, h out), GLU (2h in, h out), depthwise conv (h in, h out),
+    # residual add (2h in, h out)
+    passes = (2 + 3 + 2 + 3) * tokens * h * job.dtype_bytes
     elementwise = float(memory_time_s(hw, passes + kernel * h * job.dtype_bytes))
     return gemm + elementwise, 2.0 * gemm + 2.0 * elementwise
 

@@ -255,7 +255,7 @@ class _Scoring:
                 ulysses = estimate_batch(model, self.fast, cluster, job, to_batch(model, job, rows))
                 step = step.copy()
                 step[a2a] = np.minimum(step[a2a], bound_step_s(ulysses))
-            host = e.memory.host_optimizer * hw.node.devices_per_node <= hw.host.memory_gib * GIB
+            host = (e.memory.host_optimizer + e.memory.host_activations) * hw.node.devices_per_node <= hw.host.memory_gib * GIB
             upper[idx] = job.tokens_per_step / step
             reach = upper[idx] >= limit
             meshes = part["meshes"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 BISECTION_STEPS = 60        # halves the pace interval 60 times: far below any cost model resolution
-MAX_ROUNDS = 256            # surplus give-back rounds (each removes at least one unit or stops)
+MAX_ROUNDS = 256            # surplus give-back rounds for the stage layers (each removes one layer)
 
 
 def _bisect(lo: np.ndarray, hi: np.ndarray, covers) -> np.ndarray:
@@ -71,22 +71,16 @@ def micro_batches_by_speed(fixed_s: np.ndarray, per_micro_s: np.ndarray, replica
     even = -(-total // replicas.sum(axis=1))
     hi = np.max(fixed_s + per_micro_s * even[:, None], axis=1) * (1.0 + 1e-12)
     lo = np.max(fixed_s + per_micro_s, axis=1)
-    q = take(_bisect(lo, np.maximum(hi, lo), covers))
-    q = np.maximum(q, 1)
-    full = replicas.copy()                    # replicas running q (the rest run q - 1)
-    for _ in range(MAX_ROUNDS):
-        surplus = (q * replicas).sum(axis=1) - (replicas - full).sum(axis=1) - total
-        todo = surplus > 0
-        if not todo.any():
-            break
-        # the slowest type that can give a micro-batch back (its replicas keep at least one)
-        time = np.where(q > 1, fixed_s + per_micro_s * q, -np.inf)
-        worst = np.argmax(time, axis=1)
-        rows = np.flatnonzero(todo)
-        w = worst[rows]
-        give = np.minimum(surplus[rows], full[rows, w])
-        full[rows, w] -= give
-        drained = full[rows, w] == 0
-        q[rows[drained], w[drained]] -= 1
-        full[rows[drained], w[drained]] = replicas[rows[drained], w[drained]]
-    return q, full
+    q = np.maximum(take(_bisect(lo, np.maximum(hi, lo), covers)), 1)
+    # give the surplus back, the slowest type first (fewer micro-batches never slow a type), each
+    # replica keeping at least one; a type's count c runs as q = ceil(c / replicas) on ``full``
+    # replicas and q - 1 on the others
+    counts = q * replicas
+    surplus = counts.sum(axis=1) - total
+    rows = np.arange(len(total))
+    for t in np.argsort(-(fixed_s + per_micro_s * q), axis=1, kind="stable").T:
+        give = np.clip(np.minimum(surplus, counts[rows, t] - replicas[rows, t]), 0, None)
+        counts[rows, t] -= give
+        surplus = surplus - give
+    q = -(-counts // replicas)
+    return q, counts - (q - 1) * replicas

@@ -15,7 +15,7 @@ import numpy as np
 
 from advisor.cost.supernet import SupernetEstimate, SupernetRun, candidate_times_s, estimate_supernet
 from advisor.cost.compute import head_compute_s
-from advisor.errors import InfeasibleError
+from advisor.errors import AdvisorError, InfeasibleError
 from advisor.space.strategy import Strategy, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
@@ -59,6 +59,8 @@ def supernet_strategy(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, 
     s = Strategy(dp=dp, tp=1, pp=pp, micro_batch_size=job.global_batch_size // dp, num_micro_batches=1)
     if pp == 1:
         return s
+    if not 1 < pp <= net.num_layers:
+        raise AdvisorError(f"a {pp}-stage pipeline needs at least {pp} layers; {net.name} has {net.num_layers}")
     layer_s, head_s = _layer_and_head_s(net, hw, job, s)
     return Strategy(dp=dp, tp=1, pp=pp, micro_batch_size=s.micro_batch_size, num_micro_batches=1,
                     stage_layers=balanced_stage_layers(layer_s, head_s, net.num_layers, pp))
