@@ -187,6 +187,13 @@ def test_cli_recommend_estimate_export_and_refusals(monkeypatch, capsys, tmp_pat
     code, _, err = run_cli(monkeypatch, capsys, "recommend", "--model", "llama3-8b", "--hardware",
                            "dgx-a100-80g:1,dgx-h100:1", "--searcher", "drec")
     assert code == 2 and "--searcher" in err
+    code, text, _ = run_cli(monkeypatch, capsys, "estimate", "--model", "llama3-70b", "--hardware",
+                            "dgx-a100-80g:4,dgx-h100:4", "--tp", "8", "--pp", "8", "--dp", "1", "--recompute", "full",
+                            "--global-batch", "128", "--json")
+    assert code == 0 and json.loads(text)["estimate"]["feasible"] is True
+    code, _, err = run_cli(monkeypatch, capsys, "estimate", "--model", "llama3-70b", "--hardware",
+                           "dgx-a100-80g:4,dgx-h100:4", "--tp", "4", "--pp", "4", "--dp", "4")
+    assert code == 1 and "fits in no layout" in err
 
 
 def test_a_data_layout_plan_is_not_exported(tmp_path, monkeypatch, capsys):

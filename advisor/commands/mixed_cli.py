@@ -80,7 +80,12 @@ def estimate_mixed_cmd(given: dict[str, Any]) -> None:
         if o.get("pp") is None or o.get("tp") is None:
             raise AdvisorError("estimate on a mixed cluster needs at least --tp and --pp (or --plan)")
         mixed, inputs = _inputs(o)
-        plan = recommend_mixed(inputs, mixed, _pins(o), top_k=1).best
+        try:
+            plan = recommend_mixed(inputs, mixed, _pins(o), top_k=1).best
+        except InfeasibleError as exc:
+            raise InfeasibleError(f"the strategy fits in no layout on {mixed.label} (the knobs not given take "
+                                  f"estimate's defaults: ZeRO 0, no recomputation, micro-batch 1): {exc}; give --zero, "
+                                  "--recompute or --mbs, or run recommend with these pins") from None
         e, title = estimate_plan(plan), f"{plan.model.name} on {mixed.label}, its best layout"
     if o.get("as_json"):
         from advisor.plan import strategy_to_dict
