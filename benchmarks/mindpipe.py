@@ -176,7 +176,7 @@ def supernet_section() -> None:
         e, s = p.estimate, p.strategy
         print(f"  dp{s.dp} pp{s.pp} layers {list(s.stage_layers or [net.num_layers])}: NASPipe {e.naspipe.makespan_s:.2f} s, "
               f"sequential {e.sequential_s:.2f} s ({e.speedup:.2f}x), no-sharing bound {e.no_dependency.makespan_s:.2f} s, "
-              f"{e.naspipe.waits} forward starts held back")
+              f"{e.naspipe.overtakes} forwards ran ahead of a held-back subnet")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.json"
         subprocess.run([sys.executable, "-m", "advisor", "recommend", "--model", "hat-supernet", "--hardware",
@@ -188,7 +188,7 @@ def supernet_section() -> None:
             label = "NASPipe order" if causal else "causal order dropped"
             print(f"  executor, tiny, 4 CPU ranks, {label}: largest loss difference from sequential training "
                   f"{r['max_loss_difference']:.1e} ({'match' if r['losses_match'] else 'differ'} at "
-                  f"{r['tolerance']:g}), {r['held_back']} forward starts held back")
+                  f"{r['tolerance']:g}), {r['overtakes']} forwards ran ahead of a held-back subnet")
 
 
 def contention_section(profile: str | None) -> None:

@@ -126,7 +126,7 @@ def test_pipeline_losses_equal_sequential_training_and_differ_without_the_causal
     plan = load_plan(pipeline_plan)
     report = run_supernet(plan, subnets=12, tiny=True, timeout_s=120)
     assert report["losses_match"] and report["max_loss_difference"] <= 1e-5
-    assert len(report["losses"]) == 12 and report["held_back"] > 0
+    assert len(report["losses"]) == 12 and report["overtakes"] > 0
     unordered = run_supernet(plan, subnets=12, tiny=True, timeout_s=120, causal=False)
     assert unordered["max_loss_difference"] > 1e-4     # overtaking a subnet that shares a block changes training
 
@@ -134,6 +134,10 @@ def test_pipeline_losses_equal_sequential_training_and_differ_without_the_causal
 def test_cli_estimate_and_execute(monkeypatch, capsys, pipeline_plan):
     code, text, _ = run_cli(monkeypatch, capsys, "estimate", "--plan", str(pipeline_plan), "--json")
     assert code == 0 and json.loads(text)["speedup_over_sequential"] > 1.0
+    code, text, _ = run_cli(monkeypatch, capsys, "recommend", "--model", HAT, "--hardware", "dgx-a100-80g",
+                            "--devices", "4", "--json")
+    plans = json.loads(text)["plans"]
+    assert code == 0 and plans[0]["parallel"]["dp"] == 4 and plans[-1]["overtakes"] > 0
     code, text, _ = run_cli(monkeypatch, capsys, "execute", str(pipeline_plan), "--tiny", "--steps", "8", "--json")
     assert code == 0 and json.loads(text)["losses_match"] is True
     code, _, err = run_cli(monkeypatch, capsys, "recommend", "--model", HAT, "--hardware", "dgx-a100-80g",

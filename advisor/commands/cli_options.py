@@ -44,12 +44,20 @@ def print_warnings(warnings: list[str]) -> None:
         err_console.print(f"warning: {text}", markup=False, highlight=False, soft_wrap=True)
 
 
+def _plain(value):
+    """numpy scalars (a figure computed in numpy) as the Python numbers they hold."""
+    if hasattr(value, "item") and hasattr(value, "dtype") and getattr(value, "shape", None) == ():
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
 def print_json(obj) -> None:
     """--json output: only JSON on stdout, and only JSON (no Infinity or NaN, RFC 8259)."""
     try:
-        text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False)
-    except ValueError as exc:
-        raise AdvisorError(f"the result holds a non-finite number and cannot be printed as JSON ({exc})") from None
+        text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False, default=_plain)
+    except (ValueError, TypeError) as exc:
+        raise AdvisorError(f"the result holds a non-finite number or a value that is not JSON and cannot be printed "
+                           f"as JSON ({exc})") from None
     sys.stdout.write(text + "\n")
 
 

@@ -23,7 +23,7 @@ from advisor.render.formatting import step_time
 DEFAULT_BATCH = 32          # sequences per subnet step (HAT trains with 4,096 tokens per GPU batch: 8 x 512)
 LEGEND = ("NASPipe, sequential, bound: seconds for the subnets; sequential: one subnet at a time through the "
           "stages (exact training without NASPipe); x: the speed-up over it; bound: the same pipeline if no two "
-          "subnets shared a block; held: forward starts that waited for an earlier subnet's update")
+          "subnets shared a block; ahead: forwards run ahead of an earlier subnet held back by a shared block (NASPipe's out-of-order starts)")
 _REFUSED = ("tp", "cp", "ep", "vpp", "zero", "operator_strategies", "ps_mode", "plot")
 
 
@@ -80,14 +80,14 @@ def _plan(net, raw, hw, cluster, job, p, run: SupernetRun, rank: int, seconds: f
 def _table(title: str, rows: list[tuple]) -> Table:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
                   collapse_padding=True)
-    for name in ("#", "dp.pp", "layers", "subnet/s", "tokens/s", "NASPipe", "sequential", "x", "bound", "held",
+    for name in ("#", "dp.pp", "layers", "subnet/s", "tokens/s", "NASPipe", "sequential", "x", "bound", "ahead",
                  "GiB"):
         table.add_column(name, justify="left" if name in ("dp.pp", "layers") else "right", no_wrap=True)
     for i, (s, e) in enumerate(rows, start=1):
         layers = "+".join(str(n) for n in s.stage_layers) if s.stage_layers else "all"
         table.add_row(str(i), f"{s.dp}.{s.pp}", layers, f"{e.subnets_per_s:,.1f}", f"{e.tokens_per_s:,.0f}",
                       step_time(e.naspipe.makespan_s), step_time(e.sequential_s), f"{e.speedup:.2f}x",
-                      step_time(e.no_dependency.makespan_s), str(e.naspipe.waits), f"{e.memory_gib:.1f}")
+                      step_time(e.no_dependency.makespan_s), str(e.naspipe.overtakes), f"{e.memory_gib:.1f}")
     return table
 
 

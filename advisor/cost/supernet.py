@@ -75,7 +75,7 @@ class SupernetEstimate:
         return {"makespan_s": self.naspipe.makespan_s, "sequential_s": self.sequential_s,
                 "no_dependency_s": self.no_dependency.makespan_s, "speedup_over_sequential": self.speedup,
                 "subnets": self.subnets, "subnets_per_s": self.subnets_per_s, "tokens_per_s": self.tokens_per_s,
-                "utilization": self.naspipe.utilization, "held_back": self.naspipe.waits,
+                "utilization": self.naspipe.utilization, "overtakes": self.naspipe.overtakes,
                 "memory_gib": self.memory_gib, "capacity_gib": self.capacity_gib, "fits": self.feasible}
 
 

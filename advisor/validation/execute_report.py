@@ -228,8 +228,8 @@ def _render_supernet(console, report: dict[str, Any], saved_to: str | None) -> N
     console.print(table)
     verdict = "match" if report["losses_match"] else "DIFFER"
     console.print(f"losses {verdict}: largest difference {report['max_loss_difference']:.1e} (tolerance "
-                  f"{report['tolerance']:g}); {report['held_back']} forward starts waited for an earlier subnet's "
-                  f"update; pipeline {report['pipeline_s']:.2f} s, sequential {report['sequential_s']:.2f} s "
+                  f"{report['tolerance']:g}); {report['overtakes']} forwards ran ahead of an earlier subnet "
+                  f"held back by a shared block; pipeline {report['pipeline_s']:.2f} s, sequential {report['sequential_s']:.2f} s "
                   "(CPU ranks: times are not the plan's)", markup=False, highlight=False)
     if saved_to:
         console.print(f"report written to {saved_to}", markup=False, highlight=False)

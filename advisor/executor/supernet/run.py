@@ -72,4 +72,4 @@ def run_supernet(plan, *, subnets: int, tiny: bool, timeout_s: float = 600.0, wo
             "tiny": tiny, "train_shared": run.train_shared, "losses": losses, "sequential_losses": reference,
             "max_loss_difference": diff, "losses_match": diff <= TOLERANCE, "tolerance": TOLERANCE,
             "pipeline_s": max(r["seconds"] for r in ranks), "sequential_s": sequential_s,
-            "held_back": schedule.waits, "causal": causal, "orders": [list(o) for o in schedule.orders]}
+            "overtakes": schedule.overtakes, "causal": causal, "orders": [list(o) for o in schedule.orders]}
