@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from advisor.errors import AdvisorError, InfeasibleError
-from advisor.commands.inputs import DEFAULT_BATCH_TOKENS, default_dtype, site_settings
+from advisor.commands.inputs import DEFAULT_BATCH_TOKENS, check_dtype, default_dtype, site_settings
 from advisor.plan import Plan, strategy_to_dict
 from advisor.specs.hardware import HardwareProfile, load_hardware
 from advisor.specs.job import Cluster, TrainingJob, parse_token_count
@@ -283,10 +283,8 @@ def whatif(
     site = site_settings(grid_intensity, pue, train_tokens)
     profiles = {name: load_hardware(name) for name in hardware}
     if dtype is not None:
-        for name, prof in profiles.items():
-            if dtype not in prof.device.peak_tflops:
-                raise AdvisorError(f"--dtype {dtype}: the {prof.device.name} of profile '{name}' has no {dtype} peak "
-                                   f"(it has {', '.join(prof.device.peak_tflops)})")
+        for prof in profiles.values():
+            check_dtype(prof, dtype)
     other = None
     if replace_half is not None:
         from advisor.whatif_mixed import replacement

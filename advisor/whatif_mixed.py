@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from advisor.commands.inputs import check_dtype
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.specs.hardware import HardwareProfile, load_hardware
 from advisor.specs.job import TrainingJob
@@ -23,8 +24,7 @@ def replacement(name: str, profiles: dict[str, HardwareProfile], dtypes: set[str
     if other.name in {p.name for p in profiles.values()}:
         raise AdvisorError(f"--replace-half {other.name}: the sweep already runs that profile; name another one")
     for dt in dtypes:
-        if dt not in other.device.peak_tflops:
-            raise AdvisorError(f"--replace-half {other.name}: its {other.device.name} has no {dt} peak")
+        check_dtype(other, dt)
     return other
 
 

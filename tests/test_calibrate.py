@@ -32,6 +32,18 @@ def test_link_fit_recovers_the_cost_models_parameters():
     assert rms < 1e-6
 
 
+def test_link_fit_never_exceeds_the_memory_bandwidth():
+    # times that do not grow with the size (noise on a loaded machine): a latency-only line would
+    # fit with an impossible bandwidth (a loaded run fitted 2.3e12 GB/s); the memory bandwidth bounds it
+    flat = [{"op": "p2p", "ranks": 2, "bytes": b, "seconds": 1.6e-3 * (1 + 0.01 * i)}
+            for i, b in enumerate((4096, 1 << 20, 16 << 20))]
+    assert fit_link(flat)[1] > 10 * 24.8          # unbounded: far faster than memory can be written
+    latency_us, bandwidth_gbps, _ = fit_link(flat, max_bandwidth_gbps=24.8)
+    assert bandwidth_gbps == pytest.approx(24.8, rel=1e-6) and 1000 < latency_us < 1700
+    # a well-determined fit below the bound is unchanged
+    assert fit_link(_synthetic_points(), max_bandwidth_gbps=24.8)[1] == pytest.approx(2.0, rel=1e-3)
+
+
 def test_per_op_alpha_beta():
     fits = fit_alpha_beta(_synthetic_points())
     ar = fits["all_reduce@4"]

@@ -48,9 +48,12 @@ def fit_alpha_beta(points: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
-def fit_link(points: list[dict]) -> tuple[float, float, float]:
+def fit_link(points: list[dict], max_bandwidth_gbps: float | None = None) -> tuple[float, float, float]:
     """(latency_us, bandwidth_gbps, rms log error) of the single link that reproduces every
-    measurement best through the cost model's formulas."""
+    measurement best through the cost model's formulas. ``max_bandwidth_gbps`` bounds the bandwidth:
+    a transfer writes every byte into the receiver's memory at least once, so no link is faster than
+    the measured memory bandwidth; without the bound, noisy times that hardly grow with the size fit
+    a latency-only line and a bandwidth of petabytes per second."""
     import numpy as np
     from scipy.optimize import least_squares
 
@@ -64,21 +67,23 @@ def fit_link(points: list[dict]) -> tuple[float, float, float]:
         alpha, inv_bw = np.exp(x)
         return np.log(steps * alpha + bw_f * s * inv_bw) - np.log(t)
 
-    x0 = np.log([np.median(t / steps) / 2, 1e-9])
-    sol = least_squares(residual, x0)
+    lowest_inv_bw = 1.0 / (max_bandwidth_gbps * 1e9) if max_bandwidth_gbps else 0.0
+    x0 = np.log([np.median(t / steps) / 2, max(1e-9, 2.0 * lowest_inv_bw)])
+    bounds = ([-np.inf, np.log(lowest_inv_bw) if lowest_inv_bw else -np.inf], [np.inf, np.inf])
+    sol = least_squares(residual, x0, bounds=bounds)
     alpha, inv_bw = np.exp(sol.x)
     rms = float(np.sqrt(np.mean(sol.fun ** 2)))
     return alpha * 1e6, 1.0 / inv_bw / 1e9, rms
 
 
-def fit_per_op(points: list[dict]) -> dict[str, dict[str, float]]:
+def fit_per_op(points: list[dict], max_bandwidth_gbps: float | None = None) -> dict[str, dict[str, float]]:
     """Per operation, the (latency_us, bandwidth_gbps) pair fitted like ``fit_link`` over that
     operation's measurements alone (every group size): the profile's ``collectives:``."""
     out = {}
     for op in sorted({p["op"] for p in points}):
         mine = [p for p in points if p["op"] == op and p["seconds"]]
         if len({p["bytes"] for p in mine}) >= 2:
-            latency_us, bandwidth_gbps, _ = fit_link(mine)
+            latency_us, bandwidth_gbps, _ = fit_link(mine, max_bandwidth_gbps)
             out[op] = {"latency_us": round(latency_us, 3), "bandwidth_gbps": round(bandwidth_gbps, 6)}
     return out
 

@@ -52,11 +52,11 @@ def _measured_profile(ranks: list[dict], nproc: int, name: str | None = None) ->
         merged = [[pt[0], min(r["matmul"][dtype][i][1] for r in ranks)] for i, pt in enumerate(ranks[0]["matmul"][dtype])]
         peaks[dtype], curves[dtype] = efficiency_curve(merged)
     comm_points = ranks[0]["comm"]["points"]
-    latency_us, bandwidth_gbps, rms = fit_link(comm_points)
-    collectives = fit_per_op(comm_points)
+    bandwidth = min(r["memory"]["bandwidth_gbps"] for r in ranks)
+    latency_us, bandwidth_gbps, rms = fit_link(comm_points, bandwidth)
+    collectives = fit_per_op(comm_points, bandwidth)
     actions = _action_overheads(ranks[0].get("pipeline"), collectives.get("p2p"), latency_us, bandwidth_gbps)
     per_op = fit_alpha_beta(comm_points)
-    bandwidth = min(r["memory"]["bandwidth_gbps"] for r in ranks)
     from advisor.cost.compute import ADAM_BYTES_PER_PARAM
     from advisor.cost.estimate import KERNELS_BACKWARD, KERNELS_FORWARD
 

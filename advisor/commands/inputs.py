@@ -35,6 +35,15 @@ def default_dtype(hardware: HardwareProfile) -> str:
     return "bf16" if "bf16" in peaks else ("fp16" if "fp16" in peaks else "fp32")
 
 
+def check_dtype(hw: HardwareProfile, dtype: str) -> str:
+    """The dtype, refused naming the profile where its device has no peak for it."""
+    if dtype not in hw.device.peak_tflops:
+        shown = dtype if dtype.isascii() and dtype.isalnum() and len(dtype) <= 40 else prefix(dtype)
+        raise AdvisorError(f"--dtype {shown}: the {hw.device.name} of profile '{hw.name}' has no {shown} peak "
+                           f"(it has {', '.join(hw.device.peak_tflops)})")
+    return dtype
+
+
 def check_count(flag: str, value, bound: int, minimum: int = 1) -> int:
     """A whole-number flag within [minimum, bound] (advisor.specs.limits), named in the error."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -77,11 +86,7 @@ def resolve_inputs(
             raise AdvisorError(f"--seq-len {seq}: {spec.name} is a recommendation model (one sample per row)")
         if global_batch is None:   # the published batch, rounded up to a multiple of the devices
             gbs = -(-(spec.global_batch_size or cluster.devices) // cluster.devices) * cluster.devices
-    dt = dtype or default_dtype(hw)
-    if dt not in hw.device.peak_tflops:
-        shown = dt if dt.isascii() and dt.isalnum() and len(dt) <= 40 else prefix(dt)
-        raise AdvisorError(f"--dtype {shown}: the {hw.device.name} of profile '{hw.name}' has no {shown} peak "
-                           f"(it has {', '.join(hw.device.peak_tflops)})")
+    dt = check_dtype(hw, dtype or default_dtype(hw))
     if attention not in ATTENTION:
         raise AdvisorError(f"--attention must be one of {', '.join(ATTENTION)}, got {prefix(attention)}")
     if framework not in FRAMEWORKS:

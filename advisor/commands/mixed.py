@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from advisor.commands.inputs import Inputs, resolve_inputs
+from advisor.commands.inputs import Inputs, check_dtype, resolve_inputs
 from advisor.cost.mixed_estimate import MixedEstimate, estimate_mixed
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.plan import Plan
@@ -67,9 +67,7 @@ def mixed_inputs(model: str, hardware: str, nodes: int | None, devices: int | No
     if getattr(inputs.model, "family", None) == "recommendation":
         raise AdvisorError(f"{inputs.model.name} is a recommendation model; mixed clusters run transformer plans")
     for part in mixed.parts[1:]:
-        if inputs.job.dtype not in part.profile.device.peak_tflops:
-            raise AdvisorError(f"--dtype {inputs.job.dtype}: the {part.profile.device.name} of profile "
-                               f"'{part.profile.name}' has no {inputs.job.dtype} peak")
+        check_dtype(part.profile, inputs.job.dtype)
     return mixed, replace(inputs, cluster=mixed.cluster)
 
 

@@ -54,12 +54,6 @@ def recommend_mixed_cmd(given: dict[str, Any]) -> None:
         render_mixed_recommendation(wide_console(), result, saved_to=o.get("out"))
 
 
-def is_mixed_plan(path: str | None) -> bool:
-    from advisor.plan import read_plan_dict
-
-    return path is not None and isinstance(read_plan_dict(path).get("hardware"), list)
-
-
 def estimate_mixed_cmd(given: dict[str, Any]) -> None:
     """--plan: the plan's own layout; degrees: the best layout of that strategy on the parts."""
     o = _options(given)

@@ -11,15 +11,15 @@ def route(command: str, options: dict[str, Any]) -> bool:
     from advisor.specs.mixed import is_mixed
 
     if command == "estimate" and options.get("plan") is not None:
-        from advisor.commands.mixed_cli import is_mixed_plan
         from advisor.plan import read_plan_dict
 
-        if is_mixed_plan(options["plan"]):
+        data = read_plan_dict(options["plan"])
+        if isinstance(data.get("hardware"), list):        # a mixed cluster's parts
             from advisor.commands.mixed_cli import estimate_mixed_cmd
 
             estimate_mixed_cmd(options)
             return True
-        model = read_plan_dict(options["plan"]).get("model")
+        model = data.get("model")
         if isinstance(model, dict) and model.get("family") == "supernet":
             from advisor.commands.supernet import estimate_supernet_cmd
 

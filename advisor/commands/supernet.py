@@ -2,8 +2,8 @@
 NASPipe's schedule (advisor.search.supernet, advisor.cost.supernet) and run on CPU ranks
 (advisor.executor.supernet). advisor.cli hands the options over as given (see advisor.commands.route).
 
-The job: ``--global-batch`` sequences per subnet (each subnet trains one step on one batch), the
-model's sequence length unless ``--seq-len``; ``--pp`` pins the pipeline depth. What a supernet plan
+The job: ``--global-batch`` sequences per subnet (each subnet trains one step on one batch; default
+NASPipe's 2,560 tokens), the model's sequence length unless ``--seq-len``; ``--pp`` pins the pipeline depth. What a supernet plan
 does not take (tensor or context parallelism, the other searchers) is refused in one sentence.
 """
 
@@ -20,24 +20,31 @@ from advisor.errors import AdvisorError, InfeasibleError
 from advisor.plan import Plan, save_plan, strategy_to_dict
 from advisor.render.formatting import step_time
 
-DEFAULT_BATCH = 32          # sequences per subnet step (HAT trains with 4,096 tokens per GPU batch: 8 x 512)
+# tokens per subnet step: NASPipe's default batch (hku-systems/naspipe reproducible/translation/
+# main_with_runtime.py, --max-tokens 2560); --global-batch gives it in sequences
+DEFAULT_BATCH_TOKENS = 2560
 LEGEND = ("NASPipe, sequential, bound: seconds for the subnets; sequential: one subnet at a time through the "
           "stages (exact training without NASPipe); x: the speed-up over it; bound: the same pipeline if no two "
           "subnets shared a block; ahead: forwards run ahead of an earlier subnet held back by a shared block (NASPipe's out-of-order starts)")
 _REFUSED = ("tp", "cp", "ep", "vpp", "zero", "operator_strategies", "ps_mode", "plot")
 
 
-def is_supernet(model: str | None) -> bool:
-    if model is None:
-        return False
+def _description(model: str) -> tuple[str, dict[str, Any]]:
+    """(path, mapping) of a --model value: a bundled name or a file."""
     from advisor.specs import _fields as f
     from advisor.specs.model import MODELS_DIR
 
+    path = f.resolve_bundled(model, MODELS_DIR, "model")
+    return str(path), f.read_mapping(path, "model description")
+
+
+def is_supernet(model: str | None) -> bool:
+    if model is None:
+        return False
     try:
-        data = f.read_mapping(f.resolve_bundled(model, MODELS_DIR, "model"), "model description")
+        return _description(model)[1].get("family") == "supernet"
     except AdvisorError:
         return False          # the regular path reports the problem
-    return data.get("family") == "supernet"
 
 
 def _refuse(o: dict[str, Any]) -> None:
@@ -51,21 +58,18 @@ def _refuse(o: dict[str, Any]) -> None:
 
 
 def _inputs(o: dict[str, Any]):
-    from advisor.commands.inputs import default_dtype
-    from advisor.specs import _fields as f
+    from advisor.commands.inputs import check_dtype, default_dtype
     from advisor.specs.hardware import load_hardware
     from advisor.specs.job import Cluster, TrainingJob
-    from advisor.specs.model import MODELS_DIR, load_model
+    from advisor.specs.model import model_from_dict
 
-    net = load_model(o["model"])
-    raw = f.read_mapping(f.resolve_bundled(o["model"], MODELS_DIR, "model"), "model description")
+    path, raw = _description(o["model"])
+    net = model_from_dict(raw, path)
     hw = load_hardware(o["hardware"])
     cluster = Cluster.of(hw, nodes=o.get("nodes"), devices=o.get("devices"))
-    dtype = o.get("dtype") or default_dtype(hw)
-    if dtype not in hw.device.peak_tflops:
-        raise AdvisorError(f"--dtype {dtype}: the {hw.device.name} of profile '{hw.name}' has no {dtype} peak")
-    job = TrainingJob(global_batch_size=o.get("gbs") or DEFAULT_BATCH, seq_length=o.get("seq_len") or net.base.seq_length,
-                      dtype=dtype)
+    dtype = check_dtype(hw, o.get("dtype") or default_dtype(hw))
+    seq = o.get("seq_len") or net.base.seq_length
+    job = TrainingJob(global_batch_size=o.get("gbs") or max(1, DEFAULT_BATCH_TOKENS // seq), seq_length=seq, dtype=dtype)
     return net, raw, hw, cluster, job
 
 

@@ -7,6 +7,7 @@ advisor.cost.estimate does for illegal strategies), never an exception.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
 
 import numpy as np
@@ -51,17 +52,6 @@ class MixedEstimate:
         }
 
 
-def _runs(names: tuple[str, ...]) -> list[tuple[str, int]]:
-    """Consecutive runs of equal names: [(name, length), ...]."""
-    out: list[tuple[str, int]] = []
-    for n in names:
-        if out and out[-1][0] == n:
-            out[-1] = (n, out[-1][1] + 1)
-        else:
-            out.append((n, 1))
-    return out
-
-
 def placement_reasons(mixed: MixedHardware, s: Strategy, layout: MixedLayout,
                        global_batch: int) -> tuple[list[str], bool]:
     """Why the layout cannot place the strategy on the parts ([] when it can), and whether the
@@ -83,8 +73,7 @@ def placement_reasons(mixed: MixedHardware, s: Strategy, layout: MixedLayout,
     unknown = sorted(set(names) - set(mixed.names))
     if unknown:
         return reasons + [f"{what} device type {unknown[0]!r} is not a part of the cluster ({mixed.label})"], False
-    runs = _runs(names)
-    if len(runs) != len(set(names)):
+    if len(list(groupby(names))) != len(set(names)):
         reasons.append(f"each device type must hold one contiguous run of {what}s, got {list(names)}")
     for part in mixed.parts:
         held = names.count(part.profile.name) * unit

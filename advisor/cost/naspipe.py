@@ -134,12 +134,11 @@ def simulate(forward_s: np.ndarray, backward_s: np.ndarray, p2p_s: float, deps: 
             heapq.heappush(events, float(free[s]))
             heapq.heappush(events, float(free[s] + p2p_s))
         # advance to the next moment anything can change
-        later = [e for e in events if e > t]
-        if not later:
+        while events and events[0] <= t:
+            heapq.heappop(events)
+        if not events:
             break
-        t = min(later)
-        events = [e for e in events if e >= t]
-        heapq.heapify(events)
+        t = events[0]
     busy = tuple(float(forward_s[:, s].sum() + backward_s[:, s].sum()) for s in range(p))
     # forwards that ran ahead of a lower-numbered subnet not yet forwarded on that stage (held back
     # there by a block it shares with an unfinished earlier subnet): NASPipe's out-of-order starts

@@ -58,8 +58,9 @@ class EstimateBatch:
     mfu: np.ndarray
     hfu: np.ndarray
     slowest_stage: np.ndarray
-    # (N, P) per-stage micro-batch seconds: the total and its parts (STAGE_PARTS), for mixed
-    # clusters (advisor.cost.mixed), whose stages run on different devices
+    # per-stage micro-batch seconds, for mixed clusters (advisor.cost.mixed), whose stages run on
+    # different devices: the (N, P) total, and its parts (STAGE_PARTS) as arrays that broadcast to
+    # (N, P), meaningful on active stages only
     stage_micro_batch_s: np.ndarray | None = None
     stage_parts_s: dict[str, np.ndarray] | None = None
 
@@ -283,5 +284,5 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
         hfu=hfu_tflops * 1e12 / peak,
         slowest_stage=slowest,
         stage_micro_batch_s=stage_mb,
-        stage_parts_s={k: np.where(active, np.broadcast_to(v, stage_mb.shape), 0.0) for k, v in stage_parts.items()},
+        stage_parts_s=stage_parts,      # the arrays as computed (no copies on the search's path)
     )

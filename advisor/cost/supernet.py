@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from advisor.cost import comm
+from advisor.cost.activations import layer_activation_terms
+from advisor.cost.memory import state_bytes_per_param
 from advisor.cost.compute import gemm_time_s, head_compute_s, layer_compute, memory_time_s, optimizer_step_s
 from advisor.cost.placement import pipeline_neighbour_tier, placements
 from advisor.cost.naspipe import Schedule, dependencies, sample_subnets, sequential_s, simulate, stage_blocks
@@ -30,6 +32,9 @@ from advisor.space.strategy import Strategy, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import TrainingJob
 from advisor.specs.supernet import SupernetSpec
+
+
+CONV_SAVED_ELEMENTS = 6        # per token, in units of h: see _memory_gib
 
 
 @dataclass(frozen=True)
@@ -143,19 +148,23 @@ def action_times_s(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: 
 
 
 def _memory_gib(net: SupernetSpec, job: TrainingJob, s: Strategy, window: int, train_shared: bool) -> float:
-    """The fullest stage: weights, gradients and Adam states of every candidate of its layers (and
-    the ends), plus the activations of the subnets in flight (Korthikanti et al. 2022's 34 s b h bytes
-    per transformer layer with fused attention; 14 s b h for the convolution block's saved tensors)."""
-    h, tokens = net.base.hidden_size, s.micro_batch_size * job.seq_length
+    """The fullest stage: weights, gradients and optimizer states (advisor.cost.memory's bytes per
+    parameter) of every candidate of its layers and of the ends, plus the activations of the subnets
+    in flight, each layer at its largest candidate's: a transformer candidate's saved tensors from
+    advisor.cost.activations (Korthikanti et al. 2022, term by term); a convolution block keeps its
+    input, the norm's output, the 2h projection, the GLU output and the convolution's output for its
+    backward: 6 h elements per token."""
+    b = _batch(s, net.num_layers)
+    tokens = s.micro_batch_size * job.seq_length
+    act = max(float(layer_activation_terms(c.layer_model(net.base), job, b, moe_layer=False).no_recompute[0])
+              if c.kind == "transformer" else CONV_SAVED_ELEMENTS * tokens * net.base.hidden_size * job.dtype_bytes
+              for c in net.candidates)
+    wb, gb, ob = state_bytes_per_param(job)
     per_layer = sum(c.params(net.base) for c in net.candidates)
-    act = max(34.0 if c.kind == "transformer" else 14.0 for c in net.candidates) * tokens * h * job.dtype_bytes / 2.0
-    state = 2.0 + 4.0 + 12.0
-    worst = 0.0
-    for layers in s.resolved_stage_layers(net.num_layers):
-        worst = max(worst, layers * (per_layer * state + act * window))
+    worst = max(n * (per_layer * (wb + gb + ob) + act * window) for n in s.resolved_stage_layers(net.num_layers))
     # frozen ends (NASPipe) hold their weights only
     ends = (net.base.embedding_params + (0 if net.base.tie_embeddings else net.base.lm_head_params)) * (
-        state if train_shared else 2.0)
+        wb + gb + ob if train_shared else wb)
     return (worst + ends) / 2.0 ** 30
 
 

@@ -31,6 +31,17 @@ def strategy_line(s: Strategy) -> str:
     return " ".join(parts)
 
 
+def time_table(title: str, time_s: dict[str, float], step_s: float) -> Table:
+    """The step's non-zero parts and the step, one row (seconds)."""
+    parts = {k: v for k, v in time_s.items() if v > 0}
+    table = Table(title=title, title_justify="left")
+    for k in parts:
+        table.add_column(k, justify="right")
+    table.add_column("step", justify="right")
+    table.add_row(*(step_time(v) for v in parts.values()), step_time(step_s))
+    return table
+
+
 def render_estimate(console: Console, title: str, s: Strategy, e: Estimate) -> None:
     console.print(f"[bold]{title}[/bold]")
     console.print(strategy_line(s))
@@ -55,10 +66,4 @@ def render_estimate(console: Console, title: str, s: Strategy, e: Estimate) -> N
     mem.add_row(*(f"{v:.2f}" for v in (m.parameters, m.gradients, m.optimizer, m.activations, m.buffers, m.total)))
     console.print(mem)
 
-    parts = {k: v for k, v in e.time_s.items() if v > 0}
-    tt = Table(title=f"step time by part (s), slowest stage {e.slowest_stage}", title_justify="left")
-    for k in parts:
-        tt.add_column(k, justify="right")
-    tt.add_column("step", justify="right")
-    tt.add_row(*(step_time(v) for v in parts.values()), step_time(e.step_time_s))
-    console.print(tt)
+    console.print(time_table(f"step time by part (s), slowest stage {e.slowest_stage}", e.time_s, e.step_time_s))

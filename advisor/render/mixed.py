@@ -33,9 +33,9 @@ def placement_text(layout: MixedLayout, stage_layers: tuple[int, ...] = ()) -> s
         return "pipeline: " + " | ".join(out)
     out = []
     for name, run in groupby(zip(layout.replica_devices, layout.replica_micro_batches), key=lambda x: x[0]):
-        counts = sorted({m for _, m in run}, reverse=True)
-        replicas = sum(1 for d in layout.replica_devices if d == name)
-        out.append(f"{replicas} x {name} at {'/'.join(str(c) for c in counts)} micro-batches")
+        run = [m for _, m in run]
+        counts = sorted(set(run), reverse=True)
+        out.append(f"{len(run)} x {name} at {'/'.join(str(c) for c in counts)} micro-batches")
     return "data: " + " | ".join(out)
 
 
@@ -73,7 +73,7 @@ def render_mixed_recommendation(console: Console, result: MixedResult, saved_to:
 
 
 def render_mixed_estimate(console: Console, title: str, s: Strategy, e: MixedEstimate) -> None:
-    from advisor.render.breakdown import strategy_line
+    from advisor.render.breakdown import strategy_line, time_table
 
     console.print(f"[bold]{title}[/bold]")
     console.print(strategy_line(s) + f" mesh={'-'.join(s.mesh_order)}", highlight=False)
@@ -84,10 +84,4 @@ def render_mixed_estimate(console: Console, title: str, s: Strategy, e: MixedEst
                   f"{e.bottleneck} (paced by {e.slowest_device})")
     for reason in e.reasons:
         console.print(f"  [red]-[/red] {reason}")
-    parts = {k: v for k, v in e.time_s.items() if v > 0}
-    tt = Table(title="step time by part (s), on the type that paces it", title_justify="left")
-    for k in parts:
-        tt.add_column(k, justify="right")
-    tt.add_column("step", justify="right")
-    tt.add_row(*(step_time(v) for v in parts.values()), step_time(e.step_time_s))
-    console.print(tt)
+    console.print(time_table("step time by part (s), on the type that paces it", e.time_s, e.step_time_s))

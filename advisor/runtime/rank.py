@@ -8,6 +8,8 @@ the calibration probes) does besides its own work.
 * ``write_result(path, obj)``: a rank's JSON, written atomically (the launcher never reads half a file).
 * ``fail(out, rank)``: record the exception in out/rank<R>.error.json and leave at once.
 * ``leave_without_finalization(code)``: exit without interpreter finalization (see there).
+* ``run_spec_rank(prog, body, argv)``: the whole life of a rank started with ``--spec FILE --out-dir
+  DIR``: the watchdog, ``body(spec, out, rank)``, the failure record, the exit.
 * ``die_if_asked(rank)``: for tests only, ADVISOR_TEST_SIGKILL_RANK=R makes rank R kill itself with
   SIGKILL, as the kernel's out-of-memory killer would.
 """
@@ -22,7 +24,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 from advisor.runtime.files import write_atomic
 
@@ -95,3 +97,22 @@ def report_progress(out: Path, rank: int, done: int, total: int, label: str) -> 
         return
     write_atomic(out / "progress.json", json.dumps({"done": done, "total": total, "label": label}),
                  what="the progress mark")
+
+
+def run_spec_rank(prog: str, body: Callable[[dict, Path, int], None], argv: list[str] | None = None) -> NoReturn:
+    """Parse ``--spec FILE --out-dir DIR``, start the watchdog, run ``body(spec, out, rank)`` with the
+    JSON spec, record any exception (``fail``) and leave without finalization."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--out-dir", required=True)
+    args = parser.parse_args(argv)
+    start_watchdog()
+    out = Path(args.out_dir)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        body(json.loads(Path(args.spec).read_text()), out, rank)
+    except BaseException as exc:  # report and leave; the launcher (or the PS scheduler) stops the others
+        fail(out, rank, exc)
+    leave_without_finalization(0)

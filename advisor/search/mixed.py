@@ -53,10 +53,6 @@ class MixedStats:
                 "left_out": dict(self.left_out), "seconds": self.seconds}
 
 
-# priced chunks: (layout kind, batch, per-candidate layout arrays, MixedBatch figures)
-_Pool = list
-
-
 def _rows(model: ModelSpec, mixed: MixedHardware, job: TrainingJob, pins: Pins) -> Rows:
     rows = skeleton_rows(model, mixed.parts[0].profile, mixed.cluster, job, pins, Counter(), Counter())
     rows = zero_variants(rows, zero_offload_options(pins))
@@ -86,9 +82,8 @@ def _sized_layers(model: ModelSpec, mixed: MixedHardware, job: TrainingJob, b: S
     even = b.stage_layers
     more = replace(b, stage_layers=np.where(active, even + 1, 0))
     v0, v1 = views(model, mixed, job, b), views(model, mixed, job, more)
-    pick = lambda arrays: np.choose(stage_part, arrays)  # noqa: E731
-    per_layer = pick([b1.stage_micro_batch_s - b0.stage_micro_batch_s for b0, b1 in zip(v0, v1)])
-    fixed = pick([b0.stage_micro_batch_s for b0 in v0]) - per_layer * even
+    per_layer = np.choose(stage_part, [b1.stage_micro_batch_s - b0.stage_micro_batch_s for b0, b1 in zip(v0, v1)])
+    fixed = np.choose(stage_part, [b0.stage_micro_batch_s for b0 in v0]) - per_layer * even
     mem_per_layer = np.maximum(v1[0].memory.stage_total - v0[0].memory.stage_total, 1.0)
     mem_fixed = v0[0].memory.stage_total - mem_per_layer * even
     caps = np.array([p.profile.device.memory_gib * 2.0 ** 30 for p in mixed.parts])[stage_part]
@@ -98,7 +93,7 @@ def _sized_layers(model: ModelSpec, mixed: MixedHardware, job: TrainingJob, b: S
     return np.where(sized[:, None], layers, even)
 
 
-def _pipeline(model, mixed, job, rows: Rows, pool: _Pool, left_out: Counter) -> None:
+def _pipeline(model, mixed, job, rows: Rows, pool: list, left_out: Counter) -> None:
     devices = _part_devices(mixed)
     stage = rows["dp"] * rows["tp"] * rows["cp"]
     placeable = np.all(devices[None, :] % stage[:, None] == 0, axis=1)
@@ -116,7 +111,7 @@ def _pipeline(model, mixed, job, rows: Rows, pool: _Pool, left_out: Counter) -> 
             pool.append((PIPELINE, sized, stage_part, price_pipeline(model, mixed, job, sized, stage_part)))
 
 
-def _data(model, mixed, job, rows: Rows, pool: _Pool, left_out: Counter) -> None:
+def _data(model, mixed, job, rows: Rows, pool: list, left_out: Counter) -> None:
     devices = _part_devices(mixed)
     replica = rows["tp"] * rows["pp"] * rows["cp"]
     placeable = np.all(devices[None, :] % replica[:, None] == 0, axis=1)

@@ -12,34 +12,21 @@ ADVISOR_EXECUTOR_THREADS, and for tests ADVISOR_PS_TEST_KILL_WORKER / ADVISOR_PS
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import NoReturn
 
-from advisor.runtime.rank import fail, leave_without_finalization, mark_ready, start_watchdog, write_result
+from advisor.runtime.rank import mark_ready, run_spec_rank, write_result
 
 STORE_PORT = "ADVISOR_PS_STORE_PORT"
 EXIT_KEY = "ps/exit"
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
-    parser = argparse.ArgumentParser(prog="python -m advisor.executor.ps.node")
-    parser.add_argument("--spec", required=True)
-    parser.add_argument("--out-dir", required=True)
-    args = parser.parse_args(argv)
-    start_watchdog()
-    out = Path(args.out_dir)
-    rank = int(os.environ["RANK"])
-    try:
-        _main(json.loads(Path(args.spec).read_text()), out, rank)
-    except BaseException as exc:  # report and leave; the scheduler decides what it means
-        fail(out, rank, exc)
-    leave_without_finalization(0)
+    run_spec_rank("python -m advisor.executor.ps.node", _main, argv)
 
 
 def _main(spec: dict, out: Path, rank: int) -> None:

@@ -8,16 +8,14 @@ is deadlock-free: every action's inputs come from actions that the schedule ran 
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import NoReturn
 
-from advisor.runtime.rank import fail, leave_without_finalization, mark_ready, start_watchdog, write_result
+from advisor.runtime.rank import mark_ready, run_spec_rank, write_result
 
 
 def _stage(spec: dict, rank: int, out: Path) -> None:
@@ -70,27 +68,19 @@ def _stage(spec: dict, rank: int, out: Path) -> None:
     write_result(out / f"rank{rank}.json", {"rank": rank, "losses": losses, "seconds": seconds})
 
 
-def main(argv: list[str] | None = None) -> NoReturn:
-    parser = argparse.ArgumentParser(prog="python -m advisor.executor.supernet.worker")
-    parser.add_argument("--spec", required=True)
-    parser.add_argument("--out-dir", required=True)
-    args = parser.parse_args(argv)
-    start_watchdog()
-    out = Path(args.out_dir)
-    rank = int(os.environ.get("RANK", "0"))
-    try:
-        import torch.distributed as dist
+def _rank(spec: dict, out: Path, rank: int) -> None:
+    import torch.distributed as dist
 
-        spec = json.loads(Path(args.spec).read_text())
-        timeout = datetime.timedelta(seconds=float(os.environ.get("ADVISOR_EXECUTOR_PG_TIMEOUT_S", "60")))
-        dist.init_process_group("gloo", timeout=timeout)
-        mark_ready(out, rank)
-        _stage(spec, rank, out)
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException as exc:  # report and leave; the launcher stops the others
-        fail(out, rank, exc)
-    leave_without_finalization(0)
+    timeout = datetime.timedelta(seconds=float(os.environ.get("ADVISOR_EXECUTOR_PG_TIMEOUT_S", "60")))
+    dist.init_process_group("gloo", timeout=timeout)
+    mark_ready(out, rank)
+    _stage(spec, rank, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    run_spec_rank("python -m advisor.executor.supernet.worker", _rank, argv)
 
 
 if __name__ == "__main__":
