@@ -101,6 +101,7 @@ class LinearCall(NamedTuple):
     count: float | None         # how many such calls run (None: one per local expert)
     share: float                # fraction of the micro-batch's tokens it sees (routed experts: top-k over experts)
     kind: str                   # attention | up_projection (MLA) | router | mlp
+    norm_fused: bool = False    # its input comes from a norm fused with it (TE LayerNormLinear; advisor.cost.fp8)
 
 
 def _linear_calls(model: ModelSpec, job: TrainingJob, moe_layer: bool) -> list[LinearCall]:
@@ -112,7 +113,8 @@ def _linear_calls(model: ModelSpec, job: TrainingJob, moe_layer: bool) -> list[L
     calls = []
     if fused and model.mla is None:
         q, k, v, out = attn
-        calls.append(LinearCall(h, q.fan_out + k.fan_out + v.fan_out, True, 1.0, 1.0, "attention"))
+        # Megatron-Core: TELayerNormColumnParallelLinear (the input norm fused with linear_qkv)
+        calls.append(LinearCall(h, q.fan_out + k.fan_out + v.fan_out, True, 1.0, 1.0, "attention", True))
         calls.append(LinearCall(out.fan_in, out.fan_out, True, 1.0, 1.0, "attention"))
     else:
         # MLA's up-projections read the latents (fan-in = a LoRA rank) and are tensor-parallel
@@ -120,9 +122,10 @@ def _linear_calls(model: ModelSpec, job: TrainingJob, moe_layer: bool) -> list[L
                              "up_projection" if (x.fan_in in latent and x.tp == "column") else "attention") for x in attn]
     up = model.ffn_matrices - 1
 
-    def mlp(ff, share, count):
+    def mlp(ff, share, count, norm_fused=False):
         if fused or up == 1:
-            return [LinearCall(h, up * ff, True, count, share, "mlp"), LinearCall(ff, h, True, count, share, "mlp")]
+            return [LinearCall(h, up * ff, True, count, share, "mlp", norm_fused),
+                    LinearCall(ff, h, True, count, share, "mlp")]
         return [LinearCall(h, ff, True, count, share, "mlp")] * up + [LinearCall(ff, h, True, count, share, "mlp")]
 
     if moe_layer and model.moe is not None:
@@ -132,7 +135,9 @@ def _linear_calls(model: ModelSpec, job: TrainingJob, moe_layer: bool) -> list[L
         if moe.shared_ffn:
             calls += mlp(moe.shared_ffn, 1.0, 1.0)
     else:
-        calls += mlp(model.ffn_hidden_size, 1.0, 1.0)
+        # a dense layer's linear_fc1 is TELayerNormColumnParallelLinear too; an MoE layer's
+        # pre-MLP norm is a separate TENorm before the router and experts
+        calls += mlp(model.ffn_hidden_size, 1.0, 1.0, norm_fused=fused)
     return calls
 
 
@@ -144,6 +149,7 @@ def layer_compute(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: St
     alternate_s, alternate_flops = zero, zero
     by_kind = {kind: (zero, zero) for kind in ("attention", "up_projection", "router", "mlp")}
     cast_elements = zero                   # forward inputs + backward output gradients, per micro-batch
+    norm_fused_elements = zero             # of those, inputs of norm-fused linears
     for position, call in enumerate(_linear_calls(model, job, moe_layer)):
         div = t if call.split else 1.0
         rows = tokens * call.share * (b.ep if call.count is None else 1.0)   # a local expert sees ep x its share
@@ -151,7 +157,7 @@ def layer_compute(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: St
         flops = 2.0 * rows * call.fan_in * call.fan_out / div
         # the router is a plain higher-precision linear in Megatron-Core (TopKRouter), not an FP8 GEMM
         dtype = job.compute_dtype if call.kind == "router" else job.gemm_dtype
-        seconds = n_calls * gemm_time_s(hw, dtype, flops)
+        seconds = n_calls * gemm_time_s(hw, dtype, flops) * (fp8.gemm_time_factor(job) if dtype == "fp8" else 1.0)
         linear_s, linear_flops = linear_s + seconds, linear_flops + n_calls * flops
         kind_s, kind_flops = by_kind[call.kind]
         by_kind[call.kind] = (kind_s + seconds, kind_flops + n_calls * flops)
@@ -159,7 +165,9 @@ def layer_compute(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: St
             alternate_s, alternate_flops = alternate_s + seconds, alternate_flops + n_calls * flops
         if call.kind != "router":
             cast_elements = cast_elements + n_calls * rows * (call.fan_in + call.fan_out) / div
-    cast_s = memory_time_s(hw, fp8.cast_bytes(job, cast_elements, kernels.fused(job)))
+            if call.norm_fused:
+                norm_fused_elements = norm_fused_elements + n_calls * rows * call.fan_in / div
+    cast_s = memory_time_s(hw, fp8.cast_bytes(job, cast_elements, kernels.fused(job), norm_fused_elements))
     core = attention_core(model, hw, job, b, lambda f, dtype: gemm_time_s(hw, dtype, f))
     terms = layer_activation_terms(model, job, b, moe_layer, stored=False)
     elementwise_s = memory_time_s(hw, kernels.layer_forward_bytes(model, job, b, moe_layer))
