@@ -80,6 +80,8 @@ def estimate_cmd(
                                               "fusion, ZeRO 0/1; default: the framework's)"),
     copies: int = typer.Option(1, "--copies", help="multi-copy parallelism: split each micro-batch into this many "
                                "copies (MindSpore micro_batch_interleave_num)"),
+    full_batch: bool = typer.Option(False, "--full-batch", help="every rank reads the whole global batch "
+                                    "(MindSpore full_batch=True) instead of its data-parallel shard"),
     plan: Optional[str] = typer.Option(None, "--plan", help="score the strategy of a plan JSON instead"),
     operator_strategies: Optional[str] = typer.Option(None, "--operator-strategies", help=OPSTRAT_HELP),
     ps_mode: Optional[str] = typer.Option(None, "--ps-mode", help=PS_MODE_HELP),
@@ -113,7 +115,7 @@ def estimate_cmd(
         offload_optimizer=offload_optimizer, dtype=dtype, tokens=tokens, attention=attention, dropout=dropout,
         plan=plan, framework=framework, fp8_recipe=fp8_recipe, cp_comm=cp_comm, recompute_modules=recompute_modules,
         bucket_mb=bucket_mb, copies=copies, operator_strategies=operator_strategies, grid_intensity=grid, pue=pue,
-        comm_priority=priority,
+        comm_priority=priority, full_batch=full_batch,
     )
     warnings = input_warnings(result.inputs.hardware, result.inputs.cluster)
     if as_json:

@@ -39,7 +39,7 @@ _PARALLEL_OPTIONAL = (
     "zero_stage", "recompute", "recompute_layers", "pipeline_schedule", "stage_layers", "mesh_order",
     "offload_optimizer", "cp_comm", "parameter_server", "embedding_placement",
     "grad_bucket_mb", "micro_batch_copies", "stage_devices", "replica_devices", "dp_batch_split", "supernet",
-    "swap_layers",
+    "swap_layers", "full_batch",
 )
 
 
@@ -85,6 +85,7 @@ def strategy_to_dict(s: Strategy, num_layers: int) -> dict[str, Any]:
         **({"grad_bucket_mb": s.grad_bucket_mb} if s.grad_bucket_mb is not None else {}),
         **({"micro_batch_copies": s.micro_batch_copies} if s.micro_batch_copies != 1 else {}),
         **({"swap_layers": list(s.swap_layers)} if s.swap_layers is not None else {}),
+        **({"full_batch": True} if s.full_batch else {}),
     }
 
 
@@ -169,6 +170,7 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
         grad_bucket_mb=f.positive_float(data, "grad_bucket_mb", o) if data.get("grad_bucket_mb") is not None else None,
         micro_batch_copies=f.positive_int(data, "micro_batch_copies", o, default=1),
         swap_layers=_swap_layers(data, o, f.positive_int(data, "pp", o)),
+        full_batch=f.boolean(data, "full_batch", o, default=False),
     )
 
 

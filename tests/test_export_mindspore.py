@@ -62,7 +62,8 @@ LLAMA_CONFIG_ARGS = {  # llama_config.py LlamaConfig.__init__ (the ones the expo
     "intermediate_size", "vocab_size", "compute_dtype", "layernorm_compute_type", "softmax_compute_type",
     "rotary_dtype", "param_init_type", "pp_interleave_num", "offset", "use_flash_attention",
 }
-TOP_SECTIONS = {"use_legacy", "parallel", "parallel_config", "recompute_config", "runner_config", "model"}
+TOP_SECTIONS = {"use_legacy", "train_dataset", "parallel", "parallel_config", "recompute_config", "runner_config",
+                "model"}
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,12 @@ def test_context_keywords_are_documented(exported):
         assert set(ctx.get("parallel_optimizer_config", {})) <= OPTIMIZER_CONFIG_KEYS
         if "parallel_optimizer_config" in ctx:
             assert ctx["parallel_optimizer_config"]["optimizer_level"] in OPTIMIZER_LEVELS
-        assert ctx == doc["parallel"], name          # MindFormers passes `parallel` to the same call
+        # MindFormers passes `parallel` to the same call, dataset_strategy's lists turned into tuples
+        # (mindformers/core/context/parallel.py, _set_ms_auto_parallel_context)
+        yaml_ctx = dict(doc["parallel"])
+        if "dataset_strategy" in yaml_ctx:
+            yaml_ctx["dataset_strategy"] = tuple(tuple(x) for x in yaml_ctx["dataset_strategy"])
+        assert ctx == yaml_ctx, name
         assert ctx["device_num"] == plan.cluster.devices and ctx["pipeline_stages"] == plan.strategy.pp
         assert ctx["enable_parallel_optimizer"] == (plan.strategy.zero_stage >= 1)
 
@@ -133,6 +139,10 @@ def test_degrees_stages_and_batches(exported):
         assert per_stage == list(s.resolved_stage_layers(m.num_layers)), name
         if s.zero_stage:
             assert ctx["parallel_optimizer_config"]["optimizer_level"] == f"level{s.zero_stage}"
+        # dataset sharding: each rank reads its dp shard; MindFormers' base_trainer requires
+        # dataset_strategy[0][0] == data_parallel and one entry per train_dataset.input_columns
+        assert ctx["full_batch"] is s.full_batch is False, name
+        assert ctx["dataset_strategy"] == ((pc["data_parallel"], 1),) * len(doc["train_dataset"]["input_columns"]), name
 
 
 def test_drec_plans_use_mindsporess_recursive_programming(exported):

@@ -110,7 +110,8 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
                      cp_comm: str = "p2p", recompute_modules: str | None = None,
                      bucket_mb: float | None = None, copies: int = 1,
                      operator_strategies: str | None = None, grid_intensity: str | None = None,
-                     pue: float | None = None, comm_priority: bool = False) -> EstimateResult:
+                     pue: float | None = None, comm_priority: bool = False,
+                     full_batch: bool = False) -> EstimateResult:
     layout = None
     if plan is not None:
         p = load_plan(plan)
@@ -136,7 +137,8 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
             offload_optimizer=offload_optimizer, cp_comm=cp_comm,
         )
         strategy = replace(strategy, grad_bucket_mb=_bucket_mb(bucket_mb),
-                           micro_batch_copies=check_count("--copies", copies, limits.MAX_GLOBAL_BATCH))
+                           micro_batch_copies=check_count("--copies", copies, limits.MAX_GLOBAL_BATCH),
+                           full_batch=full_batch)
         title = f"{inputs.model.name} on {inputs.cluster.devices} x {inputs.hardware.device.name} ({inputs.hardware.name})"
     broken = violations(inputs.model, inputs.cluster, inputs.job, strategy)
     if broken:

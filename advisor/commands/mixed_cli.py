@@ -62,6 +62,8 @@ def estimate_mixed_cmd(given: dict[str, Any]) -> None:
             raise AdvisorError(f"{flag} is not available on a mixed cluster (--hardware PROFILE:NODES,...)")
     if o.get("copies", 1) != 1:
         raise AdvisorError("--copies is not available on a mixed cluster (--hardware PROFILE:NODES,...)")
+    if o.get("full_batch"):
+        raise AdvisorError("--full-batch is not available on a mixed cluster (--hardware PROFILE:NODES,...)")
     from advisor.commands.mixed import estimate_plan, recommend_mixed, refuse_unsupported
     from advisor.plan import load_plan
     from advisor.render.mixed import render_mixed_estimate

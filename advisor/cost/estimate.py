@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from advisor.cost import carbon
+from advisor.cost import carbon, dataset
 from advisor.cost.confidence import Confidence, confidence
 from advisor.cost.memory import GIB
 from advisor.cost.step import KERNELS_BACKWARD, KERNELS_FORWARD, TIME_PARTS, EstimateBatch, estimate_batch
@@ -62,6 +62,7 @@ class Estimate:
     emissions_to_train_tco2e: float | None = None
     devices: int = 0
     confidence: Confidence | None = None     # parts outside the profile's calibrated region
+    input_read_gb_per_step: float | None = None   # the cluster's reads of training samples (advisor.cost.dataset)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,6 +143,8 @@ def from_batch(e: EstimateBatch, i: int, model: ModelSpec, hw: HardwareProfile, 
         emissions_to_train_tco2e=emissions,
         devices=cluster.devices,
         confidence=None if strategy is None else confidence(model, hw, cluster, job, strategy),
+        input_read_gb_per_step=None if strategy is None else dataset.cluster_read_gb(
+            job, strategy.dp, strategy.full_batch, cluster.devices),
     )
 
 

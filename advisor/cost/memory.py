@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.cost import fp8, fusion, swap
+from advisor.cost import dataset, fp8, fusion, swap
 from advisor.cost.activations import end_stage_activations, layer_activation_terms, logits_gradient_bytes
 from advisor.cost.recompute import kept_bytes
 from advisor.space.strategy import GPIPE, INTERLEAVED, RECOMPUTE_NONE, StrategyBatch
@@ -265,6 +265,7 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
         + np.where(dp_group > 1, col(fusion.buffer_bytes(b, DDP_BUCKET_BYTES)), 0.0)
         + np.where(col(b.sequence_parallel), 2.0 * job.seq_length / col(b.cp) * col(b.micro_batch_size) * model.hidden_size * job.dtype_bytes / 2.0, 0.0)
         + np.where(active, fp8_copies, 0.0)
+        + np.where(active, col(dataset.device_bytes(job, b)), 0.0)       # the input pipeline's samples
     )
     # FSDP2 under pipelining: the whole stage's weights stay gathered and its gradients accumulate
     # unsharded for the step, in place of the per-unit gather and reduction buffers

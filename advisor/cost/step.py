@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.cost import bubble, comm, compute, contention, multi_copy, recompute, swap
+from advisor.cost import bubble, comm, compute, contention, dataset, multi_copy, recompute, swap
 from advisor.cost.data_parallel import dp_time_s
 from advisor.cost.layer_comm import layer_comm
 from advisor.cost.memory import (GIB, MemoryArrays, col, linear_params, memory, stage_layer_counts, stage_masks, stage_params,
@@ -239,13 +239,15 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     # FP8: the linear layers' weights are quantized once per step (cached across micro-batches)
     weight_cast = compute.weight_cast_s(hw, job, np.max(np.where(active, sum(linear_params(model, b)), 0.0), axis=1))
 
+    # the input pipeline's host-to-device copies, where they outlast the step they run under
+    input_s = dataset.exposed_s(hw, job, b, pipe_s + pp_s + dp_s + contention_s + opt_s + offload_s + weight_cast)
     time_s = {
         "compute": at_slowest(comp) * m + weight_cast,
         "recompute": at_slowest(recompute_s) * m,
         "tp_comm": at_slowest(tp_s) * m,
         "cp_comm": at_slowest(cp_s) * m,
         "ep_comm": at_slowest(ep_s) * m,
-        "host_overhead": at_slowest(host_s) * m,
+        "host_overhead": at_slowest(host_s) * m + input_s,
         "pp_comm": pp_s,
         "dp_comm": dp_s,
         "contention": contention_s,
@@ -253,7 +255,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
         "optimizer": opt_s,
         "offload": offload_s + at_slowest(swap_s) * m,     # optimizer offload, and activation swapping
     }
-    step = pipe_s + pp_s + dp_s + contention_s + opt_s + offload_s + weight_cast
+    step = pipe_s + pp_s + dp_s + contention_s + opt_s + offload_s + weight_cast + input_s
 
     tokens = job.tokens_per_step
     model_flops = model.training_flops_per_token(job.seq_length) * tokens

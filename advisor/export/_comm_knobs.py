@@ -77,3 +77,11 @@ def priority_unsupported(plan: Plan, target: str) -> str | None:
     return (f"training.comm_priority = true: {target} has no switch that lets the layers' transfers go ahead of "
             "data-parallel traffic on a shared link (Megatron-Core's high_priority_stream_groups orders kernels on "
             "the device, not bytes on a link); exported without it, and the plan's step time assumes it")
+
+
+def full_batch_unsupported(plan: Plan, target: str) -> str | None:
+    """parallel.full_batch (advisor.cost.dataset): only MindSpore reads the whole batch on every rank."""
+    if not plan.strategy.full_batch:
+        return None
+    return (f"parallel.full_batch = true: {target}'s data loader gives each data-parallel rank its own shard of the "
+            "global batch; exported that way (it reads less than the plan was priced with)")

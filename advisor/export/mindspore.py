@@ -3,7 +3,8 @@
 ``mindspore.set_auto_parallel_context`` keywords and values follow its API reference (MindSpore 2.x:
 parallel_mode, device_num, pipeline_stages, pipeline_config {pipeline_interleave, pipeline_scheduler},
 enable_parallel_optimizer, parallel_optimizer_config {optimizer_level level1/level2/level3 =
-ZeRO-1/2/3, optimizer_weight_shard_size}, search_mode, gradients_mean, full_batch, enable_alltoall).
+ZeRO-1/2/3, optimizer_weight_shard_size}, search_mode, gradients_mean, full_batch, dataset_strategy,
+enable_alltoall).
 The MindFormers sections follow mindformers/tools/register/template.py (ParallelConfig,
 RecomputeConfig, RunnerConfig, MsParallelConfig: the ``parallel`` section is passed to
 set_auto_parallel_context) and the LayerSetting of mindformers (layers of stage (v, p) =
@@ -40,6 +41,9 @@ DEFAULT_VERSION = "2.1.0"
 # MindSpore's set_pipeline_config allows schedulers other than 1f1b only with pipeline_interleave on;
 # a GPipe plan has no virtual stages, so it runs 1F1B (reported).
 SCHEDULERS = {"gpipe": "1f1b", "1f1b": "1f1b", "interleaved-1f1b": "1f1b"}
+# The legacy causal-LM path reads one column, seq_length + 1 token ids (the labels are its shift);
+# dataset_strategy needs one [dp, 1] per column (MindFormers' parallel templates).
+INPUT_COLUMNS = ("input_ids",)
 COMPUTE_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32", "fp8": "bfloat16"}
 
 
@@ -52,7 +56,10 @@ def auto_parallel_context(plan: Plan) -> dict:
         "search_mode": "recursive_programming" if searcher == "drec" else "sharding_propagation",
         "device_num": plan.cluster.devices,
         "gradients_mean": True,
-        "full_batch": True,
+        # each rank reads its data-parallel shard unless the plan was priced reading the whole batch
+        # (advisor.cost.dataset; MindFormers' performance guide recommends the shards at scale)
+        "full_batch": s.full_batch,
+        **({} if s.full_batch else {"dataset_strategy": [[s.dp, 1] for _ in INPUT_COLUMNS]}),
         "enable_parallel_optimizer": s.zero_stage >= 1,
         "pipeline_stages": s.pp,
     }
@@ -176,8 +183,12 @@ def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> 
     if non_default_mesh(plan):
         unsupported.append(f"parallel.mesh_order = {mesh_text(plan)}: MindSpore places pipeline stages outermost and "
                            "the model-parallel dimension innermost; exported with that order")
+    if not s.full_batch:
+        notes.append(f"parallel.dataset_strategy has one [dp, 1] per train_dataset.input_columns, written for "
+                     f"{list(INPUT_COLUMNS)}: add one per further column your dataset returns")
     out = {
         "use_legacy": True,
+        "train_dataset": {"input_columns": list(INPUT_COLUMNS)},
         "parallel": auto_parallel_context(plan),
         "parallel_config": parallel_config,
         "recompute_config": recompute_config,
@@ -227,6 +238,8 @@ def moe_config(plan: Plan, unsupported: list[str]) -> dict:
 
 
 def _py_value(value) -> str:
+    if isinstance(value, list) and value and all(isinstance(x, list) for x in value):
+        return repr(tuple(tuple(x) for x in value))       # dataset_strategy: MindSpore takes tuples
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k!r}: {_py_value(v)}" for k, v in value.items()) + "}"
     return repr(value)

@@ -28,6 +28,8 @@ def strategy_line(s: Strategy) -> str:
         parts.append("offload")
     if s.swap_layers is not None:
         parts.append(f"swap_layers={list(s.swap_layers)}")
+    if s.full_batch:
+        parts.append("full_batch")
     return " ".join(parts)
 
 
@@ -58,6 +60,10 @@ def render_estimate(console: Console, title: str, s: Strategy, e: Estimate) -> N
                       highlight=False, markup=False)
     if e.time_to_train_s is not None:
         console.print(" | ".join([f"time to train: {duration(e.time_to_train_s)}", *training_figures(e)]))
+    if e.input_read_gb_per_step is not None:
+        reader = "every rank the whole global batch" if s.full_batch else "each rank its data-parallel shard"
+        console.print(f"input: {e.input_read_gb_per_step:.3g} GB of samples read per step across the cluster "
+                      f"({reader}; {e.input_read_gb_per_step / max(e.step_time_s, 1e-12):.3g} GB/s)")
 
     mem = Table(title=f"memory per device (GiB), pipeline stage {e.worst_memory_stage}", title_justify="left")
     for part in ("parameters", "gradients", "optimizer", "activations", "buffers", "total"):

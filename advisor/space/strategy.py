@@ -58,6 +58,9 @@ class Strategy:
     # activations to the host after the forward and fetch them back for the backward (MindFormers'
     # swap_config layer_swap; advisor.cost.swap). None: none.
     swap_layers: tuple[int, ...] | None = None
+    # Dataset sharding: every rank reads the whole global batch (MindSpore full_batch=True) instead of
+    # its data-parallel shard (advisor.cost.dataset).
+    full_batch: bool = False
 
     @property
     def devices(self) -> int:
@@ -134,8 +137,11 @@ class StrategyBatch:
     grad_bucket_mb: np.ndarray | None = None   # MiB; 0: the framework's default buckets; None: all 0
     micro_batch_copies: np.ndarray | None = None   # None: all 1
     swap_layers: np.ndarray | None = None          # (N, P) layers swapped per stage; None: all 0
+    full_batch: np.ndarray | None = None           # bool; None: all sharded
 
     def __post_init__(self) -> None:
+        if self.full_batch is None:
+            object.__setattr__(self, "full_batch", np.zeros(len(self.dp), dtype=bool))
         if self.cp_comm is None:
             object.__setattr__(self, "cp_comm", np.zeros(len(self.dp), dtype=np.int64))
         if self.grad_bucket_mb is None:
@@ -181,6 +187,7 @@ class StrategyBatch:
             grad_bucket_mb=np.array([s.grad_bucket_mb or 0.0 for s in strategies], dtype=float),
             micro_batch_copies=np.array([s.micro_batch_copies for s in strategies], dtype=np.int64),
             swap_layers=swapped,
+            full_batch=np.array([s.full_batch for s in strategies], dtype=bool),
         )
 
     def take(self, index) -> "StrategyBatch":
@@ -215,4 +222,5 @@ class StrategyBatch:
             grad_bucket_mb=float(self.grad_bucket_mb[i]) if self.grad_bucket_mb[i] > 0 else None,
             micro_batch_copies=int(self.micro_batch_copies[i]),
             swap_layers=tuple(int(x) for x in self.swap_layers[i, :pp]) if self.swap_layers[i, :pp].any() else None,
+            full_batch=bool(self.full_batch[i]),
         )

@@ -1,0 +1,72 @@
+"""The input pipeline: what each rank reads per step, from its own shard or the full batch.
+
+* Sharded (what every launcher does by default): Megatron-LM's MegatronPretrainingSampler hands
+  each data-parallel rank its slice of the global batch, torchtitan's ParallelAwareDataloader
+  likewise, and MindSpore with ``full_batch=False`` and ``dataset_strategy ((dp, 1),)`` reads
+  shard ``rank % (N / pp) // mp`` of dp shards (mindformers/dataset/base_dataset.py,
+  _generate_shard_info). A rank reads global_batch / dp sequences per step; the tensor-, context-
+  and pipeline-parallel ranks of one data-parallel index read the same shard.
+* Full batch (MindSpore ``full_batch=True``, dataset_strategy "full_batch"): every rank reads the
+  whole global batch (mindformers/trainer/base_trainer.py multiplies the per-card batch by
+  data_parallel) and the graph slices it by the first operator's strategy.
+
+A sample is seq_length + 1 token ids as int32: Megatron's GPTDataset returns seq_length + 1 tokens
+and MindFormers' legacy causal-LM path reads input_ids of seq_length + 1 and shifts them for the
+labels (its train_dataset.input_columns ["input_ids"]).
+
+Device memory: MindSpore sinks a step's samples to the device at once (its dataset batch is the
+per-card batch times micro_batch_num under pipelining, times the accumulation steps otherwise),
+other frameworks one micro-batch at a time (Megatron's get_batch per micro-batch); with the next
+one prefetched, twice that.
+
+Host traffic: the ranks of a node copy their samples over their PCIe links each step. The loader
+works ahead (prefetch), so only a copy longer than the step shows, as host time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from advisor.space.strategy import StrategyBatch
+from advisor.specs.hardware import HardwareProfile
+from advisor.specs.job import TrainingJob
+
+TOKEN_BYTES = 4.0          # int32 token ids
+PREFETCHED = 2.0           # the batch in use and the next one
+
+
+def sample_bytes(job: TrainingJob) -> float:
+    """Bytes of one sample as the loader hands it over."""
+    return (job.seq_length + 1) * TOKEN_BYTES
+
+
+def samples_per_step(job: TrainingJob, b: StrategyBatch) -> np.ndarray:
+    """Samples one rank reads per optimizer step: its data-parallel shard or the whole batch."""
+    shard = job.global_batch_size / b.dp.astype(float)
+    return np.where(b.full_batch, float(job.global_batch_size), shard)
+
+
+def device_bytes(job: TrainingJob, b: StrategyBatch) -> np.ndarray:
+    """Input buffers on one device: a step's samples (MindSpore's data sink) or one micro-batch's
+    (everyone else's per-micro-batch loading), twice for the prefetched next one."""
+    per_step = samples_per_step(job, b)
+    at_once = per_step if job.framework == "mindspore" else per_step / b.num_micro_batches.astype(float)
+    return PREFETCHED * at_once * sample_bytes(job)
+
+
+def host_copy_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch) -> np.ndarray:
+    """Seconds one rank's PCIe link takes to carry the step's samples to the device."""
+    return samples_per_step(job, b) * sample_bytes(job) / (hw.host.pcie_bandwidth_gbps * 1e9)
+
+
+def exposed_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, step_s: np.ndarray) -> np.ndarray:
+    """What the input copies add to a step of ``step_s`` seconds (the loader runs one step ahead)."""
+    return np.maximum(host_copy_s(hw, job, b) - step_s, 0.0)
+
+
+def cluster_read_gb(job: TrainingJob, dp: int, full_batch: bool, devices: int) -> float:
+    """GB the whole cluster's ranks read from storage per step: every rank its shard or the whole
+    batch (MindFormers' performance guide: full_batch=True puts a dp-fold redundant read on every
+    card, which, summed over a large cluster, overloads the shared storage)."""
+    samples = job.global_batch_size if full_batch else job.global_batch_size / dp
+    return samples * sample_bytes(job) * devices / 1e9

@@ -1,0 +1,88 @@
+"""Dataset sharding (issue 13): each rank reads its data-parallel shard, or every rank the whole
+global batch (MindSpore full_batch=True); priced as input buffers on the device, host-to-device
+copies and the cluster's reads, carried by the plan and written by the exports."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from advisor.cli import app
+from advisor.cost import dataset
+from advisor.cost.estimate import estimate
+from advisor.cost.memory import GIB
+from advisor.errors import AdvisorError
+from advisor.export import export_plan
+from advisor.plan import load_plan, plan_from_dict, plan_to_dict
+from advisor.space.strategy import Strategy, StrategyBatch
+from advisor.commands.inputs import resolve_inputs
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    return resolve_inputs("llama3-8b", "dgx-a100-80g", nodes=2, global_batch=256, seq_len=4096)
+
+
+def test_full_batch_reads_dp_times_more_and_holds_it_on_the_device(inputs):
+    s = Strategy(dp=8, tp=2, pp=1, micro_batch_size=1, num_micro_batches=32, zero_stage=1)
+    full = replace(s, full_batch=True)
+    job = replace(inputs.job, framework="mindspore")          # MindSpore sinks a step's samples at once
+    b = StrategyBatch.from_strategies([s, full], inputs.model.num_layers)
+    sample = (4096 + 1) * 4
+    assert dataset.samples_per_step(job, b).tolist() == [32.0, 256.0]
+    assert dataset.device_bytes(job, b).tolist() == [2 * 32 * sample, 2 * 256 * sample]
+    # other frameworks load one micro-batch at a time
+    assert dataset.device_bytes(inputs.job, b).tolist() == [2 * 1 * sample, 2 * 8 * sample]
+    e_shard = estimate(inputs.model, inputs.hardware, inputs.cluster, job, s)
+    e_full = estimate(inputs.model, inputs.hardware, inputs.cluster, job, full)
+    assert e_full.memory_gib.buffers - e_shard.memory_gib.buffers == pytest.approx(2 * (256 - 32) * sample / GIB)
+    assert e_full.input_read_gb_per_step == pytest.approx(256 * sample * 16 / 1e9)
+    assert e_shard.input_read_gb_per_step == pytest.approx(32 * sample * 16 / 1e9)
+    # a few MB over PCIe hide under a step of seconds
+    assert e_full.step_time_s == pytest.approx(e_shard.step_time_s, rel=1e-12)
+
+
+def test_copies_longer_than_the_step_show_as_host_time(inputs):
+    s = Strategy(dp=16, tp=1, pp=1, micro_batch_size=1, num_micro_batches=16, zero_stage=1, full_batch=True)
+    b = StrategyBatch.from_strategies([s], inputs.model.num_layers)
+    copy = dataset.host_copy_s(inputs.hardware, inputs.job, b)[0]
+    assert copy == pytest.approx(256 * 4097 * 4 / (inputs.hardware.host.pcie_bandwidth_gbps * 1e9))
+    assert dataset.exposed_s(inputs.hardware, inputs.job, b, np.array([copy / 4]))[0] == pytest.approx(0.75 * copy)
+    assert dataset.exposed_s(inputs.hardware, inputs.job, b, np.array([copy * 2]))[0] == 0.0
+
+
+def test_plan_round_trip_and_exports(inputs, tmp_path):
+    out = tmp_path / "p.json"
+    r = runner.invoke(app, ["recommend", "--model", "llama3-8b", "--hardware", "dgx-a100-80g", "--nodes", "2",
+                            "--global-batch", "256", "--framework", "mindspore", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    plan = load_plan(out)
+    assert plan.strategy.full_batch is False and "full_batch" not in json.loads(out.read_text())["parallel"]
+    full = plan_from_dict({**plan_to_dict(plan), "parallel": {**plan_to_dict(plan)["parallel"], "full_batch": True}},
+                          "test")
+    assert full.strategy.full_batch is True
+    assert plan_from_dict(plan_to_dict(full), "again").strategy == full.strategy
+    ms = export_plan(full, "mindspore")
+    assert "full_batch=True" in ms.files["parallel_context.py"] and "dataset_strategy" not in ms.files["parallel_context.py"]
+    mg = export_plan(full, "megatron")
+    assert any(u.startswith("parallel.full_batch = true") for u in mg.unsupported)
+    assert not any("full_batch" in u for u in export_plan(plan, "megatron").unsupported)
+
+
+def test_cli_estimate_full_batch(tmp_path):
+    args = ["estimate", "--model", "llama3-8b", "--hardware", "dgx-a100-80g", "--nodes", "2", "--global-batch", "256",
+            "--tp", "2", "--framework", "mindspore", "--json"]
+    shard = json.loads(runner.invoke(app, args).output)
+    full = json.loads(runner.invoke(app, args + ["--full-batch"]).output)
+    assert full["input_read_gb_per_step"] == pytest.approx(8 * shard["input_read_gb_per_step"])
+    assert full["memory_gib"]["buffers"] > shard["memory_gib"]["buffers"]
+    r = runner.invoke(app, ["estimate", "--model", "llama3-8b", "--hardware", "dgx-a100-80g:1,dgx-h100:1",
+                            "--tp", "8", "--pp", "2", "--full-batch"])
+    assert isinstance(r.exception, AdvisorError) and r.exception.exit_code == 2
+    assert "--full-batch is not available on a mixed cluster" in str(r.exception)
