@@ -6,6 +6,9 @@
    includes their outer enumeration), global batch 1,536 x 2,048 tokens; "gain" is the operator-level
    searchers' best over the enumerator's; "searched" counts the finalists whose operator layout
    differs from Megatron's. Then the composed searchers' time at 4,096 devices.
+0b. 2-D tensor parallelism: each model at 64 and 512 devices with ``--searcher ilp``, tensor-parallel
+   groups on their default mesh only and also split in two axes inside a node: the best predicted
+   tokens/s of each, the gain, and the operators of the best plan that cut two dimensions.
 1. GPT-3 175B (96 layers: one layer template, so the problem size does not depend on depth) sharded
    operator by operator over 64, 512 and 4,096 A100s with no pipeline: D-Rec's time (goal <= 1 s at
    4,096 devices), the ILP's time (goal <= 30 s, everything included) with its status and gap, and
@@ -18,7 +21,7 @@
    batch 2,048): slowest/mean stage time for the uniform and the balanced split, and the step time
    the cost model gives each.
 
-Usage: python benchmarks/operator_search.py [--sections compare operator stages] [--devices 64 512 4096]
+Usage: python benchmarks/operator_search.py [--sections compare twod operator stages] [--devices 64 512 4096]
        [--compare-devices 8 64 512] [--models gpt3-1.3b ...] [--time-limit 30] [--hardware dgx-a100-80g]
 """
 
@@ -166,19 +169,58 @@ def stage_table(hw) -> None:
     print(f"balanced partition computed in {seconds * 1e3:.1f} ms (cached afterwards); fits in memory: {plan.fits}")
 
 
+def two_d_operators(rec) -> list[str]:
+    """The operators of a layout record that cut two or more of their labels (2-D tensor parallelism)."""
+    if not isinstance(rec, dict) or rec.get("layout") != "searched":
+        return []
+    return [name.rsplit(".", 1)[-1] + "(" + ",".join(lab or "-" for lab in op["mesh_axes"]) + ")"
+            for name, op in rec.get("operators", {}).items()
+            if len({lab for lab in op["mesh_axes"] if lab is not None}) >= 2]
+
+
+def two_d_table(hw, models, devices_list, time_limit: float) -> None:
+    """--searcher ilp with tensor-parallel groups on their default mesh only (1-D) and also split in
+    two axes (2-D): the best predicted tokens/s of each, and the 2-D cuts of the best plan."""
+    job = TrainingJob(global_batch_size=1536, seq_length=2048)
+    print(f"2-D tensor parallelism (--searcher ilp), {hw.name}, global batch {job.global_batch_size} x {job.seq_length}")
+    head = f"{'model':<17} {'devices':>7} | {'1-D only':>11} | {'with 2-D':>11} {'gain':>7} | best plan: mesh, 2-D cuts"
+    print(head)
+    print("-" * len(head))
+    for name in models:
+        model = load_model(name)
+        for devices in devices_list:
+            cluster = Cluster.of(hw, devices=devices)
+            best = {}
+            for two_d in (False, True):
+                outcome = operator_plan(model, hw, cluster, job, "ilp", Pins(), 5, time_limit_s=time_limit,
+                                        two_d=two_d)
+                best[two_d] = (best_priced(model, hw, cluster, job, outcome), outcome)
+            (one, _), _ = best[False]
+            (two, i), outcome = best[True]
+            rec = outcome.operator_strategies[i] if i >= 0 and outcome.operator_strategies else None
+            cuts = two_d_operators(rec)
+            where = (f"mesh {rec.get('mesh')} tp {rec.get('tensor_parallel_devices')}: {' '.join(cuts)}" if cuts
+                     else "none (1-D layout)")
+            gain = f"{two / one - 1:+7.2%}" if one > 0 else f"{'-':>7}"
+            print(f"{name:<17} {devices:>7} | {one:11,.0f} | {two:11,.0f} {gain} | {where}")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, nargs="+", default=[64, 512, 4096])
     parser.add_argument("--time-limit", type=float, default=30.0, help="ILP time limit, seconds (everything included)")
     parser.add_argument("--hardware", default="dgx-a100-80g")
-    parser.add_argument("--sections", nargs="+", default=["compare", "operator", "stages"],
-                        choices=["compare", "operator", "stages"])
+    parser.add_argument("--sections", nargs="+", default=["compare", "twod", "operator", "stages"],
+                        choices=["compare", "twod", "operator", "stages"])
     parser.add_argument("--compare-devices", type=int, nargs="+", default=[8, 64, 512])
     parser.add_argument("--models", nargs="+", default=None, help="default: every bundled transformer model")
     args = parser.parse_args()
     hw = load_hardware(args.hardware)
     if "compare" in args.sections:
         compare_table(hw, args.models or bundled_models("transformer"), args.compare_devices, args.time_limit)
+    if "twod" in args.sections:
+        two_d_table(hw, args.models or bundled_models("transformer"), [64, 512], args.time_limit)
     if "operator" in args.sections:
         operator_table(hw, args.devices, args.time_limit)
     if "stages" in args.sections:

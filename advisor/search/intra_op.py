@@ -45,6 +45,7 @@ from advisor.search.semi_auto import check_strategies, fix_strategies, strategie
 from advisor.search.sharding import (
     MEMORY_TOLERANCE, REPLICATE, DeviceMesh, OperatorSolution, ShardingOptions, ShardingProblem, solution,
 )
+from advisor.search.sharding_mesh import tensor_parallel_shapes
 from advisor.space.strategy import Strategy, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import TrainingJob
@@ -99,21 +100,43 @@ def layout_key(model: ModelSpec, job: TrainingJob, batch: StrategyBatch, i: int)
 
 def build_problem(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, key: LayoutKey,
                   fixed: OperatorStrategies | None = None) -> ShardingProblem:
-    """The layout problem of a key; with user-fixed strategies (advisor.search.semi_auto) on the
-    group's finest mesh, checked against the key's graph and narrowed to them (AdvisorError naming
-    the operator and dimension when one cannot hold)."""
+    """The layout problem of a key on the group's default mesh; with user-fixed strategies
+    (advisor.search.semi_auto) on the group's finest mesh, checked against the key's graph and
+    narrowed to them (AdvisorError naming the operator and dimension when one cannot hold)."""
+    return build_problems(model, hw, job, key, fixed)[0]
+
+
+def build_problems(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, key: LayoutKey,
+                   fixed: OperatorStrategies | None = None, two_d: bool = True) -> list[ShardingProblem]:
+    """The key's layout problems, one per mesh its group is searched on (the default one first;
+    advisor.search.sharding_mesh.tensor_parallel_shapes adds the 2-D splits of a single axis unless
+    ``two_d`` is off); with fixed strategies the one problem on the finest mesh."""
     local = replace(job, seq_length=key.seq_length)
     graph = transformer_graph(model, local, batch=key.micro_batch_size, layers=(0, key.graph_layers),
                               first_stage=key.whole_model, last_stage=key.whole_model)
     options = ShardingOptions(num_micro_batches=key.num_micro_batches, activations_in_flight=key.in_flight,
                               zero_stage=key.zero_stage)
     if fixed is None:
-        return ShardingProblem(graph, DeviceMesh.for_devices(hw, key.tp), hw, local, options)
+        return [ShardingProblem(graph, DeviceMesh.for_devices(hw, key.tp, shape=shape), hw, local, options)
+                for shape in tensor_parallel_shapes(hw, key.tp)[: None if two_d else 1]]
     check_strategies(graph, fixed, key.tp, f"tp {key.tp}, micro-batch {key.micro_batch_size}, "
                                            f"{key.seq_length} tokens per sequence")
     problem = ShardingProblem(graph, DeviceMesh.for_devices(hw, key.tp, fine=True), hw, local, options)
     fix_strategies(problem, fixed)
-    return problem
+    return [problem]
+
+
+def choose_among(problems: list[ShardingProblem], key: LayoutKey, headroom_bytes: float, searcher: str,
+                 ilp_seconds: float = 0.0) -> Layout:
+    """choose_layout on each mesh of the key (the ILP's time shared between them); the layout with
+    the cheapest result wins, the default mesh on ties (Megatron's layout costs the same on all)."""
+    layouts = [choose_layout(p, key, headroom_bytes, searcher, ilp_seconds / len(problems)) for p in problems]
+
+    def cost(layout: Layout) -> float:
+        final = layout.chosen or layout.reference
+        return final.cost_s if final is not None else float("inf")
+
+    return min(layouts, key=cost)
 
 
 def megatron_assignment(problem: ShardingProblem, sequence_parallel: bool, fill=None) -> list[tuple] | None:

@@ -14,7 +14,10 @@ Composition:
    tensor-parallel group of one stage (advisor.search.intra_op: every operator may cut any of its
    labels on each axis of the group's mesh, not only Megatron's); ``ilp`` then re-solves the same
    problem exactly with CP-SAT, warm-started with the better of D-Rec's answer and Megatron's
-   layout, the candidates taken best first and sharing ILP_TIME_LIMIT_S. Identical problems (same
+   layout, the candidates taken best first and sharing ILP_TIME_LIMIT_S. A group whose default mesh
+   is one axis (tensor parallelism inside a node) is also searched split into two axes, so that an
+   operator can cut two of its dimensions (2-D tensor parallelism; the cheapest mesh wins, the
+   default on ties). Identical problems (same
    group size, micro-batch, layers, micro-batches in flight, ZeRO stage, memory left) are solved once.
 3. Pricing. Each candidate is the cost model's estimate plus the difference between its chosen
    layout and Megatron's in the sharding model (intra_op.price_layouts; advisor.commands.recommend applies it
@@ -48,7 +51,9 @@ from advisor.errors import AdvisorError
 from advisor.graph.transformer import transformer_graph
 from advisor.search import Pins, Progress, SearchOutcome
 from advisor.search import enumerate as enumerator
-from advisor.search.intra_op import Layout, build_problem, choose_layout, headroom_bytes, layout_key, price_layouts, record
+from advisor.search.intra_op import (
+    Layout, build_problems, choose_among, headroom_bytes, layout_key, price_layouts, record,
+)
 from advisor.search.semi_auto import check_strategies, required_group
 from advisor.space.rules import violations
 from advisor.space.strategy import Strategy, StrategyBatch
@@ -64,11 +69,12 @@ ILP_TIME_LIMIT_S = 30.0      # shared by the ILP's layout problems
 def operator_plan(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, searcher: str = "drec",
                   pins: Pins = Pins(), top_k: int = 5, progress: Progress = None,
                   time_limit_s: float = ILP_TIME_LIMIT_S, outer: SearchOutcome | None = None,
-                  fixed: OperatorStrategies | None = None) -> SearchOutcome:
+                  fixed: OperatorStrategies | None = None, two_d: bool = True) -> SearchOutcome:
     """The enumerator's best outer configurations, each with its operator layout searched by D-Rec
     (``searcher="drec"``) or D-Rec then the ILP (``"ilp"``). ``outer``: the enumerator's outcome
     when already computed (with the same pins and at least ``top_k``). ``fixed``: operator
-    strategies the user gives (see the module docstring)."""
+    strategies the user gives (see the module docstring). ``two_d`` off: tensor-parallel groups
+    on their default mesh only (no 2-D tensor parallelism inside a node; for comparisons)."""
     start = time.perf_counter()
     if searcher not in ("drec", "ilp"):
         raise ValueError(f"unknown operator-level searcher {searcher!r}")
@@ -95,14 +101,14 @@ def operator_plan(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
         layout = layouts.get(memo)
         if layout is None:
             if key not in problems:
-                problems[key] = _problem(model, hw, job, key, fixed)
+                problems[key] = _problem(model, hw, job, key, fixed, two_d)
             problem = problems[key]
             budget = (time_limit_s - ilp_spent) / max(todo, 1) if key.tp > 1 else 0.0
             t0 = time.perf_counter()
             if isinstance(problem, str):    # no operator graph for this model: Megatron's layout stands
                 layout = layouts[memo] = Layout(None, None, None, False, problem)
             else:
-                layout = layouts[memo] = choose_layout(problem, key, memo[1], searcher, budget)
+                layout = layouts[memo] = choose_among(problem, key, memo[1], searcher, budget)
             if key.tp > 1:
                 todo -= 1
                 ilp_spent += time.perf_counter() - t0
@@ -111,12 +117,13 @@ def operator_plan(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
     return SearchOutcome(batch, stats, tuple(records))
 
 
-def _problem(model, hw, job, key, fixed=None):
-    """The layout problem of a key, or why there is none (a model the operator graphs do not cover)."""
+def _problem(model, hw, job, key, fixed=None, two_d=True):
+    """The layout problems of a key (one per mesh), or why there are none (a model the operator
+    graphs do not cover)."""
     if fixed:
-        return build_problem(model, hw, job, key, fixed)     # _holding kept only keys that can hold them
+        return build_problems(model, hw, job, key, fixed)     # _holding kept only keys that can hold them
     try:
-        return build_problem(model, hw, job, key)
+        return build_problems(model, hw, job, key, two_d=two_d)
     except AdvisorError as err:
         return f"{err}: Megatron's layout kept"
 
@@ -172,8 +179,8 @@ def layout_of(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Trai
     batch = StrategyBatch.from_strategies([strategy], model.num_layers)
     e = estimate_batch(model, hw, cluster, job, batch)
     key = layout_key(model, job, batch, 0)
-    problem = build_problem(model, hw, job, key, fixed)
-    layout = choose_layout(problem, key, headroom_bytes(e, 0, hw), searcher, time_limit_s if key.tp > 1 else 0.0)
+    problems = build_problems(model, hw, job, key, fixed)
+    layout = choose_among(problems, key, headroom_bytes(e, 0, hw), searcher, time_limit_s if key.tp > 1 else 0.0)
     return record(layout, key, strategy, searcher)
 
 

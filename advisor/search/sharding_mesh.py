@@ -90,6 +90,18 @@ class DeviceMesh:
         return " x ".join(str(s) for s in self.shape)
 
 
+def tensor_parallel_shapes(hw: HardwareProfile, devices: int) -> list[tuple[int, ...]]:
+    """The meshes a tensor-parallel group of ``devices`` is searched on: the default one and, when
+    that is a single axis, every split of it into two axes (a x devices / a, both orders), on which
+    an operator can cut two of its dimensions at once: 2-D tensor parallelism (activations and
+    weights both cut, as MindSpore's high-dimension tensor parallelism and Optimus do). Laid over
+    the same devices and links, Megatron's layout (one label on every axis) costs the same on all."""
+    default = tuple(_default_shape(devices, hw.node.devices_per_node, hw.node.group_size, fine=False))
+    if len(default) != 1:
+        return [default]
+    return [default] + [(a, devices // a) for a in range(2, devices // 2 + 1) if devices % a == 0]
+
+
 def _default_shape(devices: int, per_node: int, group: int, fine: bool) -> list[int]:
     intra = math.gcd(devices, per_node)
     inter = devices // intra
