@@ -28,7 +28,9 @@ from advisor.plan_mixed import check_cluster, layout_from_dict
 from advisor.plan_supernet import check_strategy, run_from_dict
 from advisor.cost.supernet import SupernetRun
 from advisor.specs.supernet import SupernetSpec
-from advisor.plan_ps import embedding_placement_from_dict, parameter_server_from_dict, rec_violations
+from advisor.plan_ps import (
+    embedding_placement_from_dict, host_tables_from_dict, parameter_server_from_dict, rec_violations,
+)
 
 SCHEMA_VERSION = 1
 _TOP_REQUIRED = ("schema_version", "model", "hardware", "cluster", "training", "parallel")
@@ -37,7 +39,7 @@ _PARALLEL_REQUIRED = ("dp", "tp", "pp")
 _PARALLEL_OPTIONAL = (
     "cp", "ep", "sequence_parallel", "virtual_pipeline_stages", "micro_batch_size", "num_micro_batches",
     "zero_stage", "recompute", "recompute_layers", "pipeline_schedule", "stage_layers", "mesh_order",
-    "offload_optimizer", "cp_comm", "parameter_server", "embedding_placement",
+    "offload_optimizer", "cp_comm", "parameter_server", "embedding_placement", "host_tables",
     "grad_bucket_mb", "micro_batch_copies", "stage_devices", "replica_devices", "dp_batch_split", "supernet",
     "swap_layers", "full_batch",
 )
@@ -58,6 +60,7 @@ class Plan:
     # recommendation models (advisor.plan_ps): the servers, and where the embedding tables live
     parameter_server: dict[str, Any] | None = None
     embedding_placement: str | None = None
+    host_tables: tuple[str, ...] | None = None      # placement "host": the tables on the host (None: all)
     # what --objective time-to-target aimed at (advisor.cost.convergence.Target.to_dict), in training.target
     target: dict[str, Any] | None = None
     # a mixed cluster (advisor.plan_mixed): its parts (``hardware`` is then the first part's profile)
@@ -115,6 +118,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         parallel["parameter_server"] = plan.parameter_server
     if plan.embedding_placement is not None:
         parallel["embedding_placement"] = plan.embedding_placement
+    if plan.host_tables is not None:
+        parallel["host_tables"] = list(plan.host_tables)
     if plan.layout is not None:
         parallel.update(plan.layout.to_parallel())
     if plan.supernet is not None:
@@ -268,7 +273,8 @@ def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
         search=data.get("search"), advisor_version=str(data.get("advisor_version", __version__)),
         model_raw=data["model"],
         parameter_server=(ps := parameter_server_from_dict(data["parallel"].get("parameter_server"), origin, model, cluster)),
-        embedding_placement=embedding_placement_from_dict(data["parallel"], origin, model, ps),
+        embedding_placement=(placement := embedding_placement_from_dict(data["parallel"], origin, model, ps)),
+        host_tables=host_tables_from_dict(data["parallel"], origin, model, placement),
         target=_target_from_dict(data["training"].get("target"), f"{origin}: training: target"),
         mixed=mixed, layout=layout_from_dict(data["parallel"], origin, mixed, strategy, training),
         supernet=run_from_dict(data["parallel"], origin, model),

@@ -7,7 +7,8 @@ hold (every one for ps; table names and tower layers ``bottom_mlp_i`` / ``top_ml
 advisor.specs.recommendation.RecModelSpec.tensor_params names them) and ``sharding`` lists the
 servers of each (a tensor on several servers is split evenly by rows, in that order).
 ``embedding_placement`` says where the tables live: "replicated" (data parallel), "sharded" (over
-the devices, all-to-all) or "servers" (ps/hybrid). Validation names the field; nothing here knows
+the devices, all-to-all), "host" (each worker's host memory, looked up by its CPU: MindSpore's
+Host&Device heterogeneous training) or "servers" (ps/hybrid). Validation names the field; nothing here knows
 the cost model.
 """
 
@@ -22,7 +23,7 @@ from advisor.specs.recommendation import RecModelSpec
 
 PS_MODES = ("ps", "hybrid")
 PLACEMENTS = ("dedicated", "colocated")
-EMBEDDING_PLACEMENTS = ("replicated", "sharded", "servers")
+EMBEDDING_PLACEMENTS = ("replicated", "sharded", "host", "servers")
 MAX_SERVERS = 4096
 _KEYS = ("mode", "synchronous", "servers", "server_placement", "tensors", "sharding")
 
@@ -83,6 +84,25 @@ def embedding_placement_from_dict(data: dict[str, Any], origin: str, model, para
         raise AdvisorError(f"{o}: key 'embedding_placement' = {placement!r} "
                            f"{'needs' if placement == 'servers' else 'conflicts with'} a parameter_server")
     return placement
+
+
+def host_tables_from_dict(data: dict[str, Any], origin: str, model, placement: str | None) -> tuple[str, ...] | None:
+    """``parallel.host_tables``: with placement "host", the tables kept in host memory (absent: all)."""
+    value = data.get("host_tables")
+    o = f"{origin}: parallel"
+    if value is None:
+        return None
+    if placement != "host":
+        raise AdvisorError(f"{o}: key 'host_tables' needs embedding_placement 'host' (got {placement!r})")
+    names = [t.name for t in model.tables]
+    if (not isinstance(value, list) or not value or not all(isinstance(t, str) for t in value)
+            or len(set(value)) != len(value)):
+        raise AdvisorError(f"{o}: key 'host_tables' must be a non-empty list of distinct table names, "
+                           f"got {str(value)[:60]!r}")
+    for t in value:
+        if t not in names:
+            raise AdvisorError(f"{o}: key 'host_tables' names {t[:40]!r}, which is not a table of {model.name}")
+    return tuple(value)
 
 
 def rec_violations(model: RecModelSpec, cluster: Cluster, job: TrainingJob, strategy) -> list[str]:

@@ -303,6 +303,10 @@ def execute(plan_path: str | Path, options: ExecuteOptions) -> dict[str, Any]:
                       nproc=options.nproc, timeout_s=options.timeout_s, pg_timeout_s=options.pg_timeout_s,
                       workdir=options.workdir, results=options.results, oversubscribe=options.oversubscribe,
                       predict=lambda executed: predict_ps(executed, options.time_hardware))
+    if (plan.get("parallel") or {}).get("embedding_placement") is not None:
+        raise AdvisorError(f"{plan_path}: a recommendation plan without parameter servers (tables "
+                           f"{str(plan['parallel']['embedding_placement'])[:20]}): the executor runs transformer plans "
+                           "and parameter-server or hybrid plans; price it with advisor estimate --plan")
     prep = prepare_plan(plan, str(plan_path), options)
     if options.results is None:
         return run_prepared([prep], options)[0]

@@ -36,7 +36,10 @@ def wants_recsys(model: str | None, plan: str | None) -> bool:
 def config_of(plan: Plan) -> RecsysConfig:
     ps = plan.parameter_server
     if ps is None:
-        return RecsysConfig("sharded" if plan.embedding_placement == "sharded" else "replicated")
+        placement = plan.embedding_placement
+        if placement == "host":
+            return RecsysConfig("host", host_tables=plan.host_tables or ())
+        return RecsysConfig("sharded" if placement == "sharded" else "replicated")
     sharding = tuple((name, tuple(ids)) for name, ids in sorted((ps.get("sharding") or {}).items()))
     return RecsysConfig(ps["mode"], ps["servers"], ps["server_placement"], ps["synchronous"], tuple(ps["tensors"]),
                         sharding)

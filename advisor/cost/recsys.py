@@ -16,6 +16,8 @@ Modes (``RecsysConfig.mode``):
   sharding types; NVIDIA DeepLearningExamples DLRM "hybrid-parallel"). The busiest device's lookups
   set the embedding time. The towers are data parallel (all-reduce, overlapped with backward as
   PyTorch DDP does).
+* ``host``: the tables in host memory, looked up and updated by the host CPU (MindSpore's
+  Host&Device heterogeneous training; advisor.cost.recsys_host).
 * ``ps`` and ``hybrid``: advisor.cost.parameter_server.
 
 Per device and step (b = global batch / devices samples): the towers' GEMMs at the profile's
@@ -45,7 +47,7 @@ from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.recommendation import INDEX_BYTES, PARAM_BYTES, RecModelSpec
 
-MODES = ("replicated", "sharded", "ps", "hybrid")
+MODES = ("replicated", "sharded", "host", "ps", "hybrid")
 PLACEMENTS = ("dedicated", "colocated")
 # fp32 optimizer traffic per updated element: SGD reads weight and gradient and writes the weight
 # (12 bytes); Adam also reads and writes m and v (28 bytes; Kingma and Ba 2015, Algorithm 1);
@@ -74,6 +76,9 @@ class RecsysConfig:
     # a plan's parallel.parameter_server.sharding (tensor -> servers, rows split evenly in list order);
     # empty: the estimate chooses it (parameter_server.server_shards)
     sharding: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # host mode: the tables kept in host memory (empty: every table); the others stay on the devices,
+    # replicated (advisor.cost.recsys_host)
+    host_tables: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

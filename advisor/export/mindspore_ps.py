@@ -14,7 +14,11 @@ model zoo script train_and_eval_parameter_server_distribute.py; ms-operator's PS
   MS_SCHED_HOST, MS_SCHED_PORT); the worker script starts one process per local device.
 
 A collective-only plan writes ``ps_context.py`` with the data-parallel context (replicated tables) or
-semi-auto parallel with row-sliced tables (sharded, nn.EmbeddingLookup slice_mode TABLE_ROW_SLICE).
+semi-auto parallel with row-sliced tables (sharded, nn.EmbeddingLookup slice_mode TABLE_ROW_SLICE);
+a host plan (Host&Device heterogeneous: tutorials/source_en/parallel/host_device_training.md) the
+data-parallel context and ``place_on_host(network)``, which sets the host tables' lookup primitives
+to run on the CPU (``Primitive.set_device("CPU")``) and splits the parameters for a host optimizer
+(``optimizer.target = "CPU"``) and a device one.
 Only numbers and validated identifiers from the plan reach code, through repr(); comments go
 through _common.display; the scripts take the training script and scheduler address from the
 environment, never from the plan.
@@ -37,6 +41,9 @@ def _header(plan: Plan) -> list[str]:
     if ps is not None:
         lines.append(f"{ps['mode']} parameter server, {'synchronous' if ps['synchronous'] else 'asynchronous'}, "
                      f"{ps['servers']} {ps['server_placement']} servers, {len(ps['tensors'])} tensors on servers")
+    elif plan.embedding_placement == "host":
+        lines.append(f"Host&Device heterogeneous: {len(plan.host_tables or plan.model.tables)} embedding tables in "
+                     "host memory, the rest data parallel on the devices")
     else:
         lines.append(f"collective only: embedding tables {display(plan.embedding_placement or 'replicated')}")
     pred = plan.prediction or {}
@@ -48,6 +55,8 @@ def _header(plan: Plan) -> list[str]:
 def context_script(plan: Plan) -> str:
     ps = plan.parameter_server
     head = "".join(f"# {line}\n" for line in _header(plan))
+    if ps is None and plan.embedding_placement == "host":
+        return head + _host_script(plan)
     if ps is None:
         sharded = plan.embedding_placement == "sharded"
         mode = "semi_auto_parallel" if sharded else "data_parallel"
@@ -85,6 +94,38 @@ def context_script(plan: Plan) -> str:
               "        raise RuntimeError(f'no parameter of the network is named after server tensors {missing}')\n",
               "    return network\n"]
     return "".join(lines)
+
+
+def _host_script(plan: Plan) -> str:
+    """Host&Device heterogeneous training (MindSpore tutorial "Host&Device Heterogeneous"): the plan's
+    host tables looked up on the CPU (Primitive.set_device("CPU")) and updated by an optimizer whose
+    target is "CPU"; everything else data parallel on the devices."""
+    tables = list(plan.host_tables or [t.name for t in plan.model.tables])
+    return ("import mindspore as ms\nfrom mindspore.communication import init\n\n"
+            f"HOST_TABLES = {tables!r}\n\n"
+            "ms.set_context(mode=ms.GRAPH_MODE)\ninit()\n"
+            f"ms.set_auto_parallel_context(parallel_mode='data_parallel', gradients_mean=True, "
+            f"device_num={plan.cluster.devices!r})\n\n\n"
+            "def _named(name):\n"
+            "    parts = set(name.replace('/', '.').split('.'))\n"
+            "    return [t for t in HOST_TABLES if t in parts]\n\n\n"
+            "def place_on_host(network):\n"
+            "    \"\"\"Run the lookups of the host tables on the CPU; returns (host parameters, device parameters)\n"
+            "    for two optimizers, the first with optimizer.target = 'CPU'. Fails on a missing table.\"\"\"\n"
+            "    for name, cell in network.cells_and_names():\n"
+            "        if _named(name):\n"
+            "            for attr in vars(cell).values():\n"
+            "                if isinstance(attr, ms.ops.Primitive):\n"
+            "                    attr.set_device('CPU')\n"
+            "    host, device, found = [], [], set()\n"
+            "    for param in network.trainable_params():\n"
+            "        tables = _named(param.name)\n"
+            "        found.update(tables)\n"
+            "        (host if tables else device).append(param)\n"
+            "    missing = [t for t in HOST_TABLES if t not in found]\n"
+            "    if missing:\n"
+            "        raise RuntimeError(f'no parameter of the network is named after host tables {missing}')\n"
+            "    return host, device\n")
 
 
 def _script(plan: Plan, role: str, body: str) -> str:

@@ -10,12 +10,15 @@ from rich.table import Table
 from advisor.cost.recsys import RecEstimate
 from advisor.render.formatting import step_time
 
-_MODE = {"replicated": "allreduce (replicated)", "sharded": "sharded + all-to-all", "ps": "PS", "hybrid": "hybrid PS"}
+_MODE = {"replicated": "allreduce (replicated)", "sharded": "sharded + all-to-all", "host": "host tables",
+         "ps": "PS", "hybrid": "hybrid PS"}
 
 
 def mode_text(e: RecEstimate) -> str:
     c = e.config
     text = _MODE[c.mode]
+    if c.mode == "host":
+        text = f"{len(c.host_tables) or 'all'} tables on host"
     if c.mode in ("ps", "hybrid") and not c.synchronous:
         text += " async"
     return text

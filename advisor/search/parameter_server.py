@@ -3,7 +3,8 @@ or hybrid, with the servers, where they run, which tensors they hold and how tho
 
 Candidates (every one priced by advisor.cost.recsys_estimate):
 
-* ``replicated`` and ``sharded`` (the collective-only plans; ``--ps-mode none`` keeps only these);
+* ``replicated``, ``sharded`` and ``host`` (the plans without servers; ``--ps-mode none`` keeps only
+  these; ``host`` keeps the tables in each worker's host memory, advisor.cost.recsys_host);
 * ``ps``: every tensor on the servers;
 * ``hybrid``: the k largest tables on the servers (k = 1 .. all tables), the rest of the tables and
   the towers data parallel;
@@ -33,7 +34,7 @@ from advisor.search.rank import TIE_BAND
 from advisor.specs.recommendation import RecModelSpec
 
 PS_MODES = ("none", "ps", "hybrid")
-MODE_ORDER = {"replicated": 0, "sharded": 1, "hybrid": 2, "ps": 3}
+MODE_ORDER = {"replicated": 0, "sharded": 1, "host": 2, "hybrid": 3, "ps": 4}
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,10 @@ def candidates(model: RecModelSpec, cluster: Cluster, pins: PsPins) -> list[Recs
         out += [RecsysConfig("replicated"), RecsysConfig("sharded")]
     everything = tuple(model.tensor_params())
     by_size = [t.name for t in sorted(model.tables, key=lambda t: (-t.params, t.name))]
+    if pins.mode in (None, "none") and pins.servers is None and pins.synchronous:
+        # the k largest tables in host memory (all of them: host_tables empty)
+        out += [RecsysConfig("host", host_tables=tuple(by_size[:k]) if k < len(by_size) else ())
+                for k in range(1, len(by_size) + 1)]
     for placement in ("dedicated", "colocated"):
         counts = server_counts(cluster, placement) if pins.servers is None else [pins.servers]
         if placement == "colocated":
@@ -113,7 +118,7 @@ def rank_estimates(estimates: list[RecEstimate]) -> list[RecEstimate]:
     def key(e: RecEstimate):
         c = e.config
         tier = 0 if e.samples_per_s >= (1.0 - TIE_BAND) * best else 1
-        simple = (_extra_hosts(c), c.servers, MODE_ORDER[c.mode], len(c.server_tensors))
+        simple = (_extra_hosts(c), c.servers, MODE_ORDER[c.mode], len(c.server_tensors) + len(c.host_tables))
         return (tier, simple if tier == 0 else (), -e.samples_per_s, simple)
 
     return sorted(feasible, key=key)
@@ -127,11 +132,12 @@ def build_plan(model: RecModelSpec, hardware: HardwareProfile, cluster: Cluster,
         ps = {"mode": c.mode, "synchronous": c.synchronous, "servers": c.servers,
               "server_placement": c.server_placement, "tensors": list(c.server_tensors),
               "sharding": {k: list(v) for k, v in e.sharding.items()}}
-    placement = {"replicated": "replicated", "sharded": "sharded"}.get(c.mode, "servers")
+    placement = {"replicated": "replicated", "sharded": "sharded", "host": "host"}.get(c.mode, "servers")
     strategy = Strategy(dp=cluster.devices, tp=1, pp=1, micro_batch_size=job.global_batch_size // cluster.devices,
                         num_micro_batches=1)
     return Plan(model=model, hardware=hardware, cluster=cluster, training=job, strategy=strategy,
-                prediction=prediction_of(e), search=search, parameter_server=ps, embedding_placement=placement)
+                prediction=prediction_of(e), search=search, parameter_server=ps, embedding_placement=placement,
+                host_tables=c.host_tables or None)
 
 
 def prediction_of(e: RecEstimate) -> dict[str, Any]:
