@@ -102,6 +102,9 @@ def estimate_cmd(
     if route("estimate", dict(locals())):
         return
     if wants_recsys(model, plan):
+        if full_batch:
+            raise AdvisorError("--full-batch: recommendation models read their samples data parallel (each worker "
+                               "its share of the batch)")
         return estimate_recsys_cmd(model, hardware, nodes, devices, gbs, dtype, plan, ps_mode, ps_servers, ps_async,
                                    as_json)
     if ps_mode not in (None, "none") or ps_servers is not None or ps_async:

@@ -40,6 +40,8 @@ def layout_from_dict(parallel: dict[str, Any], origin: str, mixed: MixedHardware
         if present:
             raise AdvisorError(f"{o}: key '{present[0]}' describes a mixed cluster; the plan's hardware is one profile")
         return None
+    if strategy.full_batch:
+        raise AdvisorError(f"{o}: key 'full_batch' = true is not priced on a mixed cluster; remove the key")
     if "stage_devices" in parallel:
         if len(present) > 1:
             raise AdvisorError(f"{o}: give 'stage_devices' (pipeline cut between device types) or 'replica_devices' "

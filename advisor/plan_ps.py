@@ -108,6 +108,8 @@ def host_tables_from_dict(data: dict[str, Any], origin: str, model, placement: s
 def rec_violations(model: RecModelSpec, cluster: Cluster, job: TrainingJob, strategy) -> list[str]:
     """A recommendation plan trains its towers data parallel over every device (no tp/pp/cp/ep)."""
     s = strategy
+    if s.full_batch:
+        return ["full_batch: a recommendation model's workers each read their share of the batch"]
     if (s.tp, s.pp, s.cp, s.ep) != (1, 1, 1, 1):
         return [f"a recommendation model trains data parallel only: tp, pp, cp and ep must be 1 "
                 f"(got tp={s.tp} pp={s.pp} cp={s.cp} ep={s.ep})"]

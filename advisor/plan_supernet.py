@@ -34,6 +34,9 @@ def run_from_dict(parallel: dict[str, Any], origin: str, model: Any) -> Supernet
 
 def check_strategy(model: SupernetSpec, parallel: dict[str, Any], origin: str) -> None:
     """A supernet plan is a pipeline (with data-parallel replicas): one batch per subnet, no tp/cp/ep."""
+    if parallel.get("full_batch"):
+        raise AdvisorError(f"{origin}: parallel: key 'full_batch' = true: a supernet plan reads each subnet's batch "
+                           "once per pipeline (NASPipe); remove the key")
     for key in ("tp", "cp", "ep", "num_micro_batches", "virtual_pipeline_stages"):
         if parallel.get(key, 1) != 1:
             raise AdvisorError(f"{origin}: parallel: key '{key}' = {parallel[key]!r}: a supernet plan runs each "

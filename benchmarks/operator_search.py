@@ -214,13 +214,14 @@ def main() -> None:
     parser.add_argument("--sections", nargs="+", default=["compare", "twod", "operator", "stages"],
                         choices=["compare", "twod", "operator", "stages"])
     parser.add_argument("--compare-devices", type=int, nargs="+", default=[8, 64, 512])
+    parser.add_argument("--twod-devices", type=int, nargs="+", default=[64, 512])
     parser.add_argument("--models", nargs="+", default=None, help="default: every bundled transformer model")
     args = parser.parse_args()
     hw = load_hardware(args.hardware)
     if "compare" in args.sections:
         compare_table(hw, args.models or bundled_models("transformer"), args.compare_devices, args.time_limit)
     if "twod" in args.sections:
-        two_d_table(hw, args.models or bundled_models("transformer"), [64, 512], args.time_limit)
+        two_d_table(hw, args.models or bundled_models("transformer"), args.twod_devices, args.time_limit)
     if "operator" in args.sections:
         operator_table(hw, args.devices, args.time_limit)
     if "stages" in args.sections:

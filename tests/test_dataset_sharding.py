@@ -37,8 +37,15 @@ def test_full_batch_reads_dp_times_more_and_holds_it_on_the_device(inputs):
     sample = (4096 + 1) * 4
     assert dataset.samples_per_step(job, b).tolist() == [32.0, 256.0]
     assert dataset.device_bytes(job, b).tolist() == [2 * 32 * sample, 2 * 256 * sample]
-    # other frameworks load one micro-batch at a time
-    assert dataset.device_bytes(inputs.job, b).tolist() == [2 * 1 * sample, 2 * 8 * sample]
+    # Megatron loads one micro-batch at a time: tokens, labels, position ids (int64), loss mask (fp32)
+    megatron = 4096 * (8 + 8 + 8 + 4)
+    assert dataset.device_bytes(inputs.job, b).tolist() == [2 * 1 * megatron, 2 * 8 * megatron]
+    # ... read by tensor-parallel rank 0 of the first and last stages only; MindSpore: every rank
+    assert dataset.cluster_read_gb(inputs.job, s, 16) == pytest.approx(32 * megatron * 8 / 1e9)
+    assert dataset.cluster_read_gb(job, replace(s, pp=2, dp=4, num_micro_batches=64), 16) == \
+        pytest.approx(64 * 4097 * 4 * 16 / 1e9)
+    assert dataset.cluster_read_gb(inputs.job, replace(s, pp=4, dp=2, tp=2, num_micro_batches=128), 16) == \
+        pytest.approx(128 * megatron * 2 * 2 / 1e9)
     e_shard = estimate(inputs.model, inputs.hardware, inputs.cluster, job, s)
     e_full = estimate(inputs.model, inputs.hardware, inputs.cluster, job, full)
     assert e_full.memory_gib.buffers - e_shard.memory_gib.buffers == pytest.approx(2 * (256 - 32) * sample / GIB)
@@ -50,11 +57,12 @@ def test_full_batch_reads_dp_times_more_and_holds_it_on_the_device(inputs):
 
 def test_copies_longer_than_the_step_show_as_host_time(inputs):
     s = Strategy(dp=16, tp=1, pp=1, micro_batch_size=1, num_micro_batches=16, zero_stage=1, full_batch=True)
+    job = replace(inputs.job, framework="mindspore")
     b = StrategyBatch.from_strategies([s], inputs.model.num_layers)
-    copy = dataset.host_copy_s(inputs.hardware, inputs.job, b)[0]
+    copy = dataset.host_copy_s(inputs.hardware, job, b)[0]
     assert copy == pytest.approx(256 * 4097 * 4 / (inputs.hardware.host.pcie_bandwidth_gbps * 1e9))
-    assert dataset.exposed_s(inputs.hardware, inputs.job, b, np.array([copy / 4]))[0] == pytest.approx(0.75 * copy)
-    assert dataset.exposed_s(inputs.hardware, inputs.job, b, np.array([copy * 2]))[0] == 0.0
+    assert dataset.exposed_s(inputs.hardware, job, b, np.array([copy / 4]))[0] == pytest.approx(0.75 * copy)
+    assert dataset.exposed_s(inputs.hardware, job, b, np.array([copy * 2]))[0] == 0.0
 
 
 def test_plan_round_trip_and_exports(inputs, tmp_path):
@@ -82,7 +90,37 @@ def test_cli_estimate_full_batch(tmp_path):
     full = json.loads(runner.invoke(app, args + ["--full-batch"]).output)
     assert full["input_read_gb_per_step"] == pytest.approx(8 * shard["input_read_gb_per_step"])
     assert full["memory_gib"]["buffers"] > shard["memory_gib"]["buffers"]
+    # the plan's strategy read with the whole batch
+    plan = tmp_path / "p.json"
+    rec = runner.invoke(app, ["recommend", "--model", "llama3-8b", "--hardware", "dgx-a100-80g", "--nodes", "2",
+                              "--global-batch", "256", "--framework", "mindspore", "--out", str(plan)])
+    assert rec.exit_code == 0, rec.output
+    base = json.loads(runner.invoke(app, ["estimate", "--plan", str(plan), "--json"]).output)
+    with_full = json.loads(runner.invoke(app, ["estimate", "--plan", str(plan), "--full-batch", "--json"]).output)
+    dp = json.loads(plan.read_text())["parallel"]["dp"]
+    assert with_full["input_read_gb_per_step"] == pytest.approx(dp * base["input_read_gb_per_step"])
+    # refused where nothing reads the whole batch
+    for extra, words in ((["--model", "llama3-8b", "--framework", "megatron", "--tp", "2"], "full_batch) is MindSpore's"),
+                         (["--model", "dlrm-criteo-1tb"], "recommendation models read")):
+        bad = runner.invoke(app, ["estimate", "--hardware", "dgx-a100-80g", "--nodes", "2", "--full-batch", *extra])
+        assert isinstance(bad.exception, AdvisorError) and words in str(bad.exception), bad.output
     r = runner.invoke(app, ["estimate", "--model", "llama3-8b", "--hardware", "dgx-a100-80g:1,dgx-h100:1",
                             "--tp", "8", "--pp", "2", "--full-batch"])
     assert isinstance(r.exception, AdvisorError) and r.exception.exit_code == 2
     assert "--full-batch is not available on a mixed cluster" in str(r.exception)
+
+
+def test_plan_key_refused_where_it_is_not_priced(tmp_path):
+    """parallel.full_batch in a mixed-cluster or supernet plan: refused naming the key."""
+    for args in (["--model", "llama3-8b", "--hardware", "dgx-a100-80g:1,dgx-h100:1", "--global-batch", "64"],
+                 ["--model", "hat-supernet", "--hardware", "dgx-a100-80g", "--devices", "4"]):
+        out = tmp_path / "p.json"
+        r = runner.invoke(app, ["recommend", *args, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        data = json.loads(out.read_text())
+        data["parallel"]["full_batch"] = True
+        with pytest.raises(AdvisorError, match="full_batch"):
+            plan_from_dict(data, "edited")
+        data["training"]["framework"] = "mindspore"          # past the framework rule: the layout refuses it
+        with pytest.raises(AdvisorError, match="full_batch"):
+            plan_from_dict(data, "edited")

@@ -111,3 +111,80 @@ def test_plan_round_trip_estimate_and_export(tmp_path, dlrm):
         plan_from_dict(bad, "test")
     refused = runner.invoke(app, ["execute", str(out), "--tiny"])
     assert isinstance(refused.exception, AdvisorError) and "without parameter servers" in str(refused.exception)
+
+
+class _FakePrimitive:
+    def __init__(self):
+        self.device = None
+
+    def set_device(self, target):
+        self.device = target
+
+
+def _fake_mindspore(monkeypatch):
+    """Just enough of mindspore for ps_context.py: the calls it makes, and ops.Primitive."""
+    import sys
+    import types
+
+    ms = types.ModuleType("mindspore")
+    ms.GRAPH_MODE = 0
+    ms.set_context = lambda **kw: None
+    ms.set_auto_parallel_context = lambda **kw: None
+    ms.ops = types.SimpleNamespace(Primitive=_FakePrimitive)
+    comm = types.ModuleType("mindspore.communication")
+    comm.init = lambda: None
+    monkeypatch.setitem(sys.modules, "mindspore", ms)
+    monkeypatch.setitem(sys.modules, "mindspore.communication", comm)
+
+
+class _Param:
+    def __init__(self, name):
+        self.name = name
+
+
+class _Cell:
+    def __init__(self):
+        self.lookup = _FakePrimitive()
+
+
+class _Net:
+    def __init__(self, tables):
+        self.cells = {f"embeddings.{t}": _Cell() for t in tables}
+        self.cells["top_mlp_0"] = _Cell()
+        self.params = [_Param(f"embeddings.{t}.weight") for t in tables] + [_Param("top_mlp_0.weight")]
+
+    def cells_and_names(self):
+        return list(self.cells.items())
+
+    def trainable_params(self):
+        return self.params
+
+
+def test_place_on_host_runs_the_host_lookups_on_the_cpu(monkeypatch, dlrm):
+    _fake_mindspore(monkeypatch)
+    r = recommend_recsys(dlrm, A100, Cluster.of(A100, devices=2), _job(), PsPins(mode="none"))
+    script = export_plan(r.best, "mindspore").files["ps_context.py"]
+    scope: dict = {}
+    exec(compile(script, "ps_context.py", "exec"), scope)
+    host_tables = list(r.best.host_tables)
+    net = _Net([t.name for t in dlrm.tables])
+    host, device = scope["place_on_host"](net)
+    assert sorted(p.name.split(".")[1] for p in host) == sorted(host_tables)
+    assert len(device) == len(dlrm.tables) - len(host_tables) + 1
+    for name, cell in net.cells.items():
+        assert cell.lookup.device == ("CPU" if name.split(".")[-1] in host_tables else None)
+    with pytest.raises(RuntimeError, match="host tables"):
+        scope["place_on_host"](_Net([t.name for t in dlrm.tables if t.name != host_tables[0]]))
+    # a plan without host_tables keeps every table on the host
+    data = plan_to_dict(r.best)
+    del data["parallel"]["host_tables"]
+    every = plan_from_dict(data, "test")
+    e = estimate_recsys(dlrm, A100, Cluster.of(A100, devices=2), _job(), RecsysConfig("host"))
+    assert every.host_tables is None and e.worker_memory.parameters_gib == pytest.approx(
+        dlrm.dense_params * PARAM_BYTES / GIB)
+    assert "HOST_TABLES = " + repr([t.name for t in dlrm.tables]) in export_plan(every, "mindspore").files["ps_context.py"]
+    with pytest.raises(AdvisorError, match="recommendation model: --to megatron"):
+        export_plan(every, "megatron")
+    data["parallel"]["full_batch"] = True
+    with pytest.raises(AdvisorError, match="full_batch"):
+        plan_from_dict(data, "test")

@@ -54,6 +54,7 @@ BROKEN = {
     "micro-batch copies": (DENSE, replace(BASE, micro_batch_copies=3)),                  # micro-batch of 2
     "gradient bucket": (DENSE, replace(BASE, zero_stage=2, grad_bucket_mb=40.0)),        # ZeRO-2 reduces per unit
     "swap layers": (DENSE, replace(BASE, swap_layers=(5, 0))),                           # stage 0 has 4 layers
+    "full batch": (DENSE, replace(BASE, full_batch=True)),                                # framework megatron
 }
 ODD_SEQ_RULES = {"sequence parallel divides seq", "cp divides seq"}
 
@@ -103,6 +104,10 @@ def test_each_rule_rejects_its_case_and_only_that_rule_fires(rule):
 def test_the_legal_side_of_each_rule(rule, ok):
     model = MOE if rule == "expert parallel" else DENSE
     assert violations(model, CLUSTER, JOB, ok) == []
+
+
+def test_full_batch_is_legal_with_mindspore():
+    assert violations(DENSE, CLUSTER, replace(JOB, framework="mindspore"), replace(BASE, full_batch=True)) == []
 
 
 def test_megatron_recompute_modules_must_exist_in_the_model():

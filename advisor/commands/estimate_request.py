@@ -121,7 +121,7 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
             site = site_settings(grid_intensity, pue if pue is not None else p.training.pue, job.train_tokens)
             job = replace(job, **({"pue": site["pue"]} if grid_intensity is None else site))
         inputs = Inputs(p.model, p.hardware, p.cluster, replace(job, comm_priority=job.comm_priority or comm_priority))
-        strategy = p.strategy
+        strategy = replace(p.strategy, full_batch=True) if full_batch else p.strategy
         title = f"{p.model.name} on {p.cluster.devices} x {p.hardware.device.name} ({p.hardware.name}), plan {plan}"
     else:
         if model is None or hardware is None:

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError, InfeasibleError
+from advisor.export._common import display
+from advisor.specs.recommendation import is_recommendation
 from advisor.validation.execute_report import (COMPARED_PARTS, GIB, LOSS_GOAL, MEMORY_GOAL, TIME_GOAL, build_report,
                                     render_report, summary_rows, write_report)
 from advisor.executor.config import RunConfig, run_config_from_plan, run_config_to_dict
@@ -303,10 +305,11 @@ def execute(plan_path: str | Path, options: ExecuteOptions) -> dict[str, Any]:
                       nproc=options.nproc, timeout_s=options.timeout_s, pg_timeout_s=options.pg_timeout_s,
                       workdir=options.workdir, results=options.results, oversubscribe=options.oversubscribe,
                       predict=lambda executed: predict_ps(executed, options.time_hardware))
-    if (plan.get("parallel") or {}).get("embedding_placement") is not None:
+    if is_recommendation(plan.get("model")):
         raise AdvisorError(f"{plan_path}: a recommendation plan without parameter servers (tables "
-                           f"{str(plan['parallel']['embedding_placement'])[:20]}): the executor runs transformer plans "
-                           "and parameter-server or hybrid plans; price it with advisor estimate --plan")
+                           f"{display(str((plan.get('parallel') or {}).get('embedding_placement') or 'replicated'))[:20]}): "
+                           "the executor runs transformer plans and parameter-server or hybrid plans; price it with "
+                           "advisor estimate --plan")
     prep = prepare_plan(plan, str(plan_path), options)
     if options.results is None:
         return run_prepared([prep], options)[0]

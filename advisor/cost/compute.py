@@ -65,6 +65,12 @@ def gemm_time_s(hw: HardwareProfile, dtype: str, flops):
     return np.where(flops > 0, flops / (hw.device.peak_flops(dtype) * eff), 0.0)
 
 
+def linear_gemm_time_s(hw: HardwareProfile, job: TrainingJob, dtype: str, flops):
+    """A linear layer's GEMM calls: gemm_time_s, at the FP8 recipe's rate when they run in FP8
+    (advisor.cost.fp8.gemm_time_factor: MXFP8's block-scaled GEMMs are slower)."""
+    return gemm_time_s(hw, dtype, flops) * (fp8.gemm_time_factor(job) if dtype == "fp8" else 1.0)
+
+
 def memory_time_s(hw: HardwareProfile, nbytes):
     return np.asarray(nbytes, dtype=float) / (hw.device.memory_bandwidth_gbps * 1e9 * hw.device.memory_efficiency)
 
@@ -107,6 +113,7 @@ class LinearCall(NamedTuple):
 def _linear_calls(model: ModelSpec, job: TrainingJob, moe_layer: bool) -> list[LinearCall]:
     """The layer's linear calls in execution order, as the framework issues them."""
     fused = job.framework not in EAGER_FRAMEWORKS
+    te = job.framework == "megatron"       # Transformer Engine's LayerNorm-fused linears (advisor.cost.fp8)
     h = model.hidden_size
     attn = model.attention_linears()
     latent = {model.mla.q_lora_rank, model.mla.kv_lora_rank} if model.mla is not None else set()
@@ -114,7 +121,7 @@ def _linear_calls(model: ModelSpec, job: TrainingJob, moe_layer: bool) -> list[L
     if fused and model.mla is None:
         q, k, v, out = attn
         # Megatron-Core: TELayerNormColumnParallelLinear (the input norm fused with linear_qkv)
-        calls.append(LinearCall(h, q.fan_out + k.fan_out + v.fan_out, True, 1.0, 1.0, "attention", True))
+        calls.append(LinearCall(h, q.fan_out + k.fan_out + v.fan_out, True, 1.0, 1.0, "attention", te))
         calls.append(LinearCall(out.fan_in, out.fan_out, True, 1.0, 1.0, "attention"))
     else:
         # MLA's up-projections read the latents (fan-in = a LoRA rank) and are tensor-parallel
@@ -137,7 +144,7 @@ def _linear_calls(model: ModelSpec, job: TrainingJob, moe_layer: bool) -> list[L
     else:
         # a dense layer's linear_fc1 is TELayerNormColumnParallelLinear too; an MoE layer's
         # pre-MLP norm is a separate TENorm before the router and experts
-        calls += mlp(model.ffn_hidden_size, 1.0, 1.0, norm_fused=fused)
+        calls += mlp(model.ffn_hidden_size, 1.0, 1.0, norm_fused=te)
     return calls
 
 
@@ -157,7 +164,7 @@ def layer_compute(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: St
         flops = 2.0 * rows * call.fan_in * call.fan_out / div
         # the router is a plain higher-precision linear in Megatron-Core (TopKRouter), not an FP8 GEMM
         dtype = job.compute_dtype if call.kind == "router" else job.gemm_dtype
-        seconds = n_calls * gemm_time_s(hw, dtype, flops) * (fp8.gemm_time_factor(job) if dtype == "fp8" else 1.0)
+        seconds = n_calls * linear_gemm_time_s(hw, job, dtype, flops)
         linear_s, linear_flops = linear_s + seconds, linear_flops + n_calls * flops
         kind_s, kind_flops = by_kind[call.kind]
         by_kind[call.kind] = (kind_s + seconds, kind_flops + n_calls * flops)

@@ -10,9 +10,18 @@
   whole global batch (mindformers/trainer/base_trainer.py multiplies the per-card batch by
   data_parallel) and the graph slices it by the first operator's strategy.
 
-A sample is seq_length + 1 token ids as int32: Megatron's GPTDataset returns seq_length + 1 tokens
-and MindFormers' legacy causal-LM path reads input_ids of seq_length + 1 and shifts them for the
-labels (its train_dataset.input_columns ["input_ids"]).
+What a sample weighs and who reads it follow the framework:
+
+* Megatron-LM: GPTDataset.__getitem__ (megatron/core/datasets/gpt_dataset.py) returns tokens and
+  labels as int64, loss_mask as float32 and position_ids as int64, seq_length each (the s x s
+  attention mask is left out: flash-attention runs pass --no-create-attention-mask-in-dataloader);
+  only tensor-parallel rank 0 of the first and last pipeline stages reads (get_batch returns nothing
+  on the middle stages; get_batch_on_this_tp_rank broadcasts to the other tensor-parallel ranks),
+  each context-parallel rank its dp shard's whole sequences (then its slice).
+* torchtitan (and plain PyTorch): input and label ids as int64 (torchtitan/hf_datasets/
+  text_datasets.py), read by every rank.
+* MindSpore: seq_length + 1 token ids as int32 (MindFormers' legacy causal-LM path reads input_ids
+  and shifts them for the labels; its train_dataset.input_columns ["input_ids"]), read by every rank.
 
 Device memory: MindSpore sinks a step's samples to the device at once (its dataset batch is the
 per-card batch times micro_batch_num under pipelining, times the accumulation steps otherwise),
@@ -31,13 +40,22 @@ from advisor.space.strategy import StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import TrainingJob
 
-TOKEN_BYTES = 4.0          # int32 token ids
+TOKEN_BYTES = 4.0          # int32 token ids (MindSpore)
 PREFETCHED = 2.0           # the batch in use and the next one
 
 
 def sample_bytes(job: TrainingJob) -> float:
-    """Bytes of one sample as the loader hands it over."""
-    return (job.seq_length + 1) * TOKEN_BYTES
+    """Bytes of one sample as the framework's loader hands it over (module docstring)."""
+    if job.framework == "megatron":
+        return job.seq_length * (8.0 + 8.0 + 4.0 + 8.0)
+    if job.framework == "mindspore":
+        return (job.seq_length + 1) * TOKEN_BYTES
+    return job.seq_length * (8.0 + 8.0)
+
+
+def reading_ranks(job: TrainingJob, dp: int, cp: int, pp: int, devices: int) -> int:
+    """Ranks that read samples from storage each step (module docstring)."""
+    return dp * cp * min(pp, 2) if job.framework == "megatron" else devices
 
 
 def samples_per_step(job: TrainingJob, b: StrategyBatch) -> np.ndarray:
@@ -64,9 +82,10 @@ def exposed_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, step_s: n
     return np.maximum(host_copy_s(hw, job, b) - step_s, 0.0)
 
 
-def cluster_read_gb(job: TrainingJob, dp: int, full_batch: bool, devices: int) -> float:
-    """GB the whole cluster's ranks read from storage per step: every rank its shard or the whole
-    batch (MindFormers' performance guide: full_batch=True puts a dp-fold redundant read on every
-    card, which, summed over a large cluster, overloads the shared storage)."""
-    samples = job.global_batch_size if full_batch else job.global_batch_size / dp
-    return samples * sample_bytes(job) * devices / 1e9
+def cluster_read_gb(job: TrainingJob, strategy, devices: int) -> float:
+    """GB the cluster's reading ranks take from storage per step: each its shard or the whole batch
+    (MindFormers' performance guide: full_batch=True puts a dp-fold redundant read on every card,
+    which, summed over a large cluster, overloads the shared storage)."""
+    s = strategy
+    samples = job.global_batch_size if s.full_batch else job.global_batch_size / s.dp
+    return samples * sample_bytes(job) * reading_ranks(job, s.dp, s.cp, s.pp, devices) / 1e9

@@ -143,8 +143,7 @@ def from_batch(e: EstimateBatch, i: int, model: ModelSpec, hw: HardwareProfile, 
         emissions_to_train_tco2e=emissions,
         devices=cluster.devices,
         confidence=None if strategy is None else confidence(model, hw, cluster, job, strategy),
-        input_read_gb_per_step=None if strategy is None else dataset.cluster_read_gb(
-            job, strategy.dp, strategy.full_batch, cluster.devices),
+        input_read_gb_per_step=None if strategy is None else dataset.cluster_read_gb(job, strategy, cluster.devices),
     )
 
 

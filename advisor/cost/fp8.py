@@ -13,14 +13,17 @@ norms, softmax, the loss, the LM head and the optimizer stay in BF16/FP32 (Micik
   blockwise 1x128 / 128x128 FP32 scales). Which passes a cast needs depends on the recipe and on
   the kernel that produced the tensor, as Transformer Engine chooses them
   (transformer_engine/pytorch/csrc/extensions/normalization.cpp, the Impl of layernorm_fwd /
-  rmsnorm_fwd): bytes beyond the producer's own BF16 traffic, per element:
+  rmsnorm_fwd; Megatron-Core only: other frameworks do not fuse a norm with a Transformer Engine
+  linear): bytes beyond the producer's own BF16 traffic, per element:
 
   ==================  =======================================  ==================================
   recipe              input of a LayerNorm-fused linear         any other tensor (a separate cast:
                       (Megatron's qkv and dense fc1:            attention output, activation output,
                       TELayerNormColumnParallelLinear)         expert inputs, output gradients)
   ==================  =======================================  ==================================
-  delayed             1 + 1: FULLY_FUSED, the norm writes FP8   2 read + 1 + 1
+  delayed             1 + 1 + 1: FULLY_FUSED, the norm writes   2 read + 1 + 1 (cast_transpose)
+                      FP8, then nvte_transpose reads it and
+                      writes the column-wise copy (ln_api.cpp)
   tensorwise          2 read + 1 + 1: FUSED_NORM_AMAX_FP8 (the  2 (amax) + 2 + 1 + 1: the amax
   (current scaling)   norm computes the amax as it writes)      must be known before the cast
   mxfp8               2 read + 1 + 1 + 2/32: UNFUSED by default 2 + 1 + 1 + 2/32 (block amax in
@@ -54,7 +57,7 @@ MX_SCALE = 2.0 / 32.0                  # two E8M0 scales per 32 elements (row- a
 BLOCK_SCALE = 2.0 * 4.0 / 128.0        # two FP32 scales per 128 elements
 # Bytes moved per element quantized, beyond the producing kernel's own traffic (module docstring).
 NORM_FUSED_CAST_BYTES = {
-    "delayed": 1.0 + 1.0,
+    "delayed": 1.0 + 1.0 + 1.0,
     "tensorwise": 2.0 + 1.0 + 1.0,
     "mxfp8": 2.0 + 1.0 + 1.0 + MX_SCALE,
     "blockwise": 2.0 + 1.0 + 1.0 + BLOCK_SCALE,

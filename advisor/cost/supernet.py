@@ -25,7 +25,7 @@ import numpy as np
 from advisor.cost import comm
 from advisor.cost.activations import layer_activation_terms
 from advisor.cost.memory import state_bytes_per_param
-from advisor.cost.compute import gemm_time_s, head_compute_s, layer_compute, memory_time_s, optimizer_step_s
+from advisor.cost.compute import head_compute_s, layer_compute, linear_gemm_time_s, memory_time_s, optimizer_step_s
 from advisor.cost.placement import pipeline_neighbour_tier, placements
 from advisor.cost.naspipe import Schedule, dependencies, sample_subnets, sequential_s, simulate, stage_blocks
 from advisor.space.strategy import Strategy, StrategyBatch
@@ -90,7 +90,8 @@ def _batch(s: Strategy, num_layers: int) -> StrategyBatch:
 
 def _conv_s(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, tokens: float, kernel: int) -> tuple[float, float]:
     h = net.base.hidden_size
-    gemm = float(gemm_time_s(hw, job.gemm_dtype, 2.0 * tokens * 2 * h * h) + gemm_time_s(hw, job.gemm_dtype, 2.0 * tokens * h * h))
+    gemm = float(linear_gemm_time_s(hw, job, job.gemm_dtype, 2.0 * tokens * 2 * h * h)
+                 + linear_gemm_time_s(hw, job, job.gemm_dtype, 2.0 * tokens * h * h))
     # elements read and written: LN (h in, h out), GLU (2h in, h out), depthwise conv (h in, h out),
     # residual add (2h in, h out)
     passes = (2 + 3 + 2 + 3) * tokens * h * job.dtype_bytes

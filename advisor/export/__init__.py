@@ -85,6 +85,10 @@ def export_plan(plan: Plan, target: str, target_version: str | None = None, laun
         raise AdvisorError(f"{plan.model.name} is a supernet: no launcher runs NASPipe's causal pipeline schedule, "
                            "so there is nothing to export; advisor execute runs the plan")
 
+    if getattr(plan.model, "family", None) == "recommendation" and target not in ("mindspore", "k8s"):
+        raise AdvisorError(f"{plan.model.name} is a recommendation model: --to {target} writes transformer launchers; "
+                           "export it --to mindspore (parameter servers, host tables) or --to k8s --framework "
+                           "mindspore")
     mixed_notes = check_mixed(plan, target)
     result = _exporter(target)(plan, target_version, launch) if launch is not None else \
         _exporter(target)(plan, target_version)

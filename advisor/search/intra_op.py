@@ -128,8 +128,11 @@ def build_problems(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, key:
 
 def choose_among(problems: list[ShardingProblem], key: LayoutKey, headroom_bytes: float, searcher: str,
                  ilp_seconds: float = 0.0) -> Layout:
-    """choose_layout on each mesh of the key (the ILP's time shared between them); the layout with
-    the cheapest result wins, the default mesh on ties (Megatron's layout costs the same on all)."""
+    """choose_layout on each mesh of the key; the layout with the cheapest result wins, the default
+    mesh on ties (Megatron's layout costs the same on all). The ILP's time is shared evenly between
+    the meshes: each answer is still at least its mesh's D-Rec answer (its warm start), so the ILP
+    never loses to D-Rec, but an ILP that runs out of time may stop short on a mesh where it would
+    have improved with all of it."""
     layouts = [choose_layout(p, key, headroom_bytes, searcher, ilp_seconds / len(problems)) for p in problems]
 
     def cost(layout: Layout) -> float:

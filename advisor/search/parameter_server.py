@@ -88,9 +88,8 @@ def candidates(model: RecModelSpec, cluster: Cluster, pins: PsPins) -> list[Recs
     everything = tuple(model.tensor_params())
     by_size = [t.name for t in sorted(model.tables, key=lambda t: (-t.params, t.name))]
     if pins.mode in (None, "none") and pins.servers is None and pins.synchronous:
-        # the k largest tables in host memory (all of them: host_tables empty)
-        out += [RecsysConfig("host", host_tables=tuple(by_size[:k]) if k < len(by_size) else ())
-                for k in range(1, len(by_size) + 1)]
+        # the k largest tables in host memory
+        out += [RecsysConfig("host", host_tables=tuple(by_size[:k])) for k in range(1, len(by_size) + 1)]
     for placement in ("dedicated", "colocated"):
         counts = server_counts(cluster, placement) if pins.servers is None else [pins.servers]
         if placement == "colocated":

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.cost.compute import gemm_time_s, memory_time_s, optimizer_step_s
+from advisor.cost.compute import linear_gemm_time_s, memory_time_s, optimizer_step_s
 from advisor.cost.memory import ALLOCATOR_OVERHEAD, GIB, state_bytes_per_param
 from advisor.errors import AdvisorError
 from advisor.graph.graph import Edge, OperatorGraph
@@ -218,7 +218,7 @@ class ShardingProblem:
                 else:  # FSDP: gather weights for forward and backward, reduce-scatter gradients, per micro-batch
                     per_mb.add("all_gather", row, replicas, numel * wb, 2.0)
                     per_mb.add("reduce_scatter", row, replicas, numel * gb)
-        compute = 3.0 * (np.asarray(gemm_time_s(hw, job.gemm_dtype, flops)) + np.asarray(memory_time_s(hw, traffic)))
+        compute = 3.0 * (np.asarray(linear_gemm_time_s(hw, job, job.gemm_dtype, flops)) + np.asarray(memory_time_s(hw, traffic)))
         step = per_step.total(hw, self.mesh) + np.asarray(optimizer_step_s(hw, updated))
         cost = op.count * (m * (compute + per_mb.total(hw, self.mesh)) + step)
         return cost, mem * op.count

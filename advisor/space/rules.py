@@ -141,6 +141,11 @@ def _swap_layers(m, c, j, b):
     return given & (over | (b.recompute != RECOMPUTE_NONE) | (b.virtual_pipeline_stages > 1))
 
 
+def _full_batch(m, c, j, b):
+    """Every rank reading the whole batch is MindSpore's full_batch; the other stacks' loaders shard it."""
+    return b.full_batch & (j.framework != "mindspore")
+
+
 RULES: dict[str, tuple[Rule, str]] = {
     "positive degrees": (_positive, "every degree, the micro-batch size and the micro-batch count must be at least 1"),
     "device count": (_device_count, "dp x tp x pp x cp must equal the number of devices"),
@@ -167,6 +172,8 @@ RULES: dict[str, tuple[Rule, str]] = {
                         "stage 0 or 1"),
     "swap layers": (_swap_layers, "swapped layers (one count per stage, at most its layers) go without "
                     "recomputation and without interleaving"),
+    "full batch": (_full_batch, "reading the full batch on every rank (full_batch) is MindSpore's: give framework "
+                   "mindspore"),
 }
 
 
@@ -217,6 +224,7 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "recompute layers": f"recompute = {s.recompute}, recompute_layers = {s.recompute_layers}",
         "micro-batch copies": f"copies = {s.micro_batch_copies}, micro-batch size = {s.micro_batch_size}",
         "gradient bucket": f"grad_bucket_mb = {s.grad_bucket_mb}, zero = {s.zero_stage}",
+        "full batch": f"framework = {j.framework}",
         "swap layers": f"swap_layers = {list(s.swap_layers or ())}, stage_layers = "
                        f"{list(s.resolved_stage_layers(m.num_layers))}, recompute = {s.recompute}",
     }
