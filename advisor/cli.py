@@ -68,6 +68,8 @@ def estimate_cmd(
     sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="sequence parallelism over the tp group"),
     schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe | 1f1b | interleaved-1f1b"),
     offload_optimizer: bool = typer.Option(False, "--offload-optimizer", help="keep optimizer states in host memory"),
+    offload_params: bool = typer.Option(False, "--offload-params", help="keep weights and gradients in host memory too "
+                                        "(ZeRO-Infinity; with --zero 3 --offload-optimizer)"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 | fp8 (default: bf16 if the device has it)"),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="token budget for time/cost to train, e.g. 2T"),
     attention: str = typer.Option("flash", "--attention", help="flash | math (unfused, stores the s x s scores)"),
@@ -118,7 +120,7 @@ def estimate_cmd(
         offload_optimizer=offload_optimizer, dtype=dtype, tokens=tokens, attention=attention, dropout=dropout,
         plan=plan, framework=framework, fp8_recipe=fp8_recipe, cp_comm=cp_comm, recompute_modules=recompute_modules,
         bucket_mb=bucket_mb, copies=copies, operator_strategies=operator_strategies, grid_intensity=grid, pue=pue,
-        comm_priority=priority, full_batch=full_batch,
+        comm_priority=priority, full_batch=full_batch, offload_params=offload_params,
     )
     warnings = input_warnings(result.inputs.hardware, result.inputs.cluster)
     if as_json:
@@ -162,6 +164,8 @@ def recommend_cmd(
     schedule: Optional[str] = typer.Option(None, "--schedule", help="pin gpipe | 1f1b | interleaved-1f1b"),
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel", help="pin sequence parallelism"),
     offload: Optional[bool] = typer.Option(None, "--offload/--no-offload", help="pin optimizer offload"),
+    offload_params: Optional[bool] = typer.Option(None, "--offload-params/--no-offload-params",
+                                                  help="pin parameter offload (ZeRO-Infinity)"),
     cp_comm: Optional[str] = typer.Option(None, "--cp-comm", help="pin p2p (ring) | a2a (Ulysses) context parallelism"),
     operator_strategies: Optional[str] = typer.Option(None, "--operator-strategies", help=OPSTRAT_HELP),
     out: Optional[str] = typer.Option(None, "--out", help="write the best plan JSON here"),
@@ -205,7 +209,7 @@ def recommend_cmd(
         print_warnings(warnings)
     pins = Pins(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, recompute=recompute, micro_batch_size=mbs,
                 virtual_pipeline_stages=vpp, pipeline_schedule=schedule, sequence_parallel=sequence_parallel,
-                offload_optimizer=offload, cp_comm=cp_comm)
+                offload_optimizer=offload, cp_comm=cp_comm, offload_params=offload_params)
     target = target_for(objective, target_tokens, target_loss, critical_batch)
     if objective in ("time-to-target", "cost"):
         if fixed is not None or ps_pins.mode not in (None, "none"):

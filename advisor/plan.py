@@ -41,7 +41,7 @@ _PARALLEL_OPTIONAL = (
     "zero_stage", "recompute", "recompute_layers", "pipeline_schedule", "stage_layers", "mesh_order",
     "offload_optimizer", "cp_comm", "parameter_server", "embedding_placement", "host_tables",
     "grad_bucket_mb", "micro_batch_copies", "stage_devices", "replica_devices", "dp_batch_split", "supernet",
-    "swap_layers", "full_batch",
+    "swap_layers", "full_batch", "offload_params",
 )
 
 
@@ -89,6 +89,7 @@ def strategy_to_dict(s: Strategy, num_layers: int) -> dict[str, Any]:
         **({"micro_batch_copies": s.micro_batch_copies} if s.micro_batch_copies != 1 else {}),
         **({"swap_layers": list(s.swap_layers)} if s.swap_layers is not None else {}),
         **({"full_batch": True} if s.full_batch else {}),
+        **({"offload_params": True} if s.offload_params else {}),
     }
 
 
@@ -176,6 +177,7 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
         micro_batch_copies=f.positive_int(data, "micro_batch_copies", o, default=1),
         swap_layers=_swap_layers(data, o, f.positive_int(data, "pp", o)),
         full_batch=f.boolean(data, "full_batch", o, default=False),
+        offload_params=f.boolean(data, "offload_params", o, default=False),
     )
 
 

@@ -55,6 +55,7 @@ BROKEN = {
     "gradient bucket": (DENSE, replace(BASE, zero_stage=2, grad_bucket_mb=40.0)),        # ZeRO-2 reduces per unit
     "swap layers": (DENSE, replace(BASE, swap_layers=(5, 0))),                           # stage 0 has 4 layers
     "full batch": (DENSE, replace(BASE, full_batch=True)),                                # framework megatron
+    "parameter offload": (DENSE, replace(BASE, zero_stage=2, offload_optimizer=True, offload_params=True)),
 }
 ODD_SEQ_RULES = {"sequence parallel divides seq", "cp divides seq"}
 
@@ -100,6 +101,7 @@ def test_each_rule_rejects_its_case_and_only_that_rule_fires(rule):
     ("cp divides seq", replace(BASE, dp=1, cp=2, num_micro_batches=8)),               # 1024 = 2 x 2 x 256
     ("ulysses heads", replace(BASE, dp=1, cp=2, num_micro_batches=8, cp_comm="a2a")),  # tp x cp = 4 divides 12 and 4
     ("swap layers", replace(BASE, swap_layers=(4, 1))),
+    ("parameter offload", replace(BASE, zero_stage=3, offload_optimizer=True, offload_params=True)),
 ])
 def test_the_legal_side_of_each_rule(rule, ok):
     model = MOE if rule == "expert parallel" else DENSE

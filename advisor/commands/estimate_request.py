@@ -50,7 +50,8 @@ def _check_choice(flag: str, value: str, options: tuple[str, ...]) -> None:
 
 def strategy_from_flags(inputs: Inputs, *, tp: int, pp: int, dp: int | None, cp: int, ep: int, mbs: int, vpp: int,
                         zero: int, recompute: str, recompute_layers: int | None, sequence_parallel: bool,
-                        schedule: str | None, offload_optimizer: bool, cp_comm: str = "p2p") -> Strategy:
+                        schedule: str | None, offload_optimizer: bool, cp_comm: str = "p2p",
+                        offload_params: bool = False) -> Strategy:
     for flag, value, bound in (("--tp", tp, limits.MAX_DEVICES), ("--pp", pp, limits.MAX_DEVICES),
                                ("--cp", cp, limits.MAX_DEVICES), ("--ep", ep, limits.MAX_DEVICES),
                                ("--mbs", mbs, limits.MAX_GLOBAL_BATCH), ("--vpp", vpp, limits.MAX_LAYERS)):
@@ -84,6 +85,7 @@ def strategy_from_flags(inputs: Inputs, *, tp: int, pp: int, dp: int | None, cp:
         dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel, virtual_pipeline_stages=vpp,
         micro_batch_size=mbs, num_micro_batches=gbs // (dp * mbs), zero_stage=zero, recompute=recompute,
         recompute_layers=recompute_layers, pipeline_schedule=schedule, offload_optimizer=offload_optimizer,
+        offload_params=offload_params,
         cp_comm=cp_comm,
     )
 
@@ -111,7 +113,7 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
                      bucket_mb: float | None = None, copies: int = 1,
                      operator_strategies: str | None = None, grid_intensity: str | None = None,
                      pue: float | None = None, comm_priority: bool = False,
-                     full_batch: bool = False) -> EstimateResult:
+                     full_batch: bool = False, offload_params: bool = False) -> EstimateResult:
     layout = None
     if plan is not None:
         p = load_plan(plan)
@@ -134,7 +136,7 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
         strategy = strategy_from_flags(
             inputs, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, vpp=vpp, zero=zero, recompute=recompute,
             recompute_layers=recompute_layers, sequence_parallel=sequence_parallel, schedule=schedule,
-            offload_optimizer=offload_optimizer, cp_comm=cp_comm,
+            offload_optimizer=offload_optimizer, cp_comm=cp_comm, offload_params=offload_params,
         )
         strategy = replace(strategy, grad_bucket_mb=_bucket_mb(bucket_mb),
                            micro_batch_copies=check_count("--copies", copies, limits.MAX_GLOBAL_BATCH),

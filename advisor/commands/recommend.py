@@ -255,6 +255,8 @@ def relaxed_pins(pins: Pins) -> list[tuple[str, Pins]]:
         out.append(("--mbs 1", replace(pins, micro_batch_size=1)))
     if pins.offload_optimizer is False:
         out.append(("--offload", replace(pins, offload_optimizer=True)))
+    if pins.offload_params is False:
+        out.append(("--offload-params", replace(pins, offload_params=True, offload_optimizer=None, zero_stage=None)))
     for name in ("tp", "pp", "cp", "ep", "dp", "virtual_pipeline_stages", "pipeline_schedule"):
         value = getattr(pins, name)
         if value is not None:

@@ -104,8 +104,8 @@ def from_batch(e: EstimateBatch, i: int, model: ModelSpec, hw: HardwareProfile, 
         reasons.append(f"needs {mem['total']:.1f} GiB per device on pipeline stage {int(e.memory.worst_stage[i])}, "
                        f"the device has {capacity:g} GiB")
     if not bool(e.host_fits[i]):
-        need = float(e.memory.host_optimizer[i] + e.memory.host_activations[i]) * hw.node.devices_per_node / GIB
-        reasons.append(f"offloaded optimizer states and swapped activations need {need:.0f} GiB of host memory per "
+        need = float(e.memory.host_total[i]) * hw.node.devices_per_node / GIB
+        reasons.append(f"what lives in host memory (offloaded states, swapped activations) needs {need:.0f} GiB per "
                        f"node, the host has {hw.host.memory_gib:g} GiB")
     times = {k: float(v[i]) for k, v in e.time_s.items()}
     step = float(e.step_time_s[i])

@@ -130,6 +130,16 @@ class MemoryArrays:
     activation_per_microbatch: np.ndarray
     stage_total: np.ndarray | None = None      # (N, P): every stage's total (-1 where a stage is inactive)
     host_activations: np.ndarray | None = None  # (N,): activations swapped to the host per device (advisor.cost.swap)
+    host_params: np.ndarray | None = None       # (N,): offloaded weight and gradient shards per device
+
+    @property
+    def host_total(self) -> np.ndarray:
+        """(N,): host memory per device: offloaded optimizer states, weights and gradients, swapped activations."""
+        out = self.host_optimizer
+        for extra in (self.host_activations, self.host_params):
+            if extra is not None:
+                out = out + extra
+        return out
 
 
 def state_bytes_per_param(job: TrainingJob):
@@ -273,6 +283,14 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     unsharded_w = wb * (dense + expert) - ((wb - 1.0) * linear if job.fp8_param_gather else 0.0)
     unsharded = unsharded_w + job.grad_reduce_bytes * (dense + expert)
     buffers = np.where(kept, buffers - 2.0 * layer_local * wb - unit_grads + unsharded, buffers)
+    # parameter offload: the weight and gradient shards live in host memory (only the gathered units stay)
+    offload_p = b.offload_params[:, None]
+    host_params = np.max(np.where(offload_p, params + grads, 0.0), axis=1)
+    params, grads = np.where(offload_p, 0.0, params), np.where(offload_p, 0.0, grads)
+    # without ZeRO-3's gather buffers (one replica: nothing to gather), the layer being fetched, the
+    # prefetched one and the gradients on their way out still take device memory
+    fetched = offload_p & ~((z >= 3) & (dp_group > 1))
+    buffers = buffers + np.where(fetched, 2.0 * layer_local * wb + layer_local * job.grad_reduce_bytes, 0.0)
     subtotal = params + grads + optim + acts
     buffers = buffers + ALLOCATOR_OVERHEAD * subtotal
     total = np.where(active, subtotal + buffers, -1.0)
@@ -286,4 +304,5 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
         parameters=pick(params), gradients=pick(grads), optimizer=pick(optim), activations=pick(acts),
         buffers=pick(buffers), total=pick(total), host_optimizer=np.max(np.where(offload, optim_all, 0.0), axis=1),
         worst_stage=worst, activation_per_microbatch=pick(per_mb), stage_total=total, host_activations=host_acts,
+        host_params=host_params,
     )

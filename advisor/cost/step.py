@@ -233,9 +233,19 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     opt_s = np.where(offload, 0.0, compute.optimizer_step_s(hw, local) + opt_host)
     pcie = hw.host.pcie_bandwidth_gbps * 1e9
     host_bw = (hw.host.memory_bandwidth_gbps or hw.host.pcie_bandwidth_gbps * hw.node.devices_per_node) * 1e9
-    # Offload: gradients to the host, updated 16-bit weights back, and Adam on the host CPU sharing
-    # the host's memory bandwidth with the node's other devices (Ren et al., ZeRO-Offload, sec. 4).
-    offload_s = np.where(offload, local * (gb + wb) / pcie + local * compute.ADAM_BYTES_PER_PARAM * hw.node.devices_per_node / host_bw, 0.0)
+    # Offload: gradients to the host, updated 16-bit weights back (unless they live there: parameter
+    # offload), and Adam on the host CPU sharing the host's memory bandwidth with the node's other
+    # devices (Ren et al., ZeRO-Offload, sec. 4).
+    offload_s = np.where(offload, local * compute.ADAM_BYTES_PER_PARAM * hw.node.devices_per_node / host_bw
+                         + np.where(b.offload_params, 0.0, local * (gb + wb) / pcie), 0.0)
+    # Parameter offload (ZeRO-Infinity, Rajbhandari et al. SC'21, sec. 5-6; FSDP2's CPUOffloadPolicy):
+    # every micro-batch each layer's weight shard crosses PCIe before its gather, in the forward and
+    # again in the backward, and its gradient shard comes back after the reduce-scatter; prefetching
+    # hides the transfers under the stage's compute, and what outlasts it shows. The node's devices
+    # share the host's memory bandwidth.
+    shard_bytes = local * (2.0 * wb + gb)
+    shard_s = np.maximum(shard_bytes / pcie, shard_bytes * hw.node.devices_per_node / host_bw)
+    offload_s = offload_s + np.where(b.offload_params, m * np.maximum(shard_s - at_slowest(comp), 0.0), 0.0)
     # FP8: the linear layers' weights are quantized once per step (cached across micro-batches)
     weight_cast = compute.weight_cast_s(hw, job, np.max(np.where(active, sum(linear_params(model, b)), 0.0), axis=1))
 
@@ -275,7 +285,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     host_capacity = hw.host.memory_gib * GIB
     return EstimateBatch(
         fits=mem.total <= capacity,
-        host_fits=(mem.host_optimizer + mem.host_activations) * hw.node.devices_per_node <= host_capacity,
+        host_fits=mem.host_total * hw.node.devices_per_node <= host_capacity,
         memory=mem,
         time_s=time_s,
         step_time_s=step,

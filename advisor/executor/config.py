@@ -46,6 +46,7 @@ class ParallelConfig:
     stage_layers: tuple[int, ...] = (1,)
     mesh_order: tuple[str, ...] = ("pp", "dp", "cp", "tp")
     offload_optimizer: bool = False
+    offload_params: bool = False
 
     @property
     def world_size(self) -> int:
@@ -197,6 +198,7 @@ def parallel_config_from_plan(par: dict[str, Any], num_layers: int) -> ParallelC
         stage_layers=tuple(stage_layers),
         mesh_order=tuple(mesh_order),
         offload_optimizer=_bool(par, "offload_optimizer", w, False),
+        offload_params=_bool(par, "offload_params", w, False),
     )
 
 
@@ -257,6 +259,8 @@ def refusals(cfg: RunConfig, global_batch_size: int | None = None, devices: int 
         out.append(f"parallel.ep = {p.ep}: expert parallelism needs MoE layers, which the executor does not run")
     if p.offload_optimizer:
         out.append("parallel.offload_optimizer = true: optimizer offload is not run by the executor")
+    if p.offload_params:
+        out.append("parallel.offload_params = true: parameter offload is not run by the executor")
     if p.zero_stage > 3:
         out.append(f"parallel.zero_stage = {p.zero_stage}: must be 0, 1, 2 or 3")
     if devices is not None and devices != p.world_size:

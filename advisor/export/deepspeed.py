@@ -122,6 +122,8 @@ def ds_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
         zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True})
     if s.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if s.offload_params:      # ZeRO-Infinity: DeepSpeedZeroOffloadParamConfig, valid with stage 3
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     zero.update(_comm_knobs.deepspeed_keys(plan, j.dtype_bytes, unsupported))   # communication fusion
     unsupported.extend(x for x in [_comm_knobs.copies_unsupported(plan, "DeepSpeed", "none"),
                                    _comm_knobs.priority_unsupported(plan, "DeepSpeed"),

@@ -230,6 +230,10 @@ def megatron_launch(plan: Plan, target_version: str | None = None) -> MegatronLa
     if j.optimizer == "adam":
         notes.append("training.optimizer = adam: Megatron-LM's adam is AdamW (decoupled weight decay); "
                      "set --weight-decay 0 for plain Adam")
+    if s.offload_params:
+        unsupported.append("parallel.offload_params = true: Megatron-LM has no ZeRO-3 parameter offload (its "
+                           "cpu_offloading moves activations and weights per layer and refuses pipelining); exported "
+                           "with the optimizer offloaded only")
     if s.offload_optimizer:
         # validate_args: optimizer CPU offload needs the precision-aware optimizer.
         opt += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]

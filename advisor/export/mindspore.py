@@ -245,6 +245,15 @@ def _py_value(value) -> str:
     return repr(value)
 
 
+# Parameter offload (parallel.offload_params): MindSpore's memory offload with the parameters in host
+# memory (docs/sample_code/memory_offload/train.py of the MindSpore docs: set_context(memory_offload=
+# "ON") and set_offload_context's offload_param, auto_offload and enable_pinned_mem keys).
+OFFLOAD_PARAMS = ("\n# parameter offload: the weights live in host memory and are fetched as layers run\n"
+                  "ms.set_context(memory_offload=\"ON\")\n"
+                  "ms.set_offload_context(offload_config={\"offload_param\": \"cpu\", \"auto_offload\": False, "
+                  "\"enable_pinned_mem\": True})\n")
+
+
 def context_script(plan: Plan, ctx: dict) -> str:
     args = ",\n".join(f"    {k}={_py_value(v)}" for k, v in ctx.items())
     return (
@@ -252,6 +261,7 @@ def context_script(plan: Plan, ctx: dict) -> str:
         + "# Call before building the network; run one process per device (msrun / mpirun).\n"
         + "import mindspore as ms\n\n"
         + "ms.set_auto_parallel_context(\n" + args + ",\n)\n"
+        + (OFFLOAD_PARAMS if plan.strategy.offload_params else "")
     )
 
 

@@ -126,9 +126,11 @@ def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, 
         unsupported.append("training.dtype = fp8: FP8 is torchtitan's [quantize] section (float8 converters), "
                            "outside the exported sections; exported as bfloat16")
     if s.offload_optimizer:
-        train["enable_cpu_offload"] = True
-        unsupported.append("parallel.offload_optimizer = true: torchtitan's enable_cpu_offload offloads parameters and "
-                           "gradients as well as optimizer states (FSDP2 CPU offload)")
+        train["enable_cpu_offload"] = True       # FSDP2's CPUOffloadPolicy: parameters, gradients, optimizer states
+        if not s.offload_params:
+            unsupported.append("parallel.offload_optimizer = true: torchtitan's enable_cpu_offload offloads parameters "
+                               "and gradients as well as optimizer states (FSDP2 CPU offload; the plan priced "
+                               "--offload-params off)")
 
     # ---- activation checkpointing ---------------------------------------------------------------------
     # The priced policy only (advisor.export._recompute): torchtitan's modes are none, full, op-level

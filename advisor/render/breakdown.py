@@ -25,7 +25,7 @@ def strategy_line(s: Strategy) -> str:
     if s.pp > 1:
         parts.append(s.pipeline_schedule)
     if s.offload_optimizer:
-        parts.append("offload")
+        parts.append("offload-params" if s.offload_params else "offload")
     if s.swap_layers is not None:
         parts.append(f"swap_layers={list(s.swap_layers)}")
     if s.full_batch:

@@ -22,6 +22,7 @@ PIN_FLAGS = {
     "zero_stage": "--zero", "recompute": "--recompute", "micro_batch_size": "--mbs",
     "virtual_pipeline_stages": "--vpp", "pipeline_schedule": "--schedule",
     "sequence_parallel": "--sequence-parallel", "offload_optimizer": "--offload", "cp_comm": "--cp-comm",
+    "offload_params": "--offload-params",
 }
 
 
@@ -42,6 +43,7 @@ class Pins:
     sequence_parallel: bool | None = None
     offload_optimizer: bool | None = None
     cp_comm: str | None = None
+    offload_params: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "virtual_pipeline_stages"):
@@ -56,6 +58,9 @@ class Pins:
             raise AdvisorError(f"--cp-comm must be one of {', '.join(CP_COMM)}, got {self.cp_comm!r}")
         if self.pipeline_schedule is not None and self.pipeline_schedule not in SCHEDULES:
             raise AdvisorError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.pipeline_schedule!r}")
+        if self.offload_params and (self.zero_stage not in (None, 3) or self.offload_optimizer is False):
+            raise AdvisorError(f"--offload-params needs ZeRO stage 3 and the optimizer offloaded, got "
+                               f"--zero {self.zero_stage}" + (" --no-offload" if self.offload_optimizer is False else ""))
 
     def pinned(self) -> dict[str, Any]:
         """The fields that are set, by name."""

@@ -63,7 +63,7 @@ from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
 
 DEVICE_MEMORY_REASON = "does not fit in device memory"
-HOST_MEMORY_REASON = "offloaded optimizer does not fit in host memory"
+HOST_MEMORY_REASON = "offloaded states or swapped activations do not fit in host memory"
 TIME_BOUND_REASON = "cannot reach the top K (bound)"
 # Work per best-first batch, in the next stage's cells: small until a threshold exists, then larger
 # (fewer, bigger cost-model calls against a threshold that rises a little less often). Tuned on
@@ -255,7 +255,7 @@ class _Scoring:
                 ulysses = estimate_batch(model, self.fast, cluster, job, to_batch(model, job, rows))
                 step = step.copy()
                 step[a2a] = np.minimum(step[a2a], bound_step_s(ulysses))
-            host = (e.memory.host_optimizer + e.memory.host_activations) * hw.node.devices_per_node <= hw.host.memory_gib * GIB
+            host = e.memory.host_total * hw.node.devices_per_node <= hw.host.memory_gib * GIB
             upper[idx] = job.tokens_per_step / step
             reach = upper[idx] >= limit
             meshes = part["meshes"]

@@ -65,8 +65,9 @@ def fastest_link_hardware(hw: HardwareProfile, devices: int, moe: bool) -> Hardw
 
 def leanest_options(options: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """The ZeRO/offload pairs that can need the least device memory: memory does not grow with the
-    stage up to 2 and offload only removes optimizer states; stage 3 trades sharded weights for a
-    gather buffer, so stages 2 and 3 are both kept. The first also has the least optimizer time."""
+    stage up to 2 and offload only removes optimizer states (and, at 2, the weight and gradient
+    shards); stage 3 trades sharded weights for a gather buffer, so stages 2 and 3 are both kept.
+    The first also has the least optimizer time (free_hardware makes every host transfer free)."""
     best_off = {z: max(o for zz, o in options if zz == z) for z, _ in options}
     stages = sorted(best_off, reverse=True)
     chosen = [z for z in stages if z >= 2] or stages[:1]

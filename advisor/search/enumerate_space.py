@@ -149,10 +149,15 @@ def skeleton_rows(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
 
 
 def zero_offload_options(pins: Pins) -> list[tuple[int, int]]:
-    """(ZeRO stage, offload) pairs allowed by the pins; offload needs ZeRO >= 1 (rule "offload needs zero")."""
+    """(ZeRO stage, offload) pairs allowed by the pins. Offload 1: the optimizer states, which needs
+    ZeRO >= 1 (rule "offload needs zero"); 2: the weights and gradients too, with ZeRO-3 (rule
+    "parameter offload")."""
     zeros = [pins.zero_stage] if pins.zero_stage is not None else list(ZERO_STAGES)
     offloads = [int(pins.offload_optimizer)] if pins.offload_optimizer is not None else [0, 1]
-    return [(z, o) for z in zeros for o in offloads if not (o and z == 0)]
+    pairs = [(z, o) for z in zeros for o in offloads if not (o and z == 0)]
+    if pins.offload_params is not False and pins.offload_optimizer is not False and 3 in zeros:
+        pairs.append((3, 2))
+    return [p for p in pairs if p[1] == 2] if pins.offload_params else pairs
 
 
 def _lone_options(options: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -168,7 +173,7 @@ def zero_variants(rows: Rows, options: list[tuple[int, int]]) -> Rows:
     """Each row with each ZeRO/offload pair it can use."""
     out = _cross(rows, {"zero": [z for z, _ in options], "offload": [o for _, o in options]})
     lone = _lone_options(options)
-    keep = (out["dp"] * out["cp"] > 1) | np.isin(out["zero"] * 2 + out["offload"], [z * 2 + o for z, o in lone])
+    keep = (out["dp"] * out["cp"] > 1) | np.isin(out["zero"] * 3 + out["offload"], [z * 3 + o for z, o in lone])
     return _take(out, keep)
 
 

@@ -141,6 +141,10 @@ def _swap_layers(m, c, j, b):
     return given & (over | (b.recompute != RECOMPUTE_NONE) | (b.virtual_pipeline_stages > 1))
 
 
+def _offload_params(m, c, j, b):
+    return b.offload_params & ((b.zero_stage < 3) | ~b.offload_optimizer)
+
+
 def _full_batch(m, c, j, b):
     """Every rank reading the whole batch is MindSpore's full_batch; the other stacks' loaders shard it."""
     return b.full_batch & (j.framework != "mindspore")
@@ -164,6 +168,8 @@ RULES: dict[str, tuple[Rule, str]] = {
     "recompute modules": (_recompute_modules, "Megatron's mla_up_proj recompute needs multi-latent attention and "
                           "moe_act needs MoE layers"),
     "offload needs zero": (_offload, "optimizer offload needs ZeRO stage 1 or more"),
+    "parameter offload": (_offload_params, "parameter offload needs ZeRO stage 3 and the optimizer offloaded "
+                          "(ZeRO-Infinity, FSDP2 CPU offload)"),
     "recompute layers": (_recompute_layers, "recomputed-layer counts need full recomputation (or selective with "
                          "framework mindspore), at least one layer, and at most the layers of a stage"),
     "micro-batch copies": (_micro_batch_copies, "multi-copy parallelism needs the copies (at least 1) to divide the "
@@ -220,6 +226,7 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "recompute modules": f"recompute_modules = {', '.join(j.selective_modules)}, model {m.name}",
         "sequence parallel needs tp": f"tp = {s.tp}",
         "offload needs zero": f"zero = {s.zero_stage}",
+        "parameter offload": f"zero = {s.zero_stage}, offload_optimizer = {s.offload_optimizer}",
         "positive degrees": f"dp = {s.dp}, tp = {s.tp}, pp = {s.pp}, cp = {s.cp}, ep = {s.ep}",
         "recompute layers": f"recompute = {s.recompute}, recompute_layers = {s.recompute_layers}",
         "micro-batch copies": f"copies = {s.micro_batch_copies}, micro-batch size = {s.micro_batch_size}",

@@ -46,6 +46,10 @@ class Strategy:
     pipeline_schedule: str = "1f1b"
     stage_layers: tuple[int, ...] | None = None   # None: even split
     offload_optimizer: bool = False
+    # Parameter offload (ZeRO-Infinity's offload_param, FSDP2's CPUOffloadPolicy): the sharded weights
+    # and gradients live in host memory and cross PCIe every micro-batch; needs ZeRO-3 and the
+    # optimizer offloaded (advisor.cost.step).
+    offload_params: bool = False
     mesh_order: tuple[str, ...] = DEFAULT_MESH_ORDER
     cp_comm: str = "p2p"
     # Communication fusion: data-parallel gradient bucket size in MiB (None: the framework's default
@@ -138,8 +142,11 @@ class StrategyBatch:
     micro_batch_copies: np.ndarray | None = None   # None: all 1
     swap_layers: np.ndarray | None = None          # (N, P) layers swapped per stage; None: all 0
     full_batch: np.ndarray | None = None           # bool; None: all sharded
+    offload_params: np.ndarray | None = None       # bool; None: none
 
     def __post_init__(self) -> None:
+        if self.offload_params is None:
+            object.__setattr__(self, "offload_params", np.zeros(len(self.dp), dtype=bool))
         if self.full_batch is None:
             object.__setattr__(self, "full_batch", np.zeros(len(self.dp), dtype=bool))
         if self.cp_comm is None:
@@ -188,6 +195,7 @@ class StrategyBatch:
             micro_batch_copies=np.array([s.micro_batch_copies for s in strategies], dtype=np.int64),
             swap_layers=swapped,
             full_batch=np.array([s.full_batch for s in strategies], dtype=bool),
+            offload_params=np.array([s.offload_params for s in strategies], dtype=bool),
         )
 
     def take(self, index) -> "StrategyBatch":
@@ -223,4 +231,5 @@ class StrategyBatch:
             micro_batch_copies=int(self.micro_batch_copies[i]),
             swap_layers=tuple(int(x) for x in self.swap_layers[i, :pp]) if self.swap_layers[i, :pp].any() else None,
             full_batch=bool(self.full_batch[i]),
+            offload_params=bool(self.offload_params[i]),
         )

@@ -1,0 +1,108 @@
+"""Parameter offload (issue 13, host/device heterogeneous training of transformers): ZeRO-Infinity's
+offload_param, FSDP2's CPUOffloadPolicy, MindSpore's offload_param. The weight and gradient shards
+live in host memory and cross PCIe every micro-batch; priced, searched, carried by plans, exported."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from typer.testing import CliRunner
+
+from advisor.cli import app
+from advisor.cost.estimate import estimate
+from advisor.cost.memory import ALLOCATOR_OVERHEAD, GIB, state_bytes_per_param
+from advisor.errors import AdvisorError
+from advisor.export import export_plan
+from advisor.plan import load_plan
+from advisor.search import Pins
+from advisor.search.enumerate import search
+from advisor.space.rules import violations
+from advisor.space.strategy import Strategy
+from advisor.specs.hardware import load_hardware
+from advisor.specs.job import Cluster, TrainingJob
+from advisor.specs.model import load_model
+
+H100 = load_hardware("dgx-h100")
+MODEL = load_model("llama3-70b")
+JOB = TrainingJob(global_batch_size=64, seq_length=8192)
+CLUSTER = Cluster.of(H100, nodes=1)
+BASE = Strategy(dp=2, tp=1, pp=1, cp=4, micro_batch_size=1, num_micro_batches=32, zero_stage=3,
+                offload_optimizer=True, mesh_order=("pp", "tp", "dp", "cp"))
+runner = CliRunner()
+
+
+def test_shards_move_to_the_host_and_cross_pcie_each_micro_batch():
+    off, on = (estimate(MODEL, H100, CLUSTER, JOB, replace(BASE, offload_params=p)) for p in (False, True))
+    assert on.memory_gib.parameters == 0.0 and on.memory_gib.gradients == 0.0
+    wb, gb, _ = state_bytes_per_param(JOB)
+    shard = (off.memory_gib.parameters / wb) * GIB          # parameters per device (the ZeRO-3 shard)
+    assert off.memory_gib.gradients == pytest.approx(shard * gb / GIB)
+    # the step pays only what the transfers cannot hide: here they hide under the compute ...
+    assert on.time_s["offload"] == pytest.approx(off.time_s["offload"] - shard * (gb + wb) / (H100.host.pcie_bandwidth_gbps * 1e9))
+    # ... but not on a short step (sequence 512): per micro-batch, transfers minus compute
+    short = replace(JOB, seq_length=512)
+    e = estimate(MODEL, H100, CLUSTER, short, replace(BASE, offload_params=True, cp=1, dp=8, num_micro_batches=8))
+    e_off = estimate(MODEL, H100, CLUSTER, short, replace(BASE, cp=1, dp=8, num_micro_batches=8))
+    assert e.time_s["offload"] > e_off.time_s["offload"]
+    assert e.step_time_s > e_off.step_time_s
+
+
+def test_rule_and_pins_need_zero3_and_the_optimizer_offloaded():
+    assert violations(MODEL, CLUSTER, JOB, replace(BASE, offload_params=True)) == []
+    for bad in (replace(BASE, offload_params=True, zero_stage=2), replace(BASE, offload_params=True, offload_optimizer=False)):
+        assert any("parameter offload needs ZeRO stage 3" in v for v in violations(MODEL, CLUSTER, JOB, bad))
+    with pytest.raises(AdvisorError, match="--offload-params needs ZeRO stage 3"):
+        Pins(offload_params=True, zero_stage=2)
+
+
+def test_search_uses_it_where_it_frees_memory_and_never_when_pinned_off():
+    free = search(MODEL, H100, CLUSTER, JOB, Pins(), top_k=3).finalists
+    none = search(MODEL, H100, CLUSTER, JOB, Pins(offload_params=False), top_k=3).finalists
+    pinned = search(MODEL, H100, CLUSTER, JOB, Pins(offload_params=True), top_k=3).finalists
+    assert not none.offload_params.any() and pinned.offload_params.all()
+    # 70B on one node: freeing the shards lets it drop tensor parallelism (about 9% faster in the model)
+    assert bool(free.offload_params[0]) and int(free.tp[0]) < int(none.tp[0])
+
+
+def test_plan_and_exports(tmp_path):
+    out = tmp_path / "p.json"
+    r = runner.invoke(app, ["recommend", "--model", "llama3-70b", "--hardware", "dgx-h100", "--nodes", "1",
+                            "--global-batch", "64", "--seq-len", "8192", "--offload-params", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["parallel"]["offload_params"] is True
+    plan = load_plan(out)
+    assert plan.strategy.offload_params
+    ds = json.loads(export_plan(plan, "deepspeed").files["ds_config.json"])
+    assert ds["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": True}
+    assert ds["zero_optimization"]["stage"] == 3
+    tt = export_plan(plan, "torchtitan")
+    toml = next(v for k, v in tt.files.items() if k.endswith(".toml"))
+    assert "enable_cpu_offload = true" in toml and not any("offload" in u for u in tt.unsupported)
+    assert any(u.startswith("parallel.offload_params = true") for u in export_plan(plan, "megatron").unsupported)
+    ms = export_plan(plan, "mindspore").files["parallel_context.py"]
+    assert 'ms.set_offload_context(offload_config={"offload_param": "cpu"' in ms
+    est = runner.invoke(app, ["estimate", "--model", "llama3-70b", "--hardware", "dgx-h100", "--nodes", "1",
+                              "--global-batch", "64", "--seq-len", "8192", "--dp", "2", "--tp", "1", "--cp", "4",
+                              "--zero", "3", "--offload-optimizer", "--offload-params", "--json"])
+    assert json.loads(est.output)["memory_gib"]["parameters"] == 0.0
+
+
+def test_one_replica_keeps_the_fetched_layers_on_the_device():
+    """dp = 1 gathers nothing, but the offloaded layer being fetched, the prefetched one and the
+    gradients leaving still take device memory (a single GPU with ZeRO-Infinity)."""
+    model = load_model("llama3-8b")
+    job = TrainingJob(global_batch_size=8, seq_length=4096)
+    one = Cluster.of(H100, devices=1)
+    s = Strategy(dp=1, tp=1, pp=1, micro_batch_size=1, num_micro_batches=8, zero_stage=3, offload_optimizer=True)
+    off, on = (estimate(model, H100, one, job, replace(s, offload_params=p)) for p in (False, True))
+    wb, _, _ = state_bytes_per_param(job)
+    assert on.memory_gib.parameters == 0.0 and on.memory_gib.gradients == 0.0
+
+    def own_buffers(e):        # the buffers less the allocator's share of everything else
+        m = e.memory_gib
+        return m.buffers - ALLOCATOR_OVERHEAD * (m.parameters + m.gradients + m.optimizer + m.activations)
+
+    fetched = (2.0 * wb + job.grad_reduce_bytes) * model.dense_layer_params / GIB
+    assert own_buffers(on) - own_buffers(off) == pytest.approx(fetched)
