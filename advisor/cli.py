@@ -70,6 +70,8 @@ def estimate_cmd(
     offload_optimizer: bool = typer.Option(False, "--offload-optimizer", help="keep optimizer states in host memory"),
     offload_params: bool = typer.Option(False, "--offload-params", help="keep weights and gradients in host memory too "
                                         "(ZeRO-Infinity; with --zero 3 --offload-optimizer)"),
+    offload_fraction: float = typer.Option(1.0, "--offload-fraction", help="share of the optimizer offloaded "
+                                           "(Megatron --optimizer-offload-fraction)"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 | fp8 (default: bf16 if the device has it)"),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="token budget for time/cost to train, e.g. 2T"),
     attention: str = typer.Option("flash", "--attention", help="flash | math (unfused, stores the s x s scores)"),
@@ -120,7 +122,7 @@ def estimate_cmd(
         offload_optimizer=offload_optimizer, dtype=dtype, tokens=tokens, attention=attention, dropout=dropout,
         plan=plan, framework=framework, fp8_recipe=fp8_recipe, cp_comm=cp_comm, recompute_modules=recompute_modules,
         bucket_mb=bucket_mb, copies=copies, operator_strategies=operator_strategies, grid_intensity=grid, pue=pue,
-        comm_priority=priority, full_batch=full_batch, offload_params=offload_params,
+        comm_priority=priority, full_batch=full_batch, offload_params=offload_params, offload_fraction=offload_fraction,
     )
     warnings = input_warnings(result.inputs.hardware, result.inputs.cluster)
     if as_json:

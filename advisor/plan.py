@@ -41,7 +41,7 @@ _PARALLEL_OPTIONAL = (
     "zero_stage", "recompute", "recompute_layers", "pipeline_schedule", "stage_layers", "mesh_order",
     "offload_optimizer", "cp_comm", "parameter_server", "embedding_placement", "host_tables",
     "grad_bucket_mb", "micro_batch_copies", "stage_devices", "replica_devices", "dp_batch_split", "supernet",
-    "swap_layers", "full_batch", "offload_params",
+    "swap_layers", "full_batch", "offload_params", "offload_fraction",
 )
 
 
@@ -90,6 +90,7 @@ def strategy_to_dict(s: Strategy, num_layers: int) -> dict[str, Any]:
         **({"swap_layers": list(s.swap_layers)} if s.swap_layers is not None else {}),
         **({"full_batch": True} if s.full_batch else {}),
         **({"offload_params": True} if s.offload_params else {}),
+        **({"offload_fraction": s.offload_fraction} if s.offload_fraction != 1.0 else {}),
     }
 
 
@@ -178,7 +179,15 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
         swap_layers=_swap_layers(data, o, f.positive_int(data, "pp", o)),
         full_batch=f.boolean(data, "full_batch", o, default=False),
         offload_params=f.boolean(data, "offload_params", o, default=False),
+        offload_fraction=_fraction(data, o),
     )
+
+
+def _fraction(data: dict[str, Any], o: str) -> float:
+    value = data.get("offload_fraction", 1.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
+        raise AdvisorError(f"{o}: key 'offload_fraction' must be a number in (0, 1], got {prefix(value)}")
+    return float(value)
 
 
 def _swap_layers(data: dict[str, Any], o: str, pp: int) -> tuple[int, ...] | None:

@@ -296,7 +296,7 @@ def test_enumerated_candidates_estimate_the_same_one_by_one(case):
     enumerator's arrays equals estimate() on each candidate's Strategy."""
     model, hw, cluster, job, rows = _sample(*case, size=40, seed=1)
     rng = np.random.default_rng(2)
-    options = en.zero_offload_options(Pins())
+    options = en.zero_offload_options(Pins(), job.framework)
     pairs = en.zero_variants(rows, options)
     full = en.mesh_variants(pairs, hw, Pins(), model)
     pick = np.sort(rng.choice(len(full["dp"]), size=min(40, len(full["dp"])), replace=False))

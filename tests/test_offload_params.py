@@ -15,7 +15,7 @@ from advisor.cost.estimate import estimate
 from advisor.cost.memory import ALLOCATOR_OVERHEAD, GIB, state_bytes_per_param
 from advisor.errors import AdvisorError
 from advisor.export import export_plan
-from advisor.plan import load_plan
+from advisor.plan import load_plan, plan_from_dict, plan_to_dict
 from advisor.search import Pins
 from advisor.search.enumerate import search
 from advisor.space.rules import violations
@@ -26,7 +26,7 @@ from advisor.specs.model import load_model
 
 H100 = load_hardware("dgx-h100")
 MODEL = load_model("llama3-70b")
-JOB = TrainingJob(global_batch_size=64, seq_length=8192)
+JOB = TrainingJob(global_batch_size=64, seq_length=8192, framework="pytorch")     # DeepSpeed's ZeRO-Infinity
 CLUSTER = Cluster.of(H100, nodes=1)
 BASE = Strategy(dp=2, tp=1, pp=1, cp=4, micro_batch_size=1, num_micro_batches=32, zero_stage=3,
                 offload_optimizer=True, mesh_order=("pp", "tp", "dp", "cp"))
@@ -49,8 +49,13 @@ def test_shards_move_to_the_host_and_cross_pcie_each_micro_batch():
     assert e.step_time_s > e_off.step_time_s
 
 
-def test_rule_and_pins_need_zero3_and_the_optimizer_offloaded():
+def test_rule_and_pins_need_zero3_the_optimizer_offloaded_and_a_framework_with_it():
     assert violations(MODEL, CLUSTER, JOB, replace(BASE, offload_params=True)) == []
+    megatron = replace(JOB, framework="megatron")
+    assert any("not megatron" in v for v in violations(MODEL, CLUSTER, megatron, replace(BASE, offload_params=True)))
+    assert not search(MODEL, H100, CLUSTER, megatron, Pins(), top_k=3).finalists.offload_params.any()
+    with pytest.raises(AdvisorError, match="Megatron-LM has no parameter offload"):
+        search(MODEL, H100, CLUSTER, megatron, Pins(offload_params=True), top_k=3)
     for bad in (replace(BASE, offload_params=True, zero_stage=2), replace(BASE, offload_params=True, offload_optimizer=False)):
         assert any("parameter offload needs ZeRO stage 3" in v for v in violations(MODEL, CLUSTER, JOB, bad))
     with pytest.raises(AdvisorError, match="--offload-params needs ZeRO stage 3"):
@@ -69,7 +74,8 @@ def test_search_uses_it_where_it_frees_memory_and_never_when_pinned_off():
 def test_plan_and_exports(tmp_path):
     out = tmp_path / "p.json"
     r = runner.invoke(app, ["recommend", "--model", "llama3-70b", "--hardware", "dgx-h100", "--nodes", "1",
-                            "--global-batch", "64", "--seq-len", "8192", "--offload-params", "--out", str(out)])
+                            "--global-batch", "64", "--seq-len", "8192", "--offload-params", "--framework", "pytorch",
+                            "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert json.loads(out.read_text())["parallel"]["offload_params"] is True
     plan = load_plan(out)
@@ -80,12 +86,16 @@ def test_plan_and_exports(tmp_path):
     tt = export_plan(plan, "torchtitan")
     toml = next(v for k, v in tt.files.items() if k.endswith(".toml"))
     assert "enable_cpu_offload = true" in toml and not any("offload" in u for u in tt.unsupported)
-    assert any(u.startswith("parallel.offload_params = true") for u in export_plan(plan, "megatron").unsupported)
+    assert "parameter offload" in str(pytest.raises(AdvisorError, plan_from_dict,
+                                                     {**plan_to_dict(plan), "training": {**plan_to_dict(plan)["training"],
+                                                                                          "framework": "megatron"}},
+                                                     "edited").value)
     ms = export_plan(plan, "mindspore").files["parallel_context.py"]
     assert 'ms.set_offload_context(offload_config={"offload_param": "cpu"' in ms
     est = runner.invoke(app, ["estimate", "--model", "llama3-70b", "--hardware", "dgx-h100", "--nodes", "1",
                               "--global-batch", "64", "--seq-len", "8192", "--dp", "2", "--tp", "1", "--cp", "4",
-                              "--zero", "3", "--offload-optimizer", "--offload-params", "--json"])
+                              "--zero", "3", "--offload-optimizer", "--offload-params", "--framework", "pytorch",
+                              "--json"])
     assert json.loads(est.output)["memory_gib"]["parameters"] == 0.0
 
 
@@ -93,7 +103,7 @@ def test_one_replica_keeps_the_fetched_layers_on_the_device():
     """dp = 1 gathers nothing, but the offloaded layer being fetched, the prefetched one and the
     gradients leaving still take device memory (a single GPU with ZeRO-Infinity)."""
     model = load_model("llama3-8b")
-    job = TrainingJob(global_batch_size=8, seq_length=4096)
+    job = TrainingJob(global_batch_size=8, seq_length=4096, framework="pytorch")
     one = Cluster.of(H100, devices=1)
     s = Strategy(dp=1, tp=1, pp=1, micro_batch_size=1, num_micro_batches=8, zero_stage=3, offload_optimizer=True)
     off, on = (estimate(model, H100, one, job, replace(s, offload_params=p)) for p in (False, True))
@@ -106,3 +116,55 @@ def test_one_replica_keeps_the_fetched_layers_on_the_device():
 
     fetched = (2.0 * wb + job.grad_reduce_bytes) * model.dense_layer_params / GIB
     assert own_buffers(on) - own_buffers(off) == pytest.approx(fetched)
+
+
+def test_offload_fraction_splits_the_optimizer_between_host_and_device(tmp_path):
+    """Megatron's --optimizer-offload-fraction / DeepSpeed's ratio: a share f of the states on the
+    host, the rest stepped on the device meanwhile; searched per finalist (advisor.search.comm_knobs)."""
+    model = load_model("llama3-8b")
+    hw = load_hardware("dgx-a100-80g")
+    job = TrainingJob(global_batch_size=32, seq_length=4096)
+    cluster = Cluster.of(hw, nodes=1)
+    s = Strategy(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4, zero_stage=1, offload_optimizer=True)
+    full, part = (estimate(model, hw, cluster, job, replace(s, offload_fraction=f)) for f in (1.0, 0.25))
+    device_only = estimate(model, hw, cluster, job, replace(s, offload_optimizer=False))
+    states = device_only.memory_gib.optimizer
+    assert full.memory_gib.optimizer == 0.0 and full.host_optimizer_gib == pytest.approx(states)
+    assert part.memory_gib.optimizer == pytest.approx(0.75 * states)
+    assert part.host_optimizer_gib == pytest.approx(0.25 * states)
+    gpu = device_only.time_s["optimizer"]
+    assert part.time_s["optimizer"] == pytest.approx(0.75 * gpu, rel=1e-6)
+    # the host's quarter runs while the device steps its three quarters: only the excess shows
+    assert part.time_s["offload"] == pytest.approx(max(0.25 * full.time_s["offload"] - 0.75 * gpu, 0.0), rel=1e-6)
+    assert part.step_time_s < full.step_time_s
+    # the search keeps the smallest share that fits and pays (+18% here), the plan and Megatron carry it
+    out = tmp_path / "off.json"
+    r = runner.invoke(app, ["recommend", "--model", "llama3-8b", "--hardware", "dgx-a100-80g", "--nodes", "1",
+                            "--global-batch", "32", "--seq-len", "4096", "--offload", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    plan = load_plan(out)
+    assert plan.strategy.offload_fraction == 0.25
+    assert "--optimizer-offload-fraction 0.25\n" in export_plan(plan, "megatron").files["megatron_pretrain_gpt.sh"]
+    assert any(u.startswith("parallel.offload_fraction = 0.25") for u in export_plan(plan, "deepspeed").unsupported)
+    bad = {**plan_to_dict(plan), "parallel": {**plan_to_dict(plan)["parallel"], "offload_fraction": 0}}
+    with pytest.raises(AdvisorError, match="key 'offload_fraction' must be a number in \\(0, 1\\]"):
+        plan_from_dict(bad, "edited")
+    flag = runner.invoke(app, ["estimate", "--model", "llama3-8b", "--hardware", "dgx-a100-80g", "--nodes", "1",
+                               "--offload-optimizer", "--zero", "1", "--offload-fraction", "2"])
+    assert isinstance(flag.exception, AdvisorError) and "--offload-fraction must be" in str(flag.exception)
+
+
+def test_vectorized_and_scalar_estimates_agree_with_offload():
+    from advisor.cost.estimate import estimate_batch
+    from advisor.space.strategy import StrategyBatch
+
+    strategies = [replace(BASE, offload_params=True), replace(BASE, offload_fraction=0.5),
+                  replace(BASE, dp=8, cp=1, offload_params=True, num_micro_batches=8), BASE]
+    batch = StrategyBatch.from_strategies(strategies, MODEL.num_layers)
+    e = estimate_batch(MODEL, H100, CLUSTER, JOB, batch)
+    for i, s in enumerate(strategies):
+        one = estimate(MODEL, H100, CLUSTER, JOB, s)
+        assert batch.strategy(i) == replace(s, stage_layers=batch.strategy(i).stage_layers)
+        assert one.step_time_s == pytest.approx(float(e.step_time_s[i]), rel=1e-12)
+        assert one.memory_gib.total * GIB == pytest.approx(float(e.memory.total[i]), rel=1e-12)
+        assert one.host_optimizer_gib * GIB == pytest.approx(float(e.memory.host_optimizer[i]), rel=1e-12)

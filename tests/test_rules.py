@@ -56,6 +56,7 @@ BROKEN = {
     "swap layers": (DENSE, replace(BASE, swap_layers=(5, 0))),                           # stage 0 has 4 layers
     "full batch": (DENSE, replace(BASE, full_batch=True)),                                # framework megatron
     "parameter offload": (DENSE, replace(BASE, zero_stage=2, offload_optimizer=True, offload_params=True)),
+    "offload fraction": (DENSE, replace(BASE, zero_stage=1, offload_fraction=0.5)),         # optimizer not offloaded
 }
 ODD_SEQ_RULES = {"sequence parallel divides seq", "cp divides seq"}
 
@@ -102,10 +103,12 @@ def test_each_rule_rejects_its_case_and_only_that_rule_fires(rule):
     ("ulysses heads", replace(BASE, dp=1, cp=2, num_micro_batches=8, cp_comm="a2a")),  # tp x cp = 4 divides 12 and 4
     ("swap layers", replace(BASE, swap_layers=(4, 1))),
     ("parameter offload", replace(BASE, zero_stage=3, offload_optimizer=True, offload_params=True)),
+    ("offload fraction", replace(BASE, zero_stage=1, offload_optimizer=True, offload_fraction=0.5)),
 ])
 def test_the_legal_side_of_each_rule(rule, ok):
     model = MOE if rule == "expert parallel" else DENSE
-    assert violations(model, CLUSTER, JOB, ok) == []
+    job = replace(JOB, framework="pytorch") if rule == "parameter offload" else JOB      # not in Megatron-LM
+    assert violations(model, CLUSTER, job, ok) == []
 
 
 def test_full_batch_is_legal_with_mindspore():

@@ -103,6 +103,12 @@ def _bucket_mb(value: float | None) -> float | None:
     return float(value)
 
 
+def _fraction(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
+        raise AdvisorError(f"--offload-fraction must be a number in (0, 1], got {prefix(value)}")
+    return float(value)
+
+
 def estimate_request(*, model: str | None, hardware: str | None, nodes: int | None, devices: int | None,
                      tp: int, pp: int, dp: int | None, cp: int, ep: int, mbs: int, gbs: int | None,
                      seq_len: int | None, vpp: int, zero: int, recompute: str, recompute_layers: int | None,
@@ -113,7 +119,8 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
                      bucket_mb: float | None = None, copies: int = 1,
                      operator_strategies: str | None = None, grid_intensity: str | None = None,
                      pue: float | None = None, comm_priority: bool = False,
-                     full_batch: bool = False, offload_params: bool = False) -> EstimateResult:
+                     full_batch: bool = False, offload_params: bool = False,
+                     offload_fraction: float = 1.0) -> EstimateResult:
     layout = None
     if plan is not None:
         p = load_plan(plan)
@@ -140,7 +147,7 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
         )
         strategy = replace(strategy, grad_bucket_mb=_bucket_mb(bucket_mb),
                            micro_batch_copies=check_count("--copies", copies, limits.MAX_GLOBAL_BATCH),
-                           full_batch=full_batch)
+                           full_batch=full_batch, offload_fraction=_fraction(offload_fraction))
         title = f"{inputs.model.name} on {inputs.cluster.devices} x {inputs.hardware.device.name} ({inputs.hardware.name})"
     broken = violations(inputs.model, inputs.cluster, inputs.job, strategy)
     if broken:

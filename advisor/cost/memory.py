@@ -236,7 +236,8 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     grads = sharded(gb, 2)
     optim_all = sharded(ob, 1)
     offload = b.offload_optimizer[:, None]
-    optim = np.where(offload, 0.0, optim_all)
+    host_share = np.where(offload, b.offload_fraction[:, None], 0.0)     # on the host: all, or a fraction
+    optim = (1.0 - host_share) * optim_all
 
     dense_n, moe_n = stage_layer_counts(model, b)
     per_mb, replay = _layer_activations(model, job, b, dense_n, moe_n)
@@ -302,7 +303,7 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
 
     return MemoryArrays(
         parameters=pick(params), gradients=pick(grads), optimizer=pick(optim), activations=pick(acts),
-        buffers=pick(buffers), total=pick(total), host_optimizer=np.max(np.where(offload, optim_all, 0.0), axis=1),
+        buffers=pick(buffers), total=pick(total), host_optimizer=np.max(host_share * optim_all, axis=1),
         worst_stage=worst, activation_per_microbatch=pick(per_mb), stage_total=total, host_activations=host_acts,
         host_params=host_params,
     )

@@ -230,14 +230,19 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     ends_t = np.where(b.pp == 1, embed_tensors + head_tensors, max(embed_tensors, head_tensors))
     tensors = units * model.parameter_tensors_per_layer(job.framework == "megatron") + ends_t
     opt_host = tensors * hw.device.optimizer_overhead_us_per_tensor * 1e-6
-    opt_s = np.where(offload, 0.0, compute.optimizer_step_s(hw, local) + opt_host)
+    host_share = np.where(offload, b.offload_fraction, 0.0)
+    opt_s = np.where(host_share < 1.0, (1.0 - host_share) * compute.optimizer_step_s(hw, local) + opt_host, 0.0)
     pcie = hw.host.pcie_bandwidth_gbps * 1e9
     host_bw = (hw.host.memory_bandwidth_gbps or hw.host.pcie_bandwidth_gbps * hw.node.devices_per_node) * 1e9
     # Offload: gradients to the host, updated 16-bit weights back (unless they live there: parameter
     # offload), and Adam on the host CPU sharing the host's memory bandwidth with the node's other
-    # devices (Ren et al., ZeRO-Offload, sec. 4).
-    offload_s = np.where(offload, local * compute.ADAM_BYTES_PER_PARAM * hw.node.devices_per_node / host_bw
-                         + np.where(b.offload_params, 0.0, local * (gb + wb) / pcie), 0.0)
+    # devices (Ren et al., ZeRO-Offload, sec. 4). With a fraction offloaded (Megatron's
+    # HybridDeviceOptimizer, DeepSpeed's offload ratio), the device steps its share while the host
+    # copies and steps the rest (HybridDeviceOptimizer.step: the GPU optimizer's kernels are queued
+    # first, the CPU optimizers run meanwhile): only what the host part takes beyond the device part shows.
+    host_part = host_share * local * (compute.ADAM_BYTES_PER_PARAM * hw.node.devices_per_node / host_bw
+                                      + np.where(b.offload_params, 0.0, (gb + wb) / pcie))
+    offload_s = np.maximum(host_part - opt_s, 0.0)
     # Parameter offload (ZeRO-Infinity, Rajbhandari et al. SC'21, sec. 5-6; FSDP2's CPUOffloadPolicy):
     # every micro-batch each layer's weight shard crosses PCIe before its gather, in the forward and
     # again in the backward, and its gradient shard comes back after the reduce-scatter; prefetching

@@ -122,6 +122,11 @@ def ds_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
         zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True})
     if s.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if s.offload_fraction != 1.0 and s.zero_stage == 3:     # DeepSpeedZeroOffloadOptimizerConfig.ratio
+            zero["offload_optimizer"]["ratio"] = s.offload_fraction
+        elif s.offload_fraction != 1.0:
+            unsupported.append(f"parallel.offload_fraction = {s.offload_fraction:g}: DeepSpeed's offload_optimizer.ratio "
+                               "is valid with ZeRO stage 3 only; exported with the whole optimizer offloaded")
     if s.offload_params:      # ZeRO-Infinity: DeepSpeedZeroOffloadParamConfig, valid with stage 3
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     zero.update(_comm_knobs.deepspeed_keys(plan, j.dtype_bytes, unsupported))   # communication fusion

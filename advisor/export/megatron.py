@@ -236,7 +236,8 @@ def megatron_launch(plan: Plan, target_version: str | None = None) -> MegatronLa
                            "with the optimizer offloaded only")
     if s.offload_optimizer:
         # validate_args: optimizer CPU offload needs the precision-aware optimizer.
-        opt += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
+        opt += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", f"{s.offload_fraction:g}",
+                "--use-precision-aware-optimizer"]
     launch.groups["OPTIMIZER_ARGS"] = opt
     notes.append("learning-rate flags in OPTIMIZER_ARGS are placeholders: the plan does not choose hyper-parameters")
 

@@ -127,6 +127,9 @@ def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, 
                            "outside the exported sections; exported as bfloat16")
     if s.offload_optimizer:
         train["enable_cpu_offload"] = True       # FSDP2's CPUOffloadPolicy: parameters, gradients, optimizer states
+        if s.offload_fraction != 1.0:
+            unsupported.append(f"parallel.offload_fraction = {s.offload_fraction:g}: FSDP2's CPU offload moves all of "
+                               "the optimizer or none; exported with all of it")
         if not s.offload_params:
             unsupported.append("parallel.offload_optimizer = true: torchtitan's enable_cpu_offload offloads parameters "
                                "and gradients as well as optimizer states (FSDP2 CPU offload; the plan priced "

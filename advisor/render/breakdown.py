@@ -10,6 +10,15 @@ from advisor.render.formatting import duration, step_time, training_figures
 from advisor.space.strategy import Strategy
 
 
+def offload_knob(s: Strategy) -> str:
+    """'+off' (optimizer), '+off50%' (half of it), '+offp' (parameters too), or ''."""
+    if s.offload_params:
+        return "+offp"
+    if not s.offload_optimizer:
+        return ""
+    return "+off" if s.offload_fraction == 1.0 else f"+off{s.offload_fraction:.0%}"
+
+
 def strategy_line(s: Strategy) -> str:
     parts = [f"dp={s.dp}", f"tp={s.tp}", f"pp={s.pp}"]
     if s.cp > 1:
@@ -25,7 +34,8 @@ def strategy_line(s: Strategy) -> str:
     if s.pp > 1:
         parts.append(s.pipeline_schedule)
     if s.offload_optimizer:
-        parts.append("offload-params" if s.offload_params else "offload")
+        parts.append("offload-params" if s.offload_params else "offload" + (
+            f"({s.offload_fraction:g})" if s.offload_fraction != 1.0 else ""))
     if s.swap_layers is not None:
         parts.append(f"swap_layers={list(s.swap_layers)}")
     if s.full_batch:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from advisor.cost.estimate import Estimate
 from advisor.render.formatting import duration, step_time, training_figures
+from advisor.render.breakdown import offload_knob
 from advisor.search import Progress as ProgressHook
 from advisor.search import SearchStats
 from advisor.space.strategy import Strategy
@@ -26,7 +27,7 @@ PROGRESS_AFTER_S = 1.0   # searches shorter than this never show a bar
 def _knobs(s: Strategy) -> str:
     """Everything but the degrees and batch split: 'sp z1+off rc=sel int.x4 mesh=tdp'."""
     parts = ["sp"] if s.sequence_parallel else []
-    parts.append(f"z{s.zero_stage}" + ("+offp" if s.offload_params else "+off" if s.offload_optimizer else ""))
+    parts.append(f"z{s.zero_stage}" + offload_knob(s))
     if s.recompute != "none":
         parts.append("rc=" + ("sel" if s.recompute == "selective" else s.recompute))
     if s.swap_layers is not None:
@@ -102,7 +103,7 @@ def render_recommendation(console: Console, result: RecommendResult, saved_to: s
         return render_recsys(console, result, saved_to)
     console.print(plans_table(result))
     console.print(f"GiB: memory per device (of {result.estimates[0].capacity_gib:g}); knobs: sp = sequence parallel, "
-                  "z = ZeRO stage (+off: optimizer offload, +offp: parameters too), rc = recomputation, pipeline schedule, mesh order "
+                  "z = ZeRO stage (+off: optimizer offload, +off50%: half of it, +offp: parameters too), rc = recomputation, pipeline schedule, mesh order "
                   "innermost (fastest links) first (t = tp, c = cp, d = dp, p = pp); limit: the largest part of "
                   "the step time, or memory when over 95% is used", highlight=False)
     for line in search_lines(result.search):

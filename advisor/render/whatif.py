@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.render.formatting import duration, energy, money, step_time
+from advisor.render.breakdown import offload_knob
 
 
 def _degrees(plan: Any) -> str:
     s = plan.strategy
     text = f"{s.dp}.{s.tp}.{s.pp}.{s.cp}" + (f".{s.ep}" if plan.model.moe is not None else "")
-    knobs = [f"z{s.zero_stage}" + ("+offp" if s.offload_params else "+off" if s.offload_optimizer else "")]
+    knobs = [f"z{s.zero_stage}" + offload_knob(s)]
     if s.recompute != "none":
         knobs.append("rc=" + ("sel" if s.recompute == "selective" else "full"))
     if s.virtual_pipeline_stages > 1:

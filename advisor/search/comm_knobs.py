@@ -1,4 +1,5 @@
-"""Searching communication fusion's bucket size and multi-copy parallelism's copies, per finalist.
+"""Searching communication fusion's bucket size, multi-copy parallelism's copies and the offloaded
+optimizer's share, per finalist.
 
 The searchers price every candidate with the framework's default buckets and unsplit micro-batches
 (the enumerator's space and its brute-force check, tests/test_enumerate.py, stay as they are).
@@ -14,7 +15,11 @@ estimate_batch call per knob:
    the micro-batch count allows it, the micro-batch grown k-fold (k copies of the old micro-batch;
    same global batch, fewer micro-batches) so that micro-batches of one sample can use it too;
 2. the gradient bucket size (advisor.cost.fusion), where ZeRO-0/1 has data-parallel peers: each
-   of BUCKET_CHOICES_MB.
+   of BUCKET_CHOICES_MB;
+3. the share of an offloaded optimizer kept on the host (Megatron's --optimizer-offload-fraction,
+   DeepSpeed's offload ratio): each of OFFLOAD_FRACTIONS where the optimizer is offloaded and the
+   parameters are not; a smaller share steps more of the update on the device and needs more of
+   its memory (advisor.cost.step).
 
 A value is kept when it raises the candidate's predicted throughput by more than ``min_gain``
 (default: the ranking's tie band, so a knob is only set where it buys what a simpler plan would be
@@ -66,14 +71,25 @@ def bucket_variants(b: StrategyBatch) -> tuple[StrategyBatch, np.ndarray]:
     return _concat(parts, b), np.tile(rows, len(BUCKET_CHOICES_MB))
 
 
+OFFLOAD_FRACTIONS = (0.25, 0.5, 0.75)
+
+
+def fraction_variants(b: StrategyBatch) -> tuple[StrategyBatch, np.ndarray]:
+    """(variants, origins) with each of OFFLOAD_FRACTIONS where the whole optimizer is offloaded."""
+    rows = np.flatnonzero(b.offload_optimizer & ~b.offload_params & (b.offload_fraction == 1.0))
+    parts = [replace(b.take(rows), offload_fraction=np.full(len(rows), f)) for f in OFFLOAD_FRACTIONS]
+    return _concat(parts, b), np.tile(rows, len(OFFLOAD_FRACTIONS))
+
+
 def refine(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, b: StrategyBatch,
            min_gain: float = TIE_BAND) -> StrategyBatch:
-    """The candidates with the copies and bucket size that beat their defaults by more than min_gain."""
+    """The candidates with the copies, bucket size and offload fraction that beat their defaults by
+    more than min_gain."""
     if len(b) == 0:
         return b
     e = estimate_batch(model, hw, cluster, job, b)
     best = np.where(e.feasible, e.tokens_per_s, 0.0)
-    for make in (lambda x: copy_variants(job, hw, x), bucket_variants):
+    for make in (lambda x: copy_variants(job, hw, x), bucket_variants, fraction_variants):
         variants, origin = make(b)
         if len(variants) == 0:
             continue

@@ -12,6 +12,7 @@ from collections import Counter
 
 import numpy as np
 
+from advisor.errors import AdvisorError
 from advisor.cost.comm import slowest_tier
 from advisor.search import Pins
 from advisor.search.enumerate_rows import (
@@ -148,14 +149,18 @@ def skeleton_rows(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
     return _apply_rules(model, cluster, job, rows, pruned)
 
 
-def zero_offload_options(pins: Pins) -> list[tuple[int, int]]:
+def zero_offload_options(pins: Pins, framework: str | None = None) -> list[tuple[int, int]]:
     """(ZeRO stage, offload) pairs allowed by the pins. Offload 1: the optimizer states, which needs
-    ZeRO >= 1 (rule "offload needs zero"); 2: the weights and gradients too, with ZeRO-3 (rule
-    "parameter offload")."""
+    ZeRO >= 1 (rule "offload needs zero"); 2: the weights and gradients too, with ZeRO-3 and a
+    framework that has it (rule "parameter offload": not Megatron-LM)."""
     zeros = [pins.zero_stage] if pins.zero_stage is not None else list(ZERO_STAGES)
     offloads = [int(pins.offload_optimizer)] if pins.offload_optimizer is not None else [0, 1]
     pairs = [(z, o) for z in zeros for o in offloads if not (o and z == 0)]
-    if pins.offload_params is not False and pins.offload_optimizer is not False and 3 in zeros:
+    if framework == "megatron" and pins.offload_params:
+        raise AdvisorError("--offload-params: Megatron-LM has no parameter offload; give --framework pytorch "
+                           "(DeepSpeed), torchtitan or mindspore")
+    if (pins.offload_params is not False and pins.offload_optimizer is not False and 3 in zeros
+            and framework != "megatron"):
         pairs.append((3, 2))
     return [p for p in pairs if p[1] == 2] if pins.offload_params else pairs
 

@@ -55,7 +55,7 @@ class MixedStats:
 
 def _rows(model: ModelSpec, mixed: MixedHardware, job: TrainingJob, pins: Pins) -> Rows:
     rows = skeleton_rows(model, mixed.parts[0].profile, mixed.cluster, job, pins, Counter(), Counter())
-    rows = zero_variants(rows, zero_offload_options(pins))
+    rows = zero_variants(rows, zero_offload_options(pins, job.framework))
     a2a = pins.cp_comm == "a2a"
     rows["cp_comm"] = np.full(_count(rows), int(a2a), dtype=np.int64)
     if a2a:

@@ -142,7 +142,12 @@ def _swap_layers(m, c, j, b):
 
 
 def _offload_params(m, c, j, b):
-    return b.offload_params & ((b.zero_stage < 3) | ~b.offload_optimizer)
+    return b.offload_params & ((b.zero_stage < 3) | ~b.offload_optimizer | (j.framework == "megatron"))
+
+
+def _offload_fraction(m, c, j, b):
+    f = b.offload_fraction
+    return ~np.isfinite(f) | (f <= 0.0) | (f > 1.0) | ((f < 1.0) & (~b.offload_optimizer | b.offload_params))
 
 
 def _full_batch(m, c, j, b):
@@ -168,8 +173,11 @@ RULES: dict[str, tuple[Rule, str]] = {
     "recompute modules": (_recompute_modules, "Megatron's mla_up_proj recompute needs multi-latent attention and "
                           "moe_act needs MoE layers"),
     "offload needs zero": (_offload, "optimizer offload needs ZeRO stage 1 or more"),
-    "parameter offload": (_offload_params, "parameter offload needs ZeRO stage 3 and the optimizer offloaded "
-                          "(ZeRO-Infinity, FSDP2 CPU offload)"),
+    "offload fraction": (_offload_fraction, "an optimizer offload fraction lies in (0, 1] and below 1 goes with the "
+                         "optimizer offloaded and the parameters on the device"),
+    "parameter offload": (_offload_params, "parameter offload needs ZeRO stage 3, the optimizer offloaded and a "
+                          "framework that has it (DeepSpeed's ZeRO-Infinity as pytorch, torchtitan, mindspore; not "
+                          "megatron)"),
     "recompute layers": (_recompute_layers, "recomputed-layer counts need full recomputation (or selective with "
                          "framework mindspore), at least one layer, and at most the layers of a stage"),
     "micro-batch copies": (_micro_batch_copies, "multi-copy parallelism needs the copies (at least 1) to divide the "
@@ -226,7 +234,9 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "recompute modules": f"recompute_modules = {', '.join(j.selective_modules)}, model {m.name}",
         "sequence parallel needs tp": f"tp = {s.tp}",
         "offload needs zero": f"zero = {s.zero_stage}",
-        "parameter offload": f"zero = {s.zero_stage}, offload_optimizer = {s.offload_optimizer}",
+        "offload fraction": f"offload_fraction = {s.offload_fraction}, offload_optimizer = {s.offload_optimizer}, "
+                            f"offload_params = {s.offload_params}",
+        "parameter offload": f"zero = {s.zero_stage}, offload_optimizer = {s.offload_optimizer}, framework = {j.framework}",
         "positive degrees": f"dp = {s.dp}, tp = {s.tp}, pp = {s.pp}, cp = {s.cp}, ep = {s.ep}",
         "recompute layers": f"recompute = {s.recompute}, recompute_layers = {s.recompute_layers}",
         "micro-batch copies": f"copies = {s.micro_batch_copies}, micro-batch size = {s.micro_batch_size}",

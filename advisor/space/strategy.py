@@ -46,6 +46,10 @@ class Strategy:
     pipeline_schedule: str = "1f1b"
     stage_layers: tuple[int, ...] | None = None   # None: even split
     offload_optimizer: bool = False
+    # The share of the optimizer states (and of its update) kept on the host when the optimizer is
+    # offloaded; the rest stays on the device (Megatron's --optimizer-offload-fraction, DeepSpeed's
+    # offload_optimizer.ratio).
+    offload_fraction: float = 1.0
     # Parameter offload (ZeRO-Infinity's offload_param, FSDP2's CPUOffloadPolicy): the sharded weights
     # and gradients live in host memory and cross PCIe every micro-batch; needs ZeRO-3 and the
     # optimizer offloaded (advisor.cost.step).
@@ -143,8 +147,11 @@ class StrategyBatch:
     swap_layers: np.ndarray | None = None          # (N, P) layers swapped per stage; None: all 0
     full_batch: np.ndarray | None = None           # bool; None: all sharded
     offload_params: np.ndarray | None = None       # bool; None: none
+    offload_fraction: np.ndarray | None = None     # None: all 1
 
     def __post_init__(self) -> None:
+        if self.offload_fraction is None:
+            object.__setattr__(self, "offload_fraction", np.ones(len(self.dp)))
         if self.offload_params is None:
             object.__setattr__(self, "offload_params", np.zeros(len(self.dp), dtype=bool))
         if self.full_batch is None:
@@ -196,6 +203,7 @@ class StrategyBatch:
             swap_layers=swapped,
             full_batch=np.array([s.full_batch for s in strategies], dtype=bool),
             offload_params=np.array([s.offload_params for s in strategies], dtype=bool),
+            offload_fraction=np.array([s.offload_fraction for s in strategies], dtype=float),
         )
 
     def take(self, index) -> "StrategyBatch":
@@ -232,4 +240,5 @@ class StrategyBatch:
             swap_layers=tuple(int(x) for x in self.swap_layers[i, :pp]) if self.swap_layers[i, :pp].any() else None,
             full_batch=bool(self.full_batch[i]),
             offload_params=bool(self.offload_params[i]),
+            offload_fraction=float(self.offload_fraction[i]),
         )
