@@ -106,9 +106,10 @@ def estimate_cmd(
     if route("estimate", dict(locals())):
         return
     if wants_recsys(model, plan):
-        if full_batch:
-            raise AdvisorError("--full-batch: recommendation models read their samples data parallel (each worker "
-                               "its share of the batch)")
+        if full_batch or offload_params or offload_fraction != 1.0:
+            raise AdvisorError("--full-batch, --offload-params and --offload-fraction are transformer settings; a "
+                               "recommendation model's tables are placed by --ps-mode (replicated, sharded, host, "
+                               "servers)")
         return estimate_recsys_cmd(model, hardware, nodes, devices, gbs, dtype, plan, ps_mode, ps_servers, ps_async,
                                    as_json)
     if ps_mode not in (None, "none") or ps_servers is not None or ps_async:

@@ -101,7 +101,7 @@ def test_cli_estimate_full_batch(tmp_path):
     assert with_full["input_read_gb_per_step"] == pytest.approx(dp * base["input_read_gb_per_step"])
     # refused where nothing reads the whole batch
     for extra, words in ((["--model", "llama3-8b", "--framework", "megatron", "--tp", "2"], "full_batch) is MindSpore's"),
-                         (["--model", "dlrm-criteo-1tb"], "recommendation models read")):
+                         (["--model", "dlrm-criteo-1tb"], "transformer settings")):
         bad = runner.invoke(app, ["estimate", "--hardware", "dgx-a100-80g", "--nodes", "2", "--full-batch", *extra])
         assert isinstance(bad.exception, AdvisorError) and words in str(bad.exception), bad.output
     r = runner.invoke(app, ["estimate", "--model", "llama3-8b", "--hardware", "dgx-a100-80g:1,dgx-h100:1",

@@ -39,8 +39,10 @@ def test_shards_move_to_the_host_and_cross_pcie_each_micro_batch():
     wb, gb, _ = state_bytes_per_param(JOB)
     shard = (off.memory_gib.parameters / wb) * GIB          # parameters per device (the ZeRO-3 shard)
     assert off.memory_gib.gradients == pytest.approx(shard * gb / GIB)
-    # the step pays only what the transfers cannot hide: here they hide under the compute ...
-    assert on.time_s["offload"] == pytest.approx(off.time_s["offload"] - shard * (gb + wb) / (H100.host.pcie_bandwidth_gbps * 1e9))
+    # the step pays only what the transfers cannot hide: here they hide under the compute, and the
+    # updated weights no longer go back after the host's step (DeepSpeed's optimizer offload already
+    # sends each micro-batch's gradients under its backward) ...
+    assert on.time_s["offload"] == pytest.approx(off.time_s["offload"] - shard * wb / (H100.host.pcie_bandwidth_gbps * 1e9))
     # ... but not on a short step (sequence 512): per micro-batch, transfers minus compute
     short = replace(JOB, seq_length=512)
     e = estimate(MODEL, H100, CLUSTER, short, replace(BASE, offload_params=True, cp=1, dp=8, num_micro_batches=8))
@@ -168,3 +170,62 @@ def test_vectorized_and_scalar_estimates_agree_with_offload():
         assert one.step_time_s == pytest.approx(float(e.step_time_s[i]), rel=1e-12)
         assert one.memory_gib.total * GIB == pytest.approx(float(e.memory.total[i]), rel=1e-12)
         assert one.host_optimizer_gib * GIB == pytest.approx(float(e.memory.host_optimizer[i]), rel=1e-12)
+
+
+def test_skeletons_said_not_to_fit_have_no_variant_that_fits_with_parameter_offload():
+    """One replica (dp x cp = 1): the fetched layers of parameter offload can outweigh a one-layer
+    stage's own weights, so 'may fit' tries every lone ZeRO/offload pair (framework pytorch)."""
+    from collections import Counter
+
+    import numpy as np
+
+    from advisor.cost.estimate import estimate_batch
+    from advisor.search import enumerate as en
+    from advisor.specs.hardware import hardware_from_dict
+    from advisor.specs.model import model_from_dict
+
+    m = model_from_dict({"name": "deep", "source": "test", "num_layers": 8, "hidden_size": 8192,
+                         "num_attention_heads": 64, "num_kv_heads": 8, "ffn_hidden_size": 28672, "vocab_size": 1000,
+                         "seq_length": 512}, "test")
+    raw = load_hardware("dgx-a100-80g").raw
+    hw = hardware_from_dict({**raw, "device": {**raw["device"], "memory_gib": 4.0}}, "small")
+    cluster = Cluster.of(hw, devices=8)
+    job = TrainingJob(global_batch_size=8, seq_length=512, framework="pytorch")
+    rows = en.skeleton_rows(m, hw, cluster, job, Pins(), Counter(), Counter())
+    options = en.zero_offload_options(Pins(), job.framework)
+    _, may_fit = en.bound_skeletons(m, hw, cluster, job, rows, options)
+    full = en.mesh_variants(en.zero_variants({**rows, "row": np.arange(len(rows["dp"]))}, options), hw, Pins(), m)
+    wrongly_pruned = fitting = 0
+    for idx in en.chunks_by_pp(full):
+        part = en._take(full, idx)
+        fits = estimate_batch(m, hw, cluster, job, en.to_batch(m, job, part)).fits
+        fitting += int(fits.sum())
+        wrongly_pruned += int((fits & ~may_fit[part["row"]]).sum())
+    assert fitting > 0 and wrongly_pruned == 0
+
+
+def test_new_flags_are_refused_or_applied_where_they_are_not_priced(tmp_path):
+    def refused(args, words):
+        r = runner.invoke(app, args)
+        assert isinstance(r.exception, AdvisorError) and words in str(r.exception), r.output
+
+    refused(["estimate", "--model", "wide-deep-criteo", "--hardware", "dgx-a100-80g", "--nodes", "1",
+             "--offload-params"], "transformer settings")
+    refused(["estimate", "--model", "hat-supernet", "--hardware", "dgx-a100-80g", "--devices", "4", "--pp", "2",
+             "--offload-fraction", "0.5"], "--offload-fraction is not available for a supernet")
+    refused(["estimate", "--model", "llama3-8b", "--hardware", "dgx-a100-80g:1,dgx-h100:1", "--tp", "8", "--pp", "2",
+             "--offload-fraction", "0.5"], "--offload-fraction is not available on a mixed cluster")
+    # a fraction is Megatron's and (ZeRO-3) DeepSpeed's only
+    fraction = replace(BASE, zero_stage=1, offload_fraction=0.5)
+    for framework in ("torchtitan", "mindspore"):
+        assert any("offload fraction" in v for v in violations(MODEL, CLUSTER, replace(JOB, framework=framework),
+                                                                 fraction))
+    assert any("offload fraction" in v for v in violations(MODEL, CLUSTER, JOB, fraction))      # pytorch, ZeRO-1
+    assert violations(MODEL, CLUSTER, JOB, replace(fraction, zero_stage=3)) == []
+    # --plan: the flag prices the plan's strategy with it
+    out = tmp_path / "p.json"
+    assert runner.invoke(app, ["recommend", "--model", "llama3-8b", "--hardware", "dgx-a100-80g", "--nodes", "1",
+                               "--global-batch", "32", "--seq-len", "4096", "--offload", "--out", str(out)]).exit_code == 0
+    base = json.loads(runner.invoke(app, ["estimate", "--plan", str(out), "--json"]).output)
+    half = json.loads(runner.invoke(app, ["estimate", "--plan", str(out), "--offload-fraction", "0.5", "--json"]).output)
+    assert half["host_optimizer_gib"] == pytest.approx(base["host_optimizer_gib"] * 0.5 / 0.25)

@@ -131,6 +131,10 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
             job = replace(job, **({"pue": site["pue"]} if grid_intensity is None else site))
         inputs = Inputs(p.model, p.hardware, p.cluster, replace(job, comm_priority=job.comm_priority or comm_priority))
         strategy = replace(p.strategy, full_batch=True) if full_batch else p.strategy
+        if offload_params or offload_fraction != 1.0:       # the plan's strategy with the offload asked for
+            strategy = replace(strategy, offload_params=strategy.offload_params or offload_params,
+                               offload_fraction=_fraction(offload_fraction) if offload_fraction != 1.0
+                               else strategy.offload_fraction)
         title = f"{p.model.name} on {p.cluster.devices} x {p.hardware.device.name} ({p.hardware.name}), plan {plan}"
     else:
         if model is None or hardware is None:

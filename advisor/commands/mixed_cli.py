@@ -26,7 +26,7 @@ def _pins(o: dict[str, Any]) -> Pins:
                 zero_stage=o.get("zero"), recompute=o.get("recompute"), micro_batch_size=o.get("mbs"),
                 virtual_pipeline_stages=o.get("vpp"), pipeline_schedule=o.get("schedule"),
                 sequence_parallel=o.get("sequence_parallel"), offload_optimizer=o.get("offload"),
-                cp_comm=o.get("cp_comm"))
+                cp_comm=o.get("cp_comm"), offload_params=o.get("offload_params"))
 
 
 def _inputs(o: dict[str, Any]):
@@ -64,6 +64,8 @@ def estimate_mixed_cmd(given: dict[str, Any]) -> None:
         raise AdvisorError("--copies is not available on a mixed cluster (--hardware PROFILE:NODES,...)")
     if o.get("full_batch"):
         raise AdvisorError("--full-batch is not available on a mixed cluster (--hardware PROFILE:NODES,...)")
+    if o.get("offload_fraction", 1.0) != 1.0:
+        raise AdvisorError("--offload-fraction is not available on a mixed cluster (--hardware PROFILE:NODES,...)")
     from advisor.commands.mixed import estimate_plan, recommend_mixed, refuse_unsupported
     from advisor.plan import load_plan
     from advisor.render.mixed import render_mixed_estimate

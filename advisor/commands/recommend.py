@@ -241,7 +241,7 @@ def fits_somewhere(model, hardware, cluster, job, pins: Pins, searcher: str = "e
     return len(check(model, hardware, cluster, job, pins, 1, None).finalists) > 0
 
 
-def relaxed_pins(pins: Pins) -> list[tuple[str, Pins]]:
+def relaxed_pins(pins: Pins, framework: str | None = None) -> list[tuple[str, Pins]]:
     """Single pinned choices changed toward less memory, cheapest first: (flag text, new pins)."""
     out: list[tuple[str, Pins]] = []
     if pins.zero_stage is not None:
@@ -255,8 +255,9 @@ def relaxed_pins(pins: Pins) -> list[tuple[str, Pins]]:
         out.append(("--mbs 1", replace(pins, micro_batch_size=1)))
     if pins.offload_optimizer is False:
         out.append(("--offload", replace(pins, offload_optimizer=True)))
-    if pins.offload_params is False:
-        out.append(("--offload-params", replace(pins, offload_params=True, offload_optimizer=None, zero_stage=None)))
+    if pins.offload_params is False and framework != "megatron":      # Megatron-LM has none
+        out.append(("--offload-params (it sets --zero 3 and the optimizer offloaded)",
+                    replace(pins, offload_params=True, offload_optimizer=None, zero_stage=None)))
     for name in ("tp", "pp", "cp", "ep", "dp", "virtual_pipeline_stages", "pipeline_schedule"):
         value = getattr(pins, name)
         if value is not None:
@@ -300,7 +301,7 @@ def smallest_cluster(model, hardware, cluster, job, pins: Pins, searcher: str = 
 def closest_changes(model, hardware, cluster, job, pins: Pins, searcher: str = "enumerate") -> list[str]:
     """The smallest changes under which something fits, as flag text: relaxed pins first, then the
     smallest cluster that is enough with the same pins."""
-    changes = [text for text, relaxed in relaxed_pins(pins)
+    changes = [text for text, relaxed in relaxed_pins(pins, job.framework)
                if fits_somewhere(model, hardware, cluster, job, relaxed, searcher)]
     changes = _first_per_knob(changes)
     bigger = smallest_cluster(model, hardware, cluster, job, pins, searcher)

@@ -42,6 +42,8 @@ def features(strategy: Strategy) -> set[str]:
         out.add("cp-a2a")
     if strategy.offload_optimizer:
         out.add("offload")
+    if strategy.offload_params:
+        out.add("offload-params")
     return out
 
 

@@ -63,6 +63,7 @@ class Estimate:
     devices: int = 0
     confidence: Confidence | None = None     # parts outside the profile's calibrated region
     input_read_gb_per_step: float | None = None   # the cluster's reads of training samples (advisor.cost.dataset)
+    host_params_gib: float = 0.0                  # offloaded weight and gradient shards per device (offload_params)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,6 +127,7 @@ def from_batch(e: EstimateBatch, i: int, model: ModelSpec, hw: HardwareProfile, 
         capacity_gib=capacity,
         activation_gib_per_microbatch=float(e.memory.activation_per_microbatch[i]) / GIB,
         host_optimizer_gib=float(e.memory.host_optimizer[i]) / GIB,
+        host_params_gib=float(e.memory.host_params[i]) / GIB if e.memory.host_params is not None else 0.0,
         time_s=times,
         step_time_s=step,
         tokens_per_s=tps,

@@ -110,7 +110,7 @@ def estimate_mixed(model: ModelSpec, mixed: MixedHardware, job: TrainingJob, str
     mem = float(e.memory_bytes[0]) / GIB
     if not bool(e.fits[0]):
         reasons.append(f"needs {mem:.1f} GiB per device on {fullest.profile.name}, which has "
-                       f"{fullest.profile.device.memory_gib:g} GiB (or its host cannot hold the offloaded optimizer)")
+                       f"{fullest.profile.device.memory_gib:g} GiB (or its host cannot hold what is offloaded)")
     times = {k: float(v[0]) for k, v in e.time_s.items()}
     tps = float(e.tokens_per_s[0])
     train_s = cost = None

@@ -19,7 +19,7 @@ from advisor.cost import bubble, comm, compute, contention, dataset, multi_copy,
 from advisor.cost.data_parallel import dp_time_s
 from advisor.cost.layer_comm import layer_comm
 from advisor.cost.memory import (GIB, MemoryArrays, col, linear_params, memory, stage_layer_counts, stage_masks, stage_params,
-                                 state_bytes_per_param, swapped_layer_bytes)
+                                 resharding, state_bytes_per_param, swapped_layer_bytes)
 from advisor.cost.placement import cp_ring_tier, pipeline_neighbour_tier, placements
 from advisor.space.strategy import INTERLEAVED, SCHEDULES, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
@@ -240,8 +240,14 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     # HybridDeviceOptimizer, DeepSpeed's offload ratio), the device steps its share while the host
     # copies and steps the rest (HybridDeviceOptimizer.step: the GPU optimizer's kernels are queued
     # first, the CPU optimizers run meanwhile): only what the host part takes beyond the device part shows.
-    host_part = host_share * local * (compute.ADAM_BYTES_PER_PARAM * hw.node.devices_per_node / host_bw
-                                      + np.where(b.offload_params, 0.0, (gb + wb) / pcie))
+    # Megatron's HybridDeviceOptimizer copies the gradients down at the step; DeepSpeed's ZeRO-Offload
+    # copies each micro-batch's gradients as the backward produces them (Ren et al. sec. 4.2: the
+    # transfer overlaps the backward), so only what outlasts a backward shows. The updated 16-bit
+    # weights go back after the host's step in both.
+    down = local * gb / pcie
+    grads_s = np.where(job.framework == "megatron", down, m * np.maximum(down - at_slowest(bwd), 0.0))
+    host_part = host_share * (local * compute.ADAM_BYTES_PER_PARAM * hw.node.devices_per_node / host_bw
+                              + np.where(b.offload_params, 0.0, grads_s + local * wb / pcie))
     offload_s = np.maximum(host_part - opt_s, 0.0)
     # Parameter offload (ZeRO-Infinity, Rajbhandari et al. SC'21, sec. 5-6; FSDP2's CPUOffloadPolicy):
     # every micro-batch each layer's weight shard crosses PCIe before its gather, in the forward and
@@ -250,7 +256,10 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     # share the host's memory bandwidth.
     shard_bytes = local * (2.0 * wb + gb)
     shard_s = np.maximum(shard_bytes / pcie, shard_bytes * hw.node.devices_per_node / host_bw)
-    offload_s = offload_s + np.where(b.offload_params, m * np.maximum(shard_s - at_slowest(comp), 0.0), 0.0)
+    # FSDP2 under pipelining keeps the gathered weights for the step (advisor.cost.memory.resharding):
+    # the shards cross once per step there
+    fetches = np.where(resharding(job, b), m, 1.0)
+    offload_s = offload_s + np.where(b.offload_params, fetches * np.maximum(shard_s - at_slowest(comp), 0.0), 0.0)
     # FP8: the linear layers' weights are quantized once per step (cached across micro-batches)
     weight_cast = compute.weight_cast_s(hw, job, np.max(np.where(active, sum(linear_params(model, b)), 0.0), axis=1))
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from advisor.errors import AdvisorError
+from advisor.render.breakdown import offload_knob
 
 if TYPE_CHECKING:  # pragma: no cover
     from advisor.plan import Plan
@@ -190,7 +191,7 @@ _DETAILS: tuple[tuple[str, Callable], ...] = (
     ("virtual stages", lambda s: f"vpp{s.virtual_pipeline_stages}"),
     ("sequence parallel", lambda s: "sp" if s.sequence_parallel else "no-sp"),
     ("schedule", lambda s: s.pipeline_schedule),
-    ("offload", lambda s: "offload" if s.offload_optimizer else "no-offload"),
+    ("offload", lambda s: ("offload" + offload_knob(s)) if s.offload_optimizer else "no-offload"),
     ("cp communication", lambda s: f"cp-{s.cp_comm}"),
     ("recomputed layers", lambda s: f"rc-layers {s.recompute_layers}"),
     ("stage layers", lambda s: "layers " + "/".join(map(str, s.stage_layers or ()))),

@@ -101,6 +101,15 @@ def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job
             if todo.any():
                 other = _take(_with_lean_memory(part, options, pair), todo)
                 fits[todo] = memory(model, job, to_batch(model, job, other)).total <= capacity
+        # one replica: parameter offload's fetched layers can outweigh a small stage's own weights,
+        # so the other lone pairs are tried too
+        for z, o in _lone_options(options)[:-1]:
+            todo = ~fits & (part["dp"] * part["cp"] == 1)
+            if todo.any():
+                other = {**_take(part, todo)}
+                other["zero"] = np.full(int(todo.sum()), z, dtype=np.int64)
+                other["offload"] = np.full(int(todo.sum()), o, dtype=np.int64)
+                fits[todo] = memory(model, job, to_batch(model, job, other)).total <= capacity
         lower[idx] = bound_step_s(e)
         may_fit[idx] = fits
     return lower, may_fit

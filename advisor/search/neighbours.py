@@ -41,7 +41,8 @@ def knob_changes(s: Strategy) -> list[tuple[str, str, Strategy]]:
     if not s.offload_params:
         text = "--offload-params" + (" --zero 3" if s.zero_stage != 3 else "") + ("" if s.offload_optimizer else
                                                                                   " --offload-optimizer")
-        out.append(("offload_params", text, replace(s, zero_stage=3, offload_optimizer=True, offload_params=True)))
+        out.append(("offload_params", text, replace(s, zero_stage=3, offload_optimizer=True, offload_params=True,
+                                                   offload_fraction=1.0)))
     # Twice the model-parallel degree over half the data-parallel replicas (same devices, same global
     # batch: twice the micro-batches per replica); illegal layouts are dropped by advisor.space.rules.
     if s.dp % 2 == 0:

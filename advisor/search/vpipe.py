@@ -166,7 +166,8 @@ def repartition(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tr
     tried, owner = [], []
     for i in rows:
         s = strategies[i]
-        for start in [s] + ([replace(s, offload_optimizer=False, offload_params=False)] if s.offload_optimizer else []):
+        for start in [s] + ([replace(s, offload_optimizer=False, offload_params=False, offload_fraction=1.0)]
+                             if s.offload_optimizer else []):
             repartitioned = memory_aware_strategy(model, hw, job, start) if s.recompute != "selective" else None
             for alt in (repartitioned, swap_strategy(model, hw, job, start)):
                 if alt is not None and alt != s:

@@ -146,8 +146,11 @@ def _offload_params(m, c, j, b):
 
 
 def _offload_fraction(m, c, j, b):
+    """A share below 1 exists in Megatron-LM (--optimizer-offload-fraction) and DeepSpeed (ratio,
+    ZeRO-3 only: framework pytorch); FSDP2 and MindSpore offload all of the optimizer or none."""
     f = b.offload_fraction
-    return ~np.isfinite(f) | (f <= 0.0) | (f > 1.0) | ((f < 1.0) & (~b.offload_optimizer | b.offload_params))
+    has_it = (j.framework == "megatron") | ((j.framework == "pytorch") & (b.zero_stage == 3))
+    return ~np.isfinite(f) | (f <= 0.0) | (f > 1.0) | ((f < 1.0) & (~b.offload_optimizer | b.offload_params | ~has_it))
 
 
 def _full_batch(m, c, j, b):
@@ -174,7 +177,8 @@ RULES: dict[str, tuple[Rule, str]] = {
                           "moe_act needs MoE layers"),
     "offload needs zero": (_offload, "optimizer offload needs ZeRO stage 1 or more"),
     "offload fraction": (_offload_fraction, "an optimizer offload fraction lies in (0, 1] and below 1 goes with the "
-                         "optimizer offloaded and the parameters on the device"),
+                         "optimizer offloaded, the parameters on the device and a framework that has it (megatron, "
+                         "or pytorch with ZeRO-3)"),
     "parameter offload": (_offload_params, "parameter offload needs ZeRO stage 3, the optimizer offloaded and a "
                           "framework that has it (DeepSpeed's ZeRO-Infinity as pytorch, torchtitan, mindspore; not "
                           "megatron)"),
@@ -235,7 +239,7 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "sequence parallel needs tp": f"tp = {s.tp}",
         "offload needs zero": f"zero = {s.zero_stage}",
         "offload fraction": f"offload_fraction = {s.offload_fraction}, offload_optimizer = {s.offload_optimizer}, "
-                            f"offload_params = {s.offload_params}",
+                            f"offload_params = {s.offload_params}, framework = {j.framework}, zero = {s.zero_stage}",
         "parameter offload": f"zero = {s.zero_stage}, offload_optimizer = {s.offload_optimizer}, framework = {j.framework}",
         "positive degrees": f"dp = {s.dp}, tp = {s.tp}, pp = {s.pp}, cp = {s.cp}, ep = {s.ep}",
         "recompute layers": f"recompute = {s.recompute}, recompute_layers = {s.recompute_layers}",
