@@ -124,3 +124,19 @@ def test_plan_key_refused_where_it_is_not_priced(tmp_path):
         data["training"]["framework"] = "mindspore"          # past the framework rule: the layout refuses it
         with pytest.raises(AdvisorError, match="full_batch"):
             plan_from_dict(data, "edited")
+
+
+def test_megatron_attention_mask_in_the_loader(inputs):
+    """Megatron's loader builds an s x s boolean mask per sample unless told not to: the export turns it
+    off for fused attention (what the cost model prices), and unfused attention pays for it."""
+    flash = replace(inputs.job, attention="flash")
+    math = replace(inputs.job, attention="math")
+    assert dataset.sample_bytes(math) - dataset.sample_bytes(flash) == 4096 ** 2
+    from _export_plans import plans
+
+    attention = set()
+    for name, plan in plans().items():
+        args = export_plan(plan, "megatron").files["megatron_pretrain_gpt.sh"]
+        assert ("--no-create-attention-mask-in-dataloader" in args) == (plan.training.attention == "flash"), name
+        attention.add(plan.training.attention)
+    assert attention == {"flash", "math"}

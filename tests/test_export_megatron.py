@@ -88,6 +88,7 @@ MEGATRON_FLAGS: dict[str, tuple] = {
     # _add_data_args / _add_tokenizer_args
     "--seq-length": (int, None),
     "--mock-data": (None, None),
+    "--no-create-attention-mask-in-dataloader": (None, None),     # store_false, dest create_attention_mask_in_dataloader
     "--vocab-size": (int, None),
     "--tokenizer-type": (str, ("BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer",
                                "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "HuggingFaceTokenizer",

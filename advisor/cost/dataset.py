@@ -13,8 +13,9 @@
 What a sample weighs and who reads it follow the framework:
 
 * Megatron-LM: GPTDataset.__getitem__ (megatron/core/datasets/gpt_dataset.py) returns tokens and
-  labels as int64, loss_mask as float32 and position_ids as int64, seq_length each (the s x s
-  attention mask is left out: flash-attention runs pass --no-create-attention-mask-in-dataloader);
+  labels as int64, loss_mask as float32 and position_ids as int64, seq_length each, and with
+  unfused attention the s x s boolean attention mask (Megatron builds it by default; advisor's
+  export passes --no-create-attention-mask-in-dataloader for fused attention, which takes none);
   only tensor-parallel rank 0 of the first and last pipeline stages reads (get_batch returns nothing
   on the middle stages; get_batch_on_this_tp_rank broadcasts to the other tensor-parallel ranks),
   each context-parallel rank its dp shard's whole sequences (then its slice).
@@ -47,7 +48,10 @@ PREFETCHED = 2.0           # the batch in use and the next one
 def sample_bytes(job: TrainingJob) -> float:
     """Bytes of one sample as the framework's loader hands it over (module docstring)."""
     if job.framework == "megatron":
-        return job.seq_length * (8.0 + 8.0 + 4.0 + 8.0)
+        # with unfused attention the loader also builds the s x s boolean mask (the export turns it
+        # off for fused attention: --no-create-attention-mask-in-dataloader)
+        mask = float(job.seq_length) ** 2 if job.attention != "flash" else 0.0
+        return job.seq_length * (8.0 + 8.0 + 4.0 + 8.0) + mask
     if job.framework == "mindspore":
         return (job.seq_length + 1) * TOKEN_BYTES
     return job.seq_length * (8.0 + 8.0)

@@ -242,6 +242,10 @@ def megatron_launch(plan: Plan, target_version: str | None = None) -> MegatronLa
     notes.append("learning-rate flags in OPTIMIZER_ARGS are placeholders: the plan does not choose hyper-parameters")
 
     launch.groups["DATA_ARGS"] = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(m.vocab_size)]
+    if j.attention == "flash":
+        # fused attention takes no mask: do not build the s x s one per sample (advisor.cost.dataset
+        # prices the samples without it; Megatron builds it unless told not to)
+        launch.groups["DATA_ARGS"].append("--no-create-attention-mask-in-dataloader")
     notes.append("DATA_ARGS trains on mock data: replace with --data-path, --split and your tokenizer")
     launch.groups["LOGGING_ARGS"] = ["--log-interval", "10", "--log-throughput", "--eval-iters", "0"]
     return launch
