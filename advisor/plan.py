@@ -179,15 +179,8 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
         swap_layers=_swap_layers(data, o, f.positive_int(data, "pp", o)),
         full_batch=f.boolean(data, "full_batch", o, default=False),
         offload_params=f.boolean(data, "offload_params", o, default=False),
-        offload_fraction=_fraction(data, o),
+        offload_fraction=f.fraction(data, "offload_fraction", o, default=1.0),
     )
-
-
-def _fraction(data: dict[str, Any], o: str) -> float:
-    value = data.get("offload_fraction", 1.0)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
-        raise AdvisorError(f"{o}: key 'offload_fraction' must be a number in (0, 1], got {prefix(value)}")
-    return float(value)
 
 
 def _swap_layers(data: dict[str, Any], o: str, pp: int) -> tuple[int, ...] | None:

@@ -205,3 +205,24 @@ def test_unexpressible_features_are_reported(exported):
     assert "gpipe" in unsupported("gpt3_gpipe_fp16")
     assert "cp = 4" in unsupported("llama8b_cp_zero3_offload")
     assert exported["llama8b_dp_drec"][1].unsupported == ()
+
+
+def test_deepspeed_parses_parameter_offload_and_the_offload_ratio(monkeypatch):
+    """offload_param and offload_optimizer.ratio (ZeRO-3) as DeepSpeed's own config classes read them."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    from _export_plans import make_plan
+
+    _patch_rank(monkeypatch)
+    parallel = {"dp": 8, "tp": 1, "pp": 1, "micro_batch_size": 1, "num_micro_batches": 4, "zero_stage": 3,
+                "offload_optimizer": True}
+    for extra, check in (({"offload_params": True}, "param"), ({"offload_fraction": 0.25}, "ratio")):
+        plan = make_plan("llama3-8b", "dgx-a100-80g", 1, {**parallel, **extra}, global_batch_size=32,
+                         seq_length=4096, framework="pytorch")
+        parsed = DeepSpeedConfig(_config(export_plan(plan, "deepspeed")), mpu=_MPU(8))
+        zero = parsed.zero_config
+        if check == "param":
+            assert zero.offload_param is not None and zero.offload_param.device == "cpu"
+        else:
+            assert zero.offload_optimizer.ratio == pytest.approx(0.25)

@@ -149,7 +149,7 @@ def test_offload_fraction_splits_the_optimizer_between_host_and_device(tmp_path)
     assert "--optimizer-offload-fraction 0.25\n" in export_plan(plan, "megatron").files["megatron_pretrain_gpt.sh"]
     assert any(u.startswith("parallel.offload_fraction = 0.25") for u in export_plan(plan, "deepspeed").unsupported)
     bad = {**plan_to_dict(plan), "parallel": {**plan_to_dict(plan)["parallel"], "offload_fraction": 0}}
-    with pytest.raises(AdvisorError, match="key 'offload_fraction' must be a number in \\(0, 1\\]"):
+    with pytest.raises(AdvisorError, match="key 'offload_fraction' must be a positive number"):
         plan_from_dict(bad, "edited")
     flag = runner.invoke(app, ["estimate", "--model", "llama3-8b", "--hardware", "dgx-a100-80g", "--nodes", "1",
                                "--offload-optimizer", "--zero", "1", "--offload-fraction", "2"])

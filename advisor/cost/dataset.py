@@ -42,7 +42,10 @@ from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import TrainingJob
 
 TOKEN_BYTES = 4.0          # int32 token ids (MindSpore)
-PREFETCHED = 2.0           # the batch in use and the next one
+# the batch in use and the next one (MindFormers' templates: train_dataset prefetch_size 1, one batch
+# ahead); the PyTorch loaders prefetch into host memory and copy one micro-batch at a time, so for
+# them twice is an upper bound of what the device holds
+PREFETCHED = 2.0
 
 
 def sample_bytes(job: TrainingJob) -> float:

@@ -264,7 +264,8 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     weight_cast = compute.weight_cast_s(hw, job, np.max(np.where(active, sum(linear_params(model, b)), 0.0), axis=1))
 
     # the input pipeline's host-to-device copies, where they outlast the step they run under
-    input_s = dataset.exposed_s(hw, job, b, pipe_s + pp_s + dp_s + contention_s + opt_s + offload_s + weight_cast)
+    step = pipe_s + pp_s + dp_s + contention_s + opt_s + offload_s + weight_cast
+    input_s = dataset.exposed_s(hw, job, b, step)
     time_s = {
         "compute": at_slowest(comp) * m + weight_cast,
         "recompute": at_slowest(recompute_s) * m,
@@ -279,7 +280,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
         "optimizer": opt_s,
         "offload": offload_s + at_slowest(swap_s) * m,     # optimizer offload, and activation swapping
     }
-    step = pipe_s + pp_s + dp_s + contention_s + opt_s + offload_s + weight_cast + input_s
+    step = step + input_s
 
     tokens = job.tokens_per_step
     model_flops = model.training_flops_per_token(job.seq_length) * tokens

@@ -71,7 +71,7 @@ def bucket_variants(b: StrategyBatch) -> tuple[StrategyBatch, np.ndarray]:
     return _concat(parts, b), np.tile(rows, len(BUCKET_CHOICES_MB))
 
 
-OFFLOAD_FRACTIONS = (0.25, 0.5, 0.75)
+OFFLOAD_FRACTIONS = (0.25, 0.5, 0.75)     # a search grid (method choice), quarters of the states
 
 
 def fraction_variants(b: StrategyBatch) -> tuple[StrategyBatch, np.ndarray]:

@@ -103,7 +103,7 @@ def build_problem(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, key: 
     """The layout problem of a key on the group's default mesh; with user-fixed strategies
     (advisor.search.semi_auto) on the group's finest mesh, checked against the key's graph and
     narrowed to them (AdvisorError naming the operator and dimension when one cannot hold)."""
-    return build_problems(model, hw, job, key, fixed)[0]
+    return build_problems(model, hw, job, key, fixed, two_d=False)[0]
 
 
 def build_problems(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, key: LayoutKey,
