@@ -110,6 +110,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         training["comm_priority"] = True
     if plan.training.recompute_modules is not None:
         training["recompute_modules"] = list(plan.training.recompute_modules)
+    if plan.training.cuda_graphs:
+        training["cuda_graphs"] = list(plan.training.cuda_graphs)
     if plan.target is not None:
         training["target"] = dict(plan.target)
     if plan.training.grid_gco2e_per_kwh is not None or plan.training.pue != DEFAULT_PUE:
@@ -198,11 +200,14 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
     o = f"{origin}: training"
     f.check_keys(data, o, ("global_batch_size", "seq_length"), ("dtype", "optimizer", "train_tokens", "attention", "dropout", "framework",
                                                                 "overlap_grad_reduce", "fp8_recipe", "recompute_modules", "target",
-                                                                "pue", "grid_gco2e_per_kwh", "comm_priority"))
+                                                                "pue", "grid_gco2e_per_kwh", "comm_priority", "cuda_graphs"))
     tokens = data.get("train_tokens")
     modules = data.get("recompute_modules")
     if modules is not None and (not isinstance(modules, list) or not all(isinstance(m, str) for m in modules)):
         raise AdvisorError(f"{o}: key 'recompute_modules' must be a list of names, got {prefix(modules)}")
+    graphs = data.get("cuda_graphs", [])
+    if not isinstance(graphs, list) or not all(isinstance(m, str) for m in graphs):
+        raise AdvisorError(f"{o}: key 'cuda_graphs' must be a list of module names, got {prefix(graphs)}")
     recipe = data.get("fp8_recipe")
     dtype = f.choice(data, "dtype", o, ("fp32", "tf32", "fp16", "bf16", "fp8"), default="bf16")
     if recipe is not None and dtype != "fp8":
@@ -220,6 +225,7 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
         fp8_recipe=None if recipe is None else f.choice(data, "fp8_recipe", o, FP8_RECIPES),
         recompute_modules=None if modules is None else tuple(modules),
         comm_priority=f.boolean(data, "comm_priority", o, default=False),
+        cuda_graphs=tuple(graphs),
         pue=f.positive_float(data, "pue", o, default=DEFAULT_PUE),
         grid_gco2e_per_kwh=(None if data.get("grid_gco2e_per_kwh") is None
                             else f.non_negative_float(data, "grid_gco2e_per_kwh", o)),

@@ -13,7 +13,8 @@ from advisor.specs.model import load_model, model_to_dict
 def make_plan(model: str, hardware: str, nodes: int, parallel: dict, *, devices: int | None = None,
               global_batch_size: int, seq_length: int, dtype: str = "bf16", optimizer: str = "adamw",
               train_tokens: float | None = None, searcher: str = "enumerate", attention: str = "flash",
-              framework: str = "megatron", recompute_modules: list[str] | None = None) -> Plan:
+              framework: str = "megatron", recompute_modules: list[str] | None = None,
+              cuda_graphs: list[str] | None = None) -> Plan:
     hw = load_hardware(hardware)
     training = {"global_batch_size": global_batch_size, "seq_length": seq_length, "dtype": dtype,
                 "optimizer": optimizer, "attention": attention, "framework": framework}
@@ -21,6 +22,8 @@ def make_plan(model: str, hardware: str, nodes: int, parallel: dict, *, devices:
         training["train_tokens"] = train_tokens
     if recompute_modules is not None:
         training["recompute_modules"] = recompute_modules
+    if cuda_graphs is not None:
+        training["cuda_graphs"] = cuda_graphs
     data = {
         "schema_version": 1, "advisor_version": "0.1.0",
         "model": model_to_dict(load_model(model)), "hardware": hw.raw,
@@ -74,6 +77,11 @@ def plans() -> dict[str, Plan]:
             {"dp": 4, "tp": 2, "pp": 2, "micro_batch_size": 2, "num_micro_batches": 4, "zero_stage": 2,
              "recompute": "none", "mesh_order": ["dp", "pp", "cp", "tp"]},
             global_batch_size=32, seq_length=4096, dtype="fp32", optimizer="sgd"),
+        # Megatron-Core's per-layer CUDA graphs over the attention half
+        "llama8b_cuda_graphs_attn": make_plan(
+            "llama3-8b", "dgx-h100", 1,
+            {"dp": 8, "tp": 1, "pp": 1, "micro_batch_size": 1, "num_micro_batches": 4, "zero_stage": 1},
+            global_batch_size=32, seq_length=8192, cuda_graphs=["attn"]),
         # plain data parallel on one node, found by the D-Rec searcher
         "llama8b_dp_drec": make_plan(
             "llama3-8b", "dgx-h100", 1,

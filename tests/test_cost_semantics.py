@@ -70,11 +70,16 @@ def test_fp8_runs_only_the_linear_gemms_in_fp8():
 def test_fp8_scaling_recipes_pay_for_their_casts():
     model = load_model("llama3-8b")
     s = Strategy(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4)
-    times = {r: _layer(model, H100, TrainingJob(global_batch_size=32, seq_length=8192, dtype="fp8", fp8_recipe=r), s).forward_s[0]
-             for r in ("delayed", "tensorwise", "mxfp8")}
-    # current scaling reads the tensor for its amax before casting: the most traffic
+    layers = {r: _layer(model, H100, TrainingJob(global_batch_size=32, seq_length=8192, dtype="fp8", fp8_recipe=r), s)
+              for r in ("delayed", "tensorwise", "mxfp8")}
+    times = {r: lc.forward_s[0] for r, lc in layers.items()}
+    # current scaling reads the tensor for its amax before casting: the most traffic, so the most time
+    # outside the GEMMs; MXFP8's block-scaled GEMMs are slower (7.161/6.812), which can outweigh it, as
+    # in the measured B200 runs where current scaling trains 3-6% faster than MXFP8
+    beyond_gemms = {r: lc.forward_s[0] - lc.linear_forward_s[0] for r, lc in layers.items()}
     assert times["tensorwise"] > times["delayed"]
-    assert times["tensorwise"] > times["mxfp8"]
+    assert beyond_gemms["tensorwise"] > beyond_gemms["mxfp8"] > beyond_gemms["delayed"]
+    assert layers["mxfp8"].linear_forward_s[0] > layers["tensorwise"].linear_forward_s[0]
 
 
 def test_fp8_casts_follow_transformer_engine_kernels():
@@ -144,7 +149,7 @@ def test_causal_attention_does_half_the_work():
     assert c.core_forward_s[0] < 0.6 * f.core_forward_s[0]
     # its own efficiency: the attention core does not run at the GEMM curve's efficiency
     achieved = f.attention_core_flops[0] / f.core_forward_s[0] / H100.device.peak_flops("bf16")
-    assert achieved <= max(y for _, y in H100.device.attention_curve("te"))
+    assert achieved <= max(y for _, y in H100.device.attention_curve("te")) * (1 + 1e-12)    # float rounding
 
 
 def test_attention_share_grows_with_the_sequence():

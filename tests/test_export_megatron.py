@@ -72,6 +72,12 @@ MEGATRON_FLAGS: dict[str, tuple] = {
     "--fp8-param-gather": (None, None),
     "--tp-comm-overlap": (None, None),
     "--grad-reduce-in-bf16": (None, None),
+    # _add_training_args (CUDA graphs)
+    "--cuda-graph-impl": (str, ("none", "local", "transformer_engine")),
+    "--cuda-graph-scope": (str, ("full", "attn", "full_iteration")),
+    "--external-cuda-graph": (None, None),
+    "--enable-cuda-graph": (None, None),
+    "--no-check-for-nan-in-loss-and-grad": (None, None),     # store_false, dest check_for_nan_in_loss_and_grad
     # _add_network_size_args
     "--num-layers": (int, None),
     "--hidden-size": (int, None),
@@ -246,6 +252,30 @@ def test_validate_args_rules(exported):
         assert (a.num_layers, a.hidden_size, a.num_attention_heads) == (m.num_layers, m.hidden_size, m.num_attention_heads)
         if m.num_kv_heads != m.num_attention_heads:
             assert a.group_query_attention and a.num_query_groups == m.num_kv_heads
+
+
+def test_cuda_graphs_map_to_transformer_engine_graphs():
+    from dataclasses import replace
+
+    plan = plans()["llama8b_cuda_graphs_attn"]
+    a = megatron_parser().parse_args(megatron_launch(plan).args())
+    assert (a.cuda_graph_impl, a.cuda_graph_scope, a.external_cuda_graph) == ("transformer_engine", "attn", False)
+    # before 0.15 the TE implementation is --external-cuda-graph (arguments.py at core_v0.14.0)
+    a = megatron_parser().parse_args(megatron_launch(plan, "0.14").args())
+    assert (a.cuda_graph_impl, a.cuda_graph_scope, a.external_cuda_graph) == (None, "attn", True)
+    # scopes the target releases do not have are reported, not written
+    moe = plans()["mixtral_recompute_modules"]
+    moe = replace(moe, training=replace(moe.training, cuda_graphs=("attn", "moe_router")))
+    launch = megatron_launch(moe)
+    assert "--cuda-graph-scope" not in launch.args()
+    assert any("training.cuda_graphs = attn, moe_router" in u for u in launch.unsupported)
+    # one graph per iteration: the local implementation, which validate_args wants without the NaN check
+    whole = replace(plan, training=replace(plan.training, cuda_graphs=("full_iteration",)))
+    a = megatron_parser().parse_args(megatron_launch(whole).args())
+    assert (a.cuda_graph_impl, a.cuda_graph_scope, a.no_check_for_nan_in_loss_and_grad) == ("local", "full_iteration", True)
+    a = megatron_parser().parse_args(megatron_launch(whole, "0.14").args())
+    assert (a.enable_cuda_graph, a.cuda_graph_scope) == (True, "full_iteration")
+    assert "--cuda-graph-scope" not in megatron_launch(whole, "0.13").args()
 
 
 def test_zero_stages_map_to_megatron_sharding():

@@ -53,6 +53,7 @@ BROKEN = {
     "recompute modules": (DENSE, replace(BASE, recompute="selective")),                  # moe_act below, dense model
     "micro-batch copies": (DENSE, replace(BASE, micro_batch_copies=3)),                  # micro-batch of 2
     "gradient bucket": (DENSE, replace(BASE, zero_stage=2, grad_bucket_mb=40.0)),        # ZeRO-2 reduces per unit
+    "cuda graphs": (MOE, replace(BASE, ep=2)),                                           # whole layers, dropless
     "swap layers": (DENSE, replace(BASE, swap_layers=(5, 0))),                           # stage 0 has 4 layers
     "full batch": (DENSE, replace(BASE, full_batch=True)),                                # framework megatron
     "parameter offload": (DENSE, replace(BASE, zero_stage=2, offload_optimizer=True, offload_params=True)),
@@ -64,6 +65,8 @@ ODD_SEQ_RULES = {"sequence parallel divides seq", "cp divides seq"}
 def _job(rule: str) -> TrainingJob:
     if rule == "recompute modules":
         return replace(JOB, recompute_modules=("moe_act",))
+    if rule == "cuda graphs":
+        return replace(JOB, cuda_graphs=("full",))
     return TrainingJob(global_batch_size=16, seq_length=1021) if rule in ODD_SEQ_RULES else JOB
 
 
@@ -122,6 +125,15 @@ def test_megatron_recompute_modules_must_exist_in_the_model():
     assert _masks(DENSE, job, selective)["recompute modules"]
     assert not _masks(DENSE, job, BASE)["recompute modules"]          # no selective recomputation: nothing to check
     assert _masks(MOE, replace(JOB, recompute_modules=("mla_up_proj",)), replace(selective, ep=2))["recompute modules"]
+
+
+def test_cuda_graph_scopes_follow_the_model():
+    whole = replace(JOB, cuda_graphs=("full",))
+    assert violations(DENSE, CLUSTER, whole, BASE) == []
+    assert violations(MOE, CLUSTER, replace(whole, moe_dropless=False), replace(BASE, ep=2)) == []
+    router = replace(JOB, cuda_graphs=("attn", "moe_router", "moe_preprocess"))
+    assert violations(MOE, CLUSTER, router, replace(BASE, ep=2)) == []
+    assert _masks(DENSE, router, BASE)["cuda graphs"]
 
 
 def test_ulysses_needs_whole_heads_per_rank():

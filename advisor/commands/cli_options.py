@@ -29,6 +29,8 @@ DEVICES_HELP = "cluster size in devices (or give --nodes); need not fill the las
 SEQ_HELP = "sequence length in tokens (default: the model's seq_length)"
 MODULES_HELP = ("with --framework megatron: what selective recomputation replays, comma-separated core_attn, layernorm, "
                 "moe_act, mla_up_proj, mlp (Megatron's --recompute-modules; default core_attn)")
+GRAPHS_HELP = ("with --framework megatron: per-layer CUDA graphs over these modules, comma-separated full (the whole "
+               "layer), full_iteration, attn, mlp, moe, moe_router, moe_preprocess (Megatron's --cuda-graph-scope); default none")
 
 
 def wide_console(width: int = 120) -> Console:

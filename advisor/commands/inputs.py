@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from advisor.errors import AdvisorError
 from advisor.specs import limits
 from advisor.specs.hardware import HardwareProfile, load_hardware
-from advisor.specs.job import (ATTENTION, FP8_RECIPES, FRAMEWORKS, Cluster, TrainingJob, check_recompute_modules,
+from advisor.specs.job import (ATTENTION, FP8_RECIPES, FRAMEWORKS, Cluster, TrainingJob, check_cuda_graphs, check_recompute_modules,
                                parse_token_count)
 from advisor.specs.model import ModelSpec, load_model
 from advisor.specs.recommendation import RecModelSpec
@@ -71,6 +71,7 @@ def resolve_inputs(
     grid_intensity: str | None = None,
     pue: float | None = None,
     comm_priority: bool = False,
+    cuda_graphs: str | None = None,
 ) -> Inputs:
     spec = load_model(model)
     if getattr(spec, "family", None) == "supernet":
@@ -84,6 +85,9 @@ def resolve_inputs(
     if isinstance(spec, RecModelSpec):
         if seq != 1:
             raise AdvisorError(f"--seq-len {seq}: {spec.name} is a recommendation model (one sample per row)")
+        if cuda_graphs is not None:
+            raise AdvisorError(f"--cuda-graphs: {spec.name} is a recommendation model; CUDA graphs are priced for "
+                               "transformer layers")
         if global_batch is None:   # the published batch, rounded up to a multiple of the devices
             gbs = -(-(spec.global_batch_size or cluster.devices) // cluster.devices) * cluster.devices
     dt = check_dtype(hw, dtype or default_dtype(hw))
@@ -99,11 +103,24 @@ def resolve_inputs(
     if recompute_modules is not None:
         modules = tuple(m.strip() for m in recompute_modules.split(",") if m.strip())
         check_recompute_modules(modules, framework, "--recompute-modules")
+    graphs = parse_cuda_graphs(cuda_graphs, framework, getattr(spec, "moe", None) is not None)
     return Inputs(spec, hw, cluster, TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens,
                                                   attention=attention, dropout=dropout, framework=framework,
                                                   fp8_recipe=fp8_recipe, recompute_modules=modules,
-                                                  comm_priority=comm_priority,
+                                                  comm_priority=comm_priority, cuda_graphs=graphs,
                                                   **site_settings(grid_intensity, pue, train_tokens)))
+
+
+def parse_cuda_graphs(text: str | None, framework: str, moe: bool) -> tuple[str, ...]:
+    """--cuda-graphs attn,moe_router -> ('attn', 'moe_router'); checked as Megatron-Core checks it
+    (dropless MoE, the default, cannot graph whole MoE layers)."""
+    if text is None:
+        return ()
+    graphs = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not graphs:
+        raise AdvisorError("--cuda-graphs needs at least one module (full, attn, mlp, moe, moe_router, moe_preprocess)")
+    check_cuda_graphs(graphs, framework, moe, True, "--cuda-graphs")
+    return graphs
 
 
 def site_settings(grid_intensity: str | None, pue: float | None, train_tokens: float | None) -> dict:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.cost import bubble, comm, compute, contention, dataset, multi_copy, recompute, swap
+from advisor.cost import bubble, comm, compute, contention, cuda_graphs, dataset, multi_copy, recompute, swap
 from advisor.cost.data_parallel import dp_time_s
 from advisor.cost.layer_comm import layer_comm
 from advisor.cost.memory import (GIB, MemoryArrays, col, linear_params, memory, stage_layer_counts, stage_masks, stage_params,
@@ -83,14 +83,26 @@ def _host_layer_s(hw, launch_s, lc, lcomm, extra_forward, extra_backward):
 
 def _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_share):
     """Host time of the stage's layers per micro-batch that the devices do not hide; MoE layers add
-    their routing and expert kernels."""
+    their routing and expert kernels; CUDA graphs launch what they capture at once
+    (advisor.cost.cuda_graphs)."""
     # each copy of a split micro-batch launches its own kernels (advisor.cost.multi_copy)
-    launch_s = hw.device.launch_overhead_us * 1e-6 * compute.layer_ops_factor(model, job) * multi_copy.launch_scale(b)
     plain = hw.device.launch_overhead_us * 1e-6 * multi_copy.launch_scale(b)
-    host_s = dense_n * _host_layer_s(hw, launch_s, dense, dense_c, 0.0, 0.0)
+    launch_s = plain * compute.layer_ops_factor(model, job)
+    graphs = job.cuda_graphs
+
+    def layer(lc, lcomm, moe_layer):
+        eager = 1.0 - cuda_graphs.captured_share(graphs, moe_layer)
+        replays = cuda_graphs.graph_launches(graphs, moe_layer) * plain
+        if not moe_layer:
+            return _host_layer_s(hw, eager * launch_s, lc, lcomm, replays, replays)
+        moe_eager = (1.0 - cuda_graphs.captured_moe_kernels(graphs)) * plain
+        forward, backward = _moe_launches(model, job, b)
+        return _host_layer_s(hw, eager * launch_s, lc, lcomm, replays + forward * moe_eager,
+                             replays + backward * moe_eager)
+
+    host_s = dense_n * layer(dense, dense_c, False)
     if model.moe is not None:
-        host_s = host_s + moe_n * _host_layer_s(hw, launch_s, moe, moe_c, MOE_KERNELS_FORWARD * plain,
-                                                MOE_KERNELS_BACKWARD * plain)
+        host_s = host_s + moe_n * layer(moe, moe_c, True)
     host_s = host_s * (1.0 + full_share * REPLAYED_LAUNCHES)
     # A pipeline schedule runs a forward and a backward action per chunk and micro-batch; where the
     # host pays its bookkeeping in line (CPU ranks), each costs the profile's per-action overhead.
@@ -105,19 +117,38 @@ def _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_
 # unpermute and their bookkeeping: about 12 forward, twice as many backward.
 MOE_KERNELS_FORWARD = 12
 MOE_KERNELS_BACKWARD = 24
+# Megatron-Core's grouped experts (TEGroupedMLP) run Transformer Engine's GroupedLinear, whose
+# grouped GEMM issues one cuBLAS GEMM per local expert over a few streams
+# (transformer_engine/common/gemm/cublaslt_gemm.cu, multi_stream_cublas_gemm: the CUTLASS grouped
+# kernel is opt-in, Hopper and BF16 only): FC1 and FC2 forward, and their data and weight gradients
+# backward, are 2 and 4 launches per local expert where the generic count has 2 and 4 in all.
+# PyTorch (torch._grouped_mm) and MindSpore (GroupedMatmul) launch one kernel per grouped GEMM.
+EXPERT_GEMMS_FORWARD = 2
+EXPERT_GEMMS_BACKWARD = 4
 
 
-def _dropless_sync_s(hw, moe, moe_c):
+def _moe_launches(model, job, b):
+    """Kernels an MoE layer launches after routing, forward and backward, per candidate."""
+    if job.framework != "megatron":
+        return np.full(len(b), float(MOE_KERNELS_FORWARD)), np.full(len(b), float(MOE_KERNELS_BACKWARD))
+    local = model.moe.num_experts / b.ep
+    return (MOE_KERNELS_FORWARD + EXPERT_GEMMS_FORWARD * (local - 1.0),
+            MOE_KERNELS_BACKWARD + EXPERT_GEMMS_BACKWARD * (local - 1.0))
+
+
+def _dropless_sync_s(model, hw, job, b, moe, moe_c):
     """Dropless MoE: the tokens per expert are copied to the host before the expert kernels can be
     sized (Megatron-Core's MoE docs: dropless routing synchronizes device and host; a capacity factor
     with padding avoids it), so the host stops running ahead: the routing's kernels launch only after
     the device has drained, and each pass pays its launch time wherever the expert work on the device
     is shorter (small experts) and one synchronization latency (a launch) in any case."""
     launch_s = hw.device.launch_overhead_us * 1e-6
+    eager_s = (1.0 - cuda_graphs.captured_moe_kernels(job.cuda_graphs)) * launch_s   # a graphed preprocess
     gpu_fwd = moe.expert_forward_s + moe_c.ep_forward
     gpu_bwd = 2.0 * moe.expert_forward_s + moe_c.ep_backward
-    return (2.0 * launch_s + np.maximum(MOE_KERNELS_FORWARD * launch_s - gpu_fwd, 0.0)
-            + np.maximum(MOE_KERNELS_BACKWARD * launch_s - gpu_bwd, 0.0))
+    forward, backward = _moe_launches(model, job, b)
+    return (2.0 * launch_s + np.maximum(forward * eager_s - gpu_fwd, 0.0)
+            + np.maximum(backward * eager_s - gpu_bwd, 0.0))
 
 
 def _pair_group(tier):
@@ -169,7 +200,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     cp_s = cp_s + full_share * layers(dense_c.cp_forward, moe_c.cp_forward)
     host_s = _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_share)
     if model.moe is not None and job.moe_dropless and hw.device.asynchronous_launch:
-        host_s = host_s + moe_n * col(_dropless_sync_s(hw, moe, moe_c)) * (1.0 + full_share * REPLAYED_LAUNCHES)
+        host_s = host_s + moe_n * col(_dropless_sync_s(model, hw, job, b, moe, moe_c)) * (1.0 + full_share * REPLAYED_LAUNCHES)
     # activations swapped to the host: what the copies add beyond the stage's forward and backward
     swap_s = (swap.exposed_s(hw, b, swapped_layer_bytes(model, job, b), fwd, bwd) if b.swap_layers.any()
               else np.zeros_like(comp))

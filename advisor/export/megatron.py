@@ -222,6 +222,7 @@ def megatron_launch(plan: Plan, target_version: str | None = None) -> MegatronLa
         notes.append("training.dtype = tf32: Megatron-LM trains in fp32; TF32 matmuls follow PyTorch's "
                      "torch.backends.cuda.matmul.allow_tf32 setting")
     train += _recompute_flags(plan, unsupported)
+    train += _cuda_graph_flags(plan, version, unsupported)
     launch.groups["TRAINING_ARGS"] = train
 
     opt = ["--optimizer", "sgd" if j.optimizer == "sgd" else "adam",
@@ -270,6 +271,28 @@ def _zero_flags(plan: Plan, unsupported: list[str], version: str) -> tuple[list[
     return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy, "--no-gradient-accumulation-fusion",
             "--use-distributed-optimizer", "--ckpt-format", "fsdp_dtensor", "--overlap-grad-reduce",
             "--overlap-param-gather"], True
+
+
+def _cuda_graph_flags(plan: Plan, version: str, unsupported: list[str]) -> list[str]:
+    """training.cuda_graphs (advisor.cost.cuda_graphs) as the target release's flags (arguments.py at
+    core_v0.13.0 to core_v0.15.0): --cuda-graph-scope takes full or attn (with Transformer Engine's
+    implementation: --cuda-graph-impl transformer_engine from 0.15, --external-cuda-graph before) and,
+    from 0.14, full_iteration (the local implementation: --cuda-graph-impl local, --enable-cuda-graph
+    before 0.15; validate_args wants --no-check-for-nan-in-loss-and-grad with it)."""
+    graphs = plan.training.cuda_graphs
+    if not graphs:
+        return []
+    newest = version not in ("0.13", "0.14")
+    if graphs in (("full",), ("attn",)):
+        impl = ["--cuda-graph-impl", "transformer_engine"] if newest else ["--external-cuda-graph"]
+        return impl + ["--cuda-graph-scope", graphs[0]]
+    if graphs == ("full_iteration",) and version != "0.13":
+        impl = ["--cuda-graph-impl", "local"] if newest else ["--enable-cuda-graph"]
+        return impl + ["--cuda-graph-scope", "full_iteration", "--no-check-for-nan-in-loss-and-grad"]
+    unsupported.append(f"training.cuda_graphs = {', '.join(graphs)}: Megatron-Core {version}'s --cuda-graph-scope "
+                       f"takes {'full or attn' if version == '0.13' else 'full, attn or full_iteration'} only (the mlp "
+                       "and moe scopes are in later Megatron-Core releases); exported without CUDA graphs")
+    return []
 
 
 def _recompute_flags(plan: Plan, unsupported: list[str]) -> list[str]:

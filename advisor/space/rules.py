@@ -16,7 +16,7 @@ import numpy as np
 
 from advisor.space.strategy import (INTERLEAVED, RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, Strategy,
                                     StrategyBatch)
-from advisor.specs.job import Cluster, TrainingJob
+from advisor.specs.job import WHOLE_LAYER_GRAPHS, Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
 
 Rule = Callable[[ModelSpec, Cluster, TrainingJob, StrategyBatch], np.ndarray]
@@ -113,6 +113,15 @@ def _recompute_modules(m, c, j, b):
     return (b.recompute == RECOMPUTE_SELECTIVE) & (j.framework == "megatron") & wrong
 
 
+def _cuda_graphs(m, c, j, b):
+    # Megatron-Core: moe scopes need experts; whole MoE layers graph only with token dropping (the
+    # job's own check, advisor.specs.job.check_cuda_graphs, does not know the model)
+    moe_scope = any(g in j.cuda_graphs for g in ("moe", "moe_router", "moe_preprocess"))
+    whole = any(g in j.cuda_graphs for g in WHOLE_LAYER_GRAPHS)
+    wrong = (moe_scope and m.moe is None) or (whole and m.moe is not None and j.moe_dropless)
+    return np.full(len(b), wrong)
+
+
 def _positive(m, c, j, b):
     bad = np.zeros(len(b), dtype=bool)
     for name in ("dp", "tp", "pp", "cp", "ep", "virtual_pipeline_stages", "micro_batch_size", "num_micro_batches"):
@@ -175,6 +184,8 @@ RULES: dict[str, tuple[Rule, str]] = {
     "zero stage": (_zero, "the ZeRO stage must be 0, 1, 2 or 3"),
     "recompute modules": (_recompute_modules, "Megatron's mla_up_proj recompute needs multi-latent attention and "
                           "moe_act needs MoE layers"),
+    "cuda graphs": (_cuda_graphs, "the moe CUDA-graph scopes need MoE layers, and whole MoE layers are graphed "
+                    "only with token dropping (Megatron-Core)"),
     "offload needs zero": (_offload, "optimizer offload needs ZeRO stage 1 or more"),
     "offload fraction": (_offload_fraction, "an optimizer offload fraction lies in (0, 1] and below 1 goes with the "
                          "optimizer offloaded, the parameters on the device and a framework that has it (megatron, "
@@ -246,6 +257,7 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "micro-batch copies": f"copies = {s.micro_batch_copies}, micro-batch size = {s.micro_batch_size}",
         "gradient bucket": f"grad_bucket_mb = {s.grad_bucket_mb}, zero = {s.zero_stage}",
         "full batch": f"framework = {j.framework}",
+        "cuda graphs": f"cuda_graphs = {', '.join(j.cuda_graphs)}, moe_dropless = {j.moe_dropless}, model {m.name}",
         "swap layers": f"swap_layers = {list(s.swap_layers or ())}, stage_layers = "
                        f"{list(s.resolved_stage_layers(m.num_layers))}, recompute = {s.recompute}",
     }

@@ -55,6 +55,38 @@ def check_recompute_modules(modules, framework: str, where: str) -> None:
         raise AdvisorError(f"{where} is Megatron's setting; it goes with framework megatron, not {framework!r}")
 
 
+# Megatron-Core's CUDA-graph scopes (--cuda-graph-scope; transformer_config.py cuda_graph_modules),
+# "full" standing for the whole layer (Megatron's empty scope), "full_iteration" for one graph of the
+# whole forward and backward (--cuda-graph-impl local); priced in advisor.cost.cuda_graphs.
+CUDA_GRAPH_MODULES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess")
+WHOLE_LAYER_GRAPHS = ("full", "full_iteration", "moe")
+
+
+def check_cuda_graphs(modules: tuple[str, ...], framework: str, moe: bool | None, dropless: bool, where: str) -> None:
+    """The CUDA-graph scopes Megatron-Core accepts (transformer_config.py __post_init__); `moe`: whether
+    the model has experts (None: not known yet, checked again with the model); `where` names the key or flag."""
+    if not isinstance(modules, tuple) or any(m not in CUDA_GRAPH_MODULES for m in modules) or len(set(modules)) != len(modules):
+        raise AdvisorError(f"{where} must be a list of distinct names among {', '.join(CUDA_GRAPH_MODULES)}, "
+                           f"got {str(modules)[:80]!r}")
+    if not modules:
+        return
+    if framework != "megatron":
+        raise AdvisorError(f"{where} is Megatron-Core's per-layer CUDA graphs; it goes with framework megatron, "
+                           f"not {framework!r}")
+    for whole in ("full", "full_iteration"):
+        if whole in modules and len(modules) > 1:
+            raise AdvisorError(f"{where}: '{whole}' captures whole layers and goes alone, got {', '.join(modules)}")
+    if "moe" in modules and "moe_router" in modules:
+        raise AdvisorError(f"{where}: 'moe' and 'moe_router' cannot go together (Megatron-Core)")
+    if "moe_preprocess" in modules and "moe_router" not in modules:
+        raise AdvisorError(f"{where}: 'moe_preprocess' needs 'moe_router' (Megatron-Core)")
+    if moe is False and any(m in modules for m in ("moe", "moe_router", "moe_preprocess")):
+        raise AdvisorError(f"{where}: the moe scopes need a mixture-of-experts model")
+    if moe and dropless and any(m in modules for m in WHOLE_LAYER_GRAPHS):
+        raise AdvisorError(f"{where}: Megatron-Core graphs whole MoE layers only with token dropping and "
+                           "padding (dropless MoE sizes its experts every step); use attn, moe_router, moe_preprocess")
+
+
 # The facility (advisor.cost.carbon): PUE 1.58, the global average of the Uptime Institute's 2018 survey
 # (as Carbontracker uses it: Anthony et al. 2020, arXiv 2007.03051); bounds for what a user gives.
 DEFAULT_PUE = 1.58
@@ -127,6 +159,10 @@ class TrainingJob:
     # What Megatron's selective recomputation replays (--recompute-modules, RECOMPUTE_MODULES; framework
     # megatron only); None: Megatron-Core's default, the attention core.
     recompute_modules: tuple[str, ...] | None = None
+    # Megatron-Core's per-layer CUDA graphs (--cuda-graph-impl transformer_engine with
+    # --cuda-graph-scope; advisor.cost.cuda_graphs.CUDA_GRAPH_MODULES, "full" = the whole layer):
+    # the captured kernels launch as one graph. Empty: eager launches.
+    cuda_graphs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for key, bound in (("global_batch_size", limits.MAX_GLOBAL_BATCH), ("seq_length", limits.MAX_SEQ_LENGTH)):
@@ -158,6 +194,8 @@ class TrainingJob:
             raise AdvisorError("training: 'fp8_param_gather' needs dtype fp8")
         if self.recompute_modules is not None:
             check_recompute_modules(self.recompute_modules, self.framework, "training: 'recompute_modules'")
+        if self.cuda_graphs:
+            check_cuda_graphs(self.cuda_graphs, self.framework, None, self.moe_dropless, "training: 'cuda_graphs'")
         if not (math.isfinite(self.pue) and 1.0 <= self.pue <= MAX_PUE):
             raise AdvisorError(f"training: 'pue' must be between 1 and {MAX_PUE:g}, got {prefix(self.pue)}")
         if self.grid_gco2e_per_kwh is not None and not (

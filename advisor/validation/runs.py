@@ -6,7 +6,7 @@ Sources and how their runs are read (every choice a source does not state is nam
   rotary, untied embeddings, no linear biases (gpt-oss: biases); fused (flash) attention, no
   dropout; the distributed optimizer (ZeRO-1) unless the FSDP column is set (Megatron-FSDP,
   ZeRO-3); sequence parallelism whenever tp > 1; interleaved 1F1B when VP > 1; the per-run
-  recomputation and FP8 recipe of benchmarks/data/mbridge_settings.yaml.
+  recomputation, FP8 recipe and CUDA graphs of benchmarks/data/mbridge_settings.yaml.
 * llm-foundry MPT tables (PyTorch FSDP through Composer): LayerNorm, GELU, biases, learned
   positions, tied embeddings (the run notes: published parameter counts match this layout
   exactly); FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2; activation checkpointing = full
@@ -214,6 +214,9 @@ def _job_settings(raw: dict[str, Any], kind: str, settings: dict[str, Any]) -> d
                      if k in settings})
         if settings.get("selective_modules"):
             base["recompute_modules"] = tuple(settings["selective_modules"])
+        graphs = _settings().get("cuda_graphs", {}).get(raw["id"])
+        if graphs:
+            base["cuda_graphs"] = tuple(graphs)
         # FP8 current-scaling and MXFP8 recipes keep FP8 primary weights (fp8_param_gather=True in
         # bf16_with_fp8_current_scaling_mixed / bf16_with_mxfp8_mixed); blockwise does not
         recipe = settings.get("fp8_recipe") or FP8_RECIPES.get(raw["training"]["dtype"])

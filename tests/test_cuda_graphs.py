@@ -1,0 +1,104 @@
+"""CUDA graphs (advisor.cost.cuda_graphs): captured kernels launch as one graph; Megatron-Core's
+scope rules are enforced; the setting travels through the CLI and the plan."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from _cli import run_cli
+from advisor.cost.cuda_graphs import ATTENTION_SHARE, MLP_SHARE, captured_share, graph_launches
+from advisor.cost.estimate import KERNELS_BACKWARD, KERNELS_FORWARD, estimate
+from advisor.errors import AdvisorError
+from advisor.plan import plan_from_dict
+from advisor.space.rules import violations
+from advisor.space.strategy import Strategy
+from advisor.specs.hardware import load_hardware
+from advisor.specs.job import Cluster, TrainingJob
+from advisor.specs.model import load_model
+
+MODEL = load_model("gpt3-1.3b")
+JOB = TrainingJob(global_batch_size=8, seq_length=2048)
+S = Strategy(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1)
+
+
+def _cpu_like(launch_us=10.0):
+    """A device whose host pays every launch in line, so host time is the launch count x the launch."""
+    hw = load_hardware("dgx-a100-80g")
+    return replace(hw, device=replace(hw.device, launch_overhead_us=launch_us, asynchronous_launch=False))
+
+
+def test_scopes_split_a_layer_as_step_counts_it():
+    assert ATTENTION_SHARE + MLP_SHARE == 1.0
+    assert captured_share(("full",), False) == 1.0
+    assert captured_share(("attn",), False) == ATTENTION_SHARE
+    assert captured_share(("attn", "mlp"), False) == 1.0
+    assert captured_share(("attn", "moe_router", "moe_preprocess"), True) == 1.0
+    assert captured_share(("mlp",), True) == 0.0          # 'mlp' is a dense layer's scope
+    assert graph_launches(("attn", "mlp"), False) == 1 and graph_launches(("mlp",), False) == 1
+    assert graph_launches((), False) == 0
+
+
+def test_graphed_kernels_leave_the_host_one_launch_per_region():
+    hw = _cpu_like()
+    c = Cluster.of(hw, nodes=1)
+    eager = estimate(MODEL, hw, c, JOB, S).time_s["host_overhead"]
+    attn = estimate(MODEL, hw, c, replace(JOB, cuda_graphs=("attn",)), S).time_s["host_overhead"]
+    full = estimate(MODEL, hw, c, replace(JOB, cuda_graphs=("full",)), S).time_s["host_overhead"]
+    from advisor.cost.compute import layer_ops_factor
+
+    per_kernel = 10e-6 * layer_ops_factor(MODEL, JOB)
+    kernels = KERNELS_FORWARD + KERNELS_BACKWARD
+    assert eager == pytest.approx(MODEL.num_layers * kernels * per_kernel)
+    assert attn == pytest.approx(MODEL.num_layers * (kernels * MLP_SHARE * per_kernel + 2 * 10e-6))
+    assert full == pytest.approx(MODEL.num_layers * 2 * 10e-6)     # one replay forward, one backward
+
+
+def test_whole_moe_layers_graph_only_with_token_dropping():
+    moe = load_model("mixtral-8x7b")
+    hw = load_hardware("dgx-h100")
+    c = Cluster.of(hw, nodes=4)
+    s = Strategy(dp=32, tp=1, pp=1, ep=8, micro_batch_size=1, num_micro_batches=4)
+    job = TrainingJob(global_batch_size=128, seq_length=4096, cuda_graphs=("full",))
+    assert any("token dropping" in v for v in violations(moe, c, job, s))
+    assert not violations(moe, c, replace(job, moe_dropless=False), s)
+    assert any("need MoE layers" in v for v in violations(MODEL, Cluster.of(load_hardware("dgx-a100-80g"), nodes=1),
+                                                         replace(JOB, cuda_graphs=("attn", "moe_router")), S))
+
+
+@pytest.mark.parametrize("graphs, framework, message", [
+    (("full", "attn"), "megatron", "goes alone"),
+    (("moe_preprocess",), "megatron", "needs 'moe_router'"),
+    (("moe", "moe_router"), "megatron", "cannot go together"),
+    (("attn", "attn"), "megatron", "distinct"),
+    (("layer",), "megatron", "distinct names"),
+    (("attn",), "torchtitan", "framework megatron"),
+])
+def test_megatron_core_scope_rules(graphs, framework, message):
+    with pytest.raises(AdvisorError, match=message):
+        TrainingJob(global_batch_size=8, seq_length=2048, framework=framework, cuda_graphs=graphs)
+
+
+def test_cli_and_plans_carry_the_graphs(monkeypatch, capsys, tmp_path):
+    import json
+
+    code, _, err = run_cli(monkeypatch, capsys, "estimate", "--model", "mixtral-8x7b", "--hardware", "dgx-h100",
+                           "--nodes", "4", "--ep", "8", "--gbs", "128", "--cuda-graphs", "full")
+    assert code == 2 and "token dropping" in err
+    code, _, err = run_cli(monkeypatch, capsys, "estimate", "--model", "llama3-8b", "--hardware", "dgx-h100",
+                           "--devices", "8", "--gbs", "8", "--framework", "torchtitan", "--cuda-graphs", "attn")
+    assert code == 2 and "framework megatron" in err
+    out = tmp_path / "plan.json"
+    code, _, _ = run_cli(monkeypatch, capsys, "recommend", "--model", "llama3-8b", "--hardware", "dgx-h100",
+                         "--devices", "8", "--gbs", "8", "--seq-len", "4096", "--cuda-graphs", "full", "--out", str(out),
+                         "--top", "1")
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["training"]["cuda_graphs"] == ["full"]
+    plan = plan_from_dict(data)
+    assert plan.training.cuda_graphs == ("full",)
+    # the plan re-prices with its graphs: the same step time as recommend predicted
+    code, text, _ = run_cli(monkeypatch, capsys, "estimate", "--plan", str(out), "--json")
+    assert code == 0
+    assert json.loads(text)["step_time_s"] == pytest.approx(data["prediction"]["step_time_s"], rel=1e-9)
