@@ -93,8 +93,18 @@ def test_ps_bytes_and_server_time_by_hand():
     assert e.time_s["server_update_s"] == pytest.approx(work / (DEFAULT_HOST_MEMORY_GBPS * 1e9 * HOST_MEMORY_EFFICIENCY))
     assert e.server_memory.parameters_gib == pytest.approx((4000 + 5) * 4 / 2 ** 30)
     ps_phase = max(e.time_s["worker_nic_s"], e.time_s["server_nic_s"], e.time_s["server_update_s"])
+    assert e.time_s["handling_s"] == 0.0          # a bundled profile: no measured per-operator time
     assert e.step_time_s == pytest.approx(e.time_s["compute_s"] + ps_phase + e.time_s["latency_s"])
     assert e.samples_per_s == pytest.approx(8 / e.step_time_s)
+    # a calibrated profile prices each piece's handling (advisor.cost.ps_handling): a table piece
+    # (14 worker operations; 3 per worker and 4 on the server) and a Linear served as weight and bias
+    # (5 each; 3 per worker and 3 on the server each), plus the optimizer's time per tensor
+    measured = replace(A100, inter=replace(A100.inter, message_overhead_us=80.0),
+                       device=replace(A100.device, launch_overhead_us=6.0, optimizer_overhead_us_per_tensor=10.0))
+    m = estimate_recsys(model, measured, cluster, job, RecsysConfig("ps", 1, "dedicated", True, names))
+    handling = (14 + 2 * 5) * 6e-6 + ((3 * 2 + 4) + 2 * (3 * 2 + 3)) * 6e-6 + 3 * 10e-6
+    assert m.time_s["handling_s"] == pytest.approx(handling)
+    assert m.step_time_s == pytest.approx(m.time_s["compute_s"] + ps_phase + m.time_s["latency_s"] + handling)
 
 
 def test_messages_cost_their_busiest_endpoint():
@@ -112,8 +122,10 @@ def test_messages_cost_their_busiest_endpoint():
         assert plain.time_s["latency_s"] == pytest.approx(4 * A100.inter.latency_s)
         slow = estimate_recsys(model, measured, cluster, job, config)
         assert slow.time_s["latency_s"] == pytest.approx(3 * max(devices, servers) * 250e-6)
+        # (a measured profile also prices each piece's handling, advisor.cost.ps_handling)
+        assert slow.time_s["handling_s"] > 0.0 and plain.time_s["handling_s"] == 0.0
         assert slow.step_time_s - plain.step_time_s == pytest.approx(
-            3 * max(devices, servers) * 250e-6 - 4 * A100.inter.latency_s)
+            3 * max(devices, servers) * 250e-6 - 4 * A100.inter.latency_s + slow.time_s["handling_s"])
         # asynchronous: the workers pay their own messages, the servers theirs, nobody waits for both
         asyn = estimate_recsys(model, measured, cluster, job, replace(config, synchronous=False))
         assert asyn.step_time_s >= 3 * devices * 250e-6 and asyn.step_time_s < slow.step_time_s + 1e-12

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 
+from advisor.cost import ps_handling
 from advisor.cost.recsys import (
     GIB, OPTIMIZER_BYTES, STATE_BYTES, BOTTLENECK_NAMES, RecEstimate, RecsysConfig, ServerMemory,
     WorkerMemory, activation_gib, dense_exchange, exposed_after_backward, finish, per_device_batch,
@@ -190,17 +191,22 @@ def estimate_parameter_server(model: RecModelSpec, hw: HardwareProfile, cluster:
     server_update_s = max(s_work) / host_bw
     server_msgs_s, worker_msgs_s = message_times(hw, n, S)
     latency_s = max(server_msgs_s, worker_msgs_s)
+    worker_handling_s, server_handling_s = ps_handling.handling_s(model, hw, shards, S, n)
     ar_exposed = exposed_after_backward(ar_s, compute.backward_s, hw)
     ps_phase = max(worker_nic_s, server_nic_s, server_update_s)
     staleness = None
     if config.synchronous:
-        step = compute.total_s + max(ps_phase + latency_s, ar_exposed)
+        handling_s = worker_handling_s + server_handling_s
+        step = compute.total_s + max(ps_phase + latency_s + handling_s, ar_exposed)
     else:
-        worker_iter = max(compute.total_s + ar_exposed, worker_nic_s + worker_msgs_s)
-        step = max(worker_iter, server_nic_s, server_update_s, server_msgs_s)
+        # the worker handles its pieces in its own process; the servers theirs while it computes
+        worker_iter = max(compute.total_s + ar_exposed + worker_handling_s, worker_nic_s + worker_msgs_s)
+        step = max(worker_iter, server_nic_s, server_update_s, server_msgs_s + server_handling_s)
+        handling_s = max(worker_iter - compute.total_s - ar_exposed, 0.0) if worker_iter == step else server_handling_s
         staleness = float(n)
     parts = step_parts(compute_s=compute.total_s, worker_nic_s=worker_nic_s, server_nic_s=server_nic_s,
-                       server_update_s=server_update_s, allreduce_s=ar_exposed, latency_s=latency_s)
+                       server_update_s=server_update_s, allreduce_s=ar_exposed, latency_s=latency_s,
+                       handling_s=handling_s)
     limit = max(parts, key=lambda k: parts[k])
 
     state = STATE_BYTES[job.optimizer]

@@ -295,7 +295,7 @@ def largest_part(parts: dict[str, float], names: dict[str, str]) -> str:
 BOTTLENECK_NAMES = {
     "compute_s": "compute", "alltoall_s": "embedding all-to-all", "allreduce_s": "dense all-reduce",
     "optimizer_s": "optimizer", "server_nic_s": "server bandwidth", "server_update_s": "server optimizer",
-    "worker_nic_s": "worker bandwidth", "latency_s": "latency",
+    "worker_nic_s": "worker bandwidth", "latency_s": "latency", "handling_s": "tensor handling",
 }
 
 
