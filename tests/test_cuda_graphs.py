@@ -102,3 +102,53 @@ def test_cli_and_plans_carry_the_graphs(monkeypatch, capsys, tmp_path):
     code, text, _ = run_cli(monkeypatch, capsys, "estimate", "--plan", str(out), "--json")
     assert code == 0
     assert json.loads(text)["step_time_s"] == pytest.approx(data["prediction"]["step_time_s"], rel=1e-9)
+
+
+def test_megatron_moe_layers_launch_one_gemm_per_local_expert():
+    """Transformer Engine's grouped GEMM issues one cuBLAS GEMM per local expert (advisor.cost.step
+    _moe_launches): 12 + 2 (E - 1) forward and 24 + 4 (E - 1) backward after routing; a moe_preprocess
+    graph takes the dispatcher's 2 and 4 of them, never the experts' GEMMs; other frameworks launch one
+    grouped kernel."""
+    from advisor.cost.compute import layer_ops_factor
+
+    moe = load_model("mixtral-8x7b")                    # 8 experts, every layer MoE
+    hw = _cpu_like(launch_us=10.0)
+    c = Cluster.of(hw, nodes=1)
+    s = Strategy(dp=8, tp=1, pp=1, ep=2, micro_batch_size=1, num_micro_batches=1)
+    job = TrainingJob(global_batch_size=8, seq_length=2048)
+    generic = (KERNELS_FORWARD + KERNELS_BACKWARD) * layer_ops_factor(moe, job) * 10e-6
+    local = 8 / 2
+    eager = estimate(moe, hw, c, job, s).time_s["host_overhead"]
+    assert eager == pytest.approx(moe.num_layers * (generic + (12 + 2 * (local - 1) + 24 + 4 * (local - 1)) * 10e-6))
+    graphed = estimate(moe, hw, c, replace(job, cuda_graphs=("attn", "moe_router", "moe_preprocess")), s)
+    # attention and router in one graph (one replay per pass), the preprocessing's 2 + 4 launches graphed
+    assert graphed.time_s["host_overhead"] == pytest.approx(
+        moe.num_layers * (2 + (12 - 2 + 2 * (local - 1)) + (24 - 4 + 4 * (local - 1))) * 10e-6)
+    titan = estimate(moe, hw, c, replace(job, framework="torchtitan"), s).time_s["host_overhead"]
+    titan_generic = (KERNELS_FORWARD + KERNELS_BACKWARD) * layer_ops_factor(moe, replace(job, framework="torchtitan")) * 10e-6
+    assert titan == pytest.approx(moe.num_layers * (titan_generic + (12 + 24) * 10e-6))
+
+
+def test_recomputation_goes_with_the_graphs_megatron_core_allows():
+    c = Cluster.of(load_hardware("dgx-a100-80g"), nodes=1)
+    full = replace(S, recompute="full")
+    assert any("full_iteration" in v for v in violations(MODEL, c, replace(JOB, cuda_graphs=("full",)), full))
+    assert violations(MODEL, c, replace(JOB, cuda_graphs=("full_iteration",)), full) == []
+    selective = replace(S, recompute="selective")
+    assert violations(MODEL, c, replace(JOB, cuda_graphs=("attn",)), selective) == []
+    # with dropout, graphed attention is not recomputed (Megatron-Core: no random numbers in a graph replay)
+    assert violations(MODEL, c, replace(JOB, cuda_graphs=("attn",), dropout=True), selective)
+
+
+def test_megatron_export_writes_graphs_only_where_the_release_runs_them():
+    from _export_plans import plans
+    from advisor.export.megatron import megatron_launch
+
+    plan = plans()["llama8b_cuda_graphs_attn"]
+    full_rc = replace(plan, strategy=replace(plan.strategy, recompute="full"),
+                      training=replace(plan.training, cuda_graphs=("full_iteration",)))
+    launch = megatron_launch(full_rc)
+    assert "--cuda-graph-scope" not in launch.args()
+    assert any("refuses CUDA graphs with this recomputation" in u for u in launch.unsupported)
+    # 0.13's Transformer Engine graphs need --te-rng-tracker (validate_args)
+    assert "--te-rng-tracker" in megatron_launch(plan, "0.13").args()

@@ -77,6 +77,7 @@ MEGATRON_FLAGS: dict[str, tuple] = {
     "--cuda-graph-scope": (str, ("full", "attn", "full_iteration")),
     "--external-cuda-graph": (None, None),
     "--enable-cuda-graph": (None, None),
+    "--te-rng-tracker": (None, None),
     "--no-check-for-nan-in-loss-and-grad": (None, None),     # store_false, dest check_for_nan_in_loss_and_grad
     # _add_network_size_args
     "--num-layers": (int, None),

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from advisor.errors import AdvisorError
 from advisor.specs import limits
 from advisor.specs.hardware import HardwareProfile, load_hardware
-from advisor.specs.job import (ATTENTION, FP8_RECIPES, FRAMEWORKS, Cluster, TrainingJob, check_cuda_graphs, check_recompute_modules,
-                               parse_token_count)
+from advisor.specs.job import (ATTENTION, CUDA_GRAPH_MODULES, FP8_RECIPES, FRAMEWORKS, Cluster, TrainingJob, check_cuda_graphs,
+                               check_recompute_modules, parse_token_count)
 from advisor.specs.model import ModelSpec, load_model
 from advisor.specs.recommendation import RecModelSpec
 from advisor.specs.untrusted import prefix
@@ -118,7 +118,7 @@ def parse_cuda_graphs(text: str | None, framework: str, moe: bool) -> tuple[str,
         return ()
     graphs = tuple(m.strip() for m in text.split(",") if m.strip())
     if not graphs:
-        raise AdvisorError("--cuda-graphs needs at least one module (full, attn, mlp, moe, moe_router, moe_preprocess)")
+        raise AdvisorError(f"--cuda-graphs needs at least one module ({', '.join(CUDA_GRAPH_MODULES)})")
     check_cuda_graphs(graphs, framework, moe, True, "--cuda-graphs")
     return graphs
 

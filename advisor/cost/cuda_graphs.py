@@ -19,8 +19,9 @@ step.py lists them: of the 16 kernels named for a Megatron layer, 10 belong to t
 (norm, QKV GEMM, layout copies, score batched matmul, softmax, dropout, context batched matmul,
 output GEMM, TP all-reduce, bias-dropout-add) and 6 to the MLP half (norm, FC1, activation, FC2,
 TP all-reduce, bias-dropout-add); in a MoE layer the MLP half's share stands for the norm and the
-router. Of the 12 kernels a MoE layer launches after routing (step.MOE_KERNELS_FORWARD), the
-dispatcher's preprocessing (the per-expert token count and the permutation map) is 2.
+router. Of the 12 kernels a MoE layer launches after routing (step.MOE_KERNELS_FORWARD, 24
+backward), the dispatcher's preprocessing (the per-expert token count and the permutation map) is 2
+forward and 4 backward; the experts' per-expert GEMMs are never in a moe_preprocess graph.
 
 Not priced: the graphs' static input and output buffers (one set per captured layer and micro-batch
 in flight; a few MiB per layer, small beside the saved activations) and the capture at warm-up.
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 ATTENTION_SHARE = 10.0 / 16.0
 MLP_SHARE = 6.0 / 16.0
-PREPROCESS_SHARE = 2.0 / 12.0
+PREPROCESS_KERNELS = (2.0, 4.0)        # forward, backward
 
 
 def captured_share(modules: tuple[str, ...], moe_layer: bool) -> float:
@@ -42,11 +43,15 @@ def captured_share(modules: tuple[str, ...], moe_layer: bool) -> float:
     return share + (MLP_SHARE if any(m in modules for m in mlp_scopes) else 0.0)
 
 
-def captured_moe_kernels(modules: tuple[str, ...]) -> float:
-    """Of the kernels a MoE layer launches after routing (MOE_KERNELS_*), the share in graphs."""
+def eager_moe_launches(modules: tuple[str, ...], forward, backward):
+    """Of the launches a MoE layer makes after routing (forward, backward: arrays or numbers), those
+    that stay eager: none under a whole-layer or moe graph, all but the preprocessing's under
+    moe_preprocess."""
     if any(m in modules for m in ("full", "full_iteration", "moe")):
-        return 1.0
-    return PREPROCESS_SHARE if "moe_preprocess" in modules else 0.0
+        return 0.0 * forward, 0.0 * backward
+    if "moe_preprocess" in modules:
+        return forward - PREPROCESS_KERNELS[0], backward - PREPROCESS_KERNELS[1]
+    return forward, backward
 
 
 def graph_launches(modules: tuple[str, ...], moe_layer: bool) -> int:

@@ -95,10 +95,8 @@ def _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_
         replays = cuda_graphs.graph_launches(graphs, moe_layer) * plain
         if not moe_layer:
             return _host_layer_s(hw, eager * launch_s, lc, lcomm, replays, replays)
-        moe_eager = (1.0 - cuda_graphs.captured_moe_kernels(graphs)) * plain
-        forward, backward = _moe_launches(model, job, b)
-        return _host_layer_s(hw, eager * launch_s, lc, lcomm, replays + forward * moe_eager,
-                             replays + backward * moe_eager)
+        forward, backward = cuda_graphs.eager_moe_launches(graphs, *_moe_launches(model, job, b))
+        return _host_layer_s(hw, eager * launch_s, lc, lcomm, replays + forward * plain, replays + backward * plain)
 
     host_s = dense_n * layer(dense, dense_c, False)
     if model.moe is not None:
@@ -121,7 +119,9 @@ MOE_KERNELS_BACKWARD = 24
 # grouped GEMM issues one cuBLAS GEMM per local expert over a few streams
 # (transformer_engine/common/gemm/cublaslt_gemm.cu, multi_stream_cublas_gemm: the CUTLASS grouped
 # kernel is opt-in, Hopper and BF16 only): FC1 and FC2 forward, and their data and weight gradients
-# backward, are 2 and 4 launches per local expert where the generic count has 2 and 4 in all.
+# backward, are 2 and 4 launches per local expert where the generic count has 2 and 4 in all; the
+# host cost around each is PyTorch-operator-sized (TransformerEngine issue #1499: per-GEMM tensor
+# allocations besides the cuBLAS call), so each is priced as one of the layer's counted launches.
 # PyTorch (torch._grouped_mm) and MindSpore (GroupedMatmul) launch one kernel per grouped GEMM.
 EXPERT_GEMMS_FORWARD = 2
 EXPERT_GEMMS_BACKWARD = 4
@@ -143,12 +143,11 @@ def _dropless_sync_s(model, hw, job, b, moe, moe_c):
     the device has drained, and each pass pays its launch time wherever the expert work on the device
     is shorter (small experts) and one synchronization latency (a launch) in any case."""
     launch_s = hw.device.launch_overhead_us * 1e-6
-    eager_s = (1.0 - cuda_graphs.captured_moe_kernels(job.cuda_graphs)) * launch_s   # a graphed preprocess
     gpu_fwd = moe.expert_forward_s + moe_c.ep_forward
     gpu_bwd = 2.0 * moe.expert_forward_s + moe_c.ep_backward
-    forward, backward = _moe_launches(model, job, b)
-    return (2.0 * launch_s + np.maximum(forward * eager_s - gpu_fwd, 0.0)
-            + np.maximum(backward * eager_s - gpu_bwd, 0.0))
+    forward, backward = cuda_graphs.eager_moe_launches(job.cuda_graphs, *_moe_launches(model, job, b))
+    return (2.0 * launch_s + np.maximum(forward * launch_s - gpu_fwd, 0.0)
+            + np.maximum(backward * launch_s - gpu_bwd, 0.0))
 
 
 def _pair_group(tier):

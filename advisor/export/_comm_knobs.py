@@ -85,3 +85,11 @@ def full_batch_unsupported(plan: Plan, target: str) -> str | None:
         return None
     return (f"parallel.full_batch = true: {target}'s data loader gives each data-parallel rank its own shard of the "
             "global batch; exported that way (it reads less than the plan was priced with)")
+
+
+def cuda_graphs_unsupported(plan: Plan, target: str) -> str | None:
+    """training.cuda_graphs (advisor.cost.cuda_graphs): Megatron-Core's per-layer CUDA graphs."""
+    if not plan.training.cuda_graphs:
+        return None
+    return (f"training.cuda_graphs = {', '.join(plan.training.cuda_graphs)}: {target} has no per-layer CUDA graphs of "
+            "Megatron-Core's kind; exported without them (the plan's host time was priced with them)")

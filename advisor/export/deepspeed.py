@@ -132,7 +132,8 @@ def ds_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
     zero.update(_comm_knobs.deepspeed_keys(plan, j.dtype_bytes, unsupported))   # communication fusion
     unsupported.extend(x for x in [_comm_knobs.copies_unsupported(plan, "DeepSpeed", "none"),
                                    _comm_knobs.priority_unsupported(plan, "DeepSpeed"),
-                                   _comm_knobs.full_batch_unsupported(plan, "DeepSpeed")] if x)
+                                   _comm_knobs.full_batch_unsupported(plan, "DeepSpeed"),
+                                   _comm_knobs.cuda_graphs_unsupported(plan, "DeepSpeed")] if x)
     cfg["zero_optimization"] = zero
 
     priced = priced_recompute(plan)

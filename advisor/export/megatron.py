@@ -274,21 +274,32 @@ def _zero_flags(plan: Plan, unsupported: list[str], version: str) -> tuple[list[
 
 
 def _cuda_graph_flags(plan: Plan, version: str, unsupported: list[str]) -> list[str]:
-    """training.cuda_graphs (advisor.cost.cuda_graphs) as the target release's flags (arguments.py at
-    core_v0.13.0 to core_v0.15.0): --cuda-graph-scope takes full or attn (with Transformer Engine's
-    implementation: --cuda-graph-impl transformer_engine from 0.15, --external-cuda-graph before) and,
-    from 0.14, full_iteration (the local implementation: --cuda-graph-impl local, --enable-cuda-graph
-    before 0.15; validate_args wants --no-check-for-nan-in-loss-and-grad with it)."""
-    graphs = plan.training.cuda_graphs
+    """training.cuda_graphs (advisor.cost.cuda_graphs) as the target release's flags (arguments.py and
+    transformer_config.py at core_v0.13.0 to core_v0.15.0): --cuda-graph-scope takes full or attn
+    (Transformer Engine's implementation: --cuda-graph-impl transformer_engine from 0.15,
+    --external-cuda-graph before, which 0.13 runs only with --te-rng-tracker) and, from 0.14,
+    full_iteration (the local implementation: --cuda-graph-impl local, --enable-cuda-graph before
+    0.15; validate_args wants --no-check-for-nan-in-loss-and-grad with it). These releases refuse
+    graphs with recomputation except a Transformer Engine attn graph beside selective recomputation
+    of modules other than core_attn and mla_up_proj."""
+    graphs, s = plan.training.cuda_graphs, plan.strategy
     if not graphs:
         return []
     newest = version not in ("0.13", "0.14")
+    rc = priced_recompute(plan).kind
+    attn_ok = (graphs == ("attn",) and rc == CORE_ATTENTION
+               and not {"core_attn", "mla_up_proj"} & set(plan.training.selective_modules))
+    if s.recompute != "none" and not attn_ok:
+        unsupported.append(f"training.cuda_graphs = {', '.join(graphs)} with parallel.recompute = {s.recompute}: "
+                           f"Megatron-Core {version} refuses CUDA graphs with this recomputation; exported without "
+                           "CUDA graphs")
+        return []
     if graphs in (("full",), ("attn",)):
         impl = ["--cuda-graph-impl", "transformer_engine"] if newest else ["--external-cuda-graph"]
-        return impl + ["--cuda-graph-scope", graphs[0]]
+        return impl + ["--cuda-graph-scope", graphs[0], "--te-rng-tracker"]
     if graphs == ("full_iteration",) and version != "0.13":
         impl = ["--cuda-graph-impl", "local"] if newest else ["--enable-cuda-graph"]
-        return impl + ["--cuda-graph-scope", "full_iteration", "--no-check-for-nan-in-loss-and-grad"]
+        return impl + ["--cuda-graph-scope", "full_iteration", "--no-check-for-nan-in-loss-and-grad", "--te-rng-tracker"]
     unsupported.append(f"training.cuda_graphs = {', '.join(graphs)}: Megatron-Core {version}'s --cuda-graph-scope "
                        f"takes {'full or attn' if version == '0.13' else 'full, attn or full_iteration'} only (the mlp "
                        "and moe scopes are in later Megatron-Core releases); exported without CUDA graphs")

@@ -137,7 +137,8 @@ def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> 
         "gradient_aggregation_group": 4,
     }
     full, select = _recompute(plan, unsupported)
-    unsupported.extend(x for x in [_comm_knobs.priority_unsupported(plan, "MindSpore")] if x)
+    unsupported.extend(x for x in [_comm_knobs.priority_unsupported(plan, "MindSpore"),
+                                   _comm_knobs.cuda_graphs_unsupported(plan, "MindSpore")] if x)
     recompute_config = {
         "recompute": full,
         "select_recompute": select,

@@ -59,7 +59,8 @@ def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, 
     unsupported.extend(x for x in [_comm_knobs.torchtitan_bucket_unsupported(plan),
                                    _comm_knobs.copies_unsupported(plan, "torchtitan", "async tensor parallelism"),
                                    _comm_knobs.priority_unsupported(plan, "torchtitan"),
-                                   _comm_knobs.full_batch_unsupported(plan, "torchtitan")] if x)
+                                   _comm_knobs.full_batch_unsupported(plan, "torchtitan"),
+                                   _comm_knobs.cuda_graphs_unsupported(plan, "torchtitan")] if x)
     # ---- data parallelism: FSDP2 ---------------------------------------------------------------------
     if s.zero_stage == 0:
         replicate, shard, reshard = s.dp, 1, "default"

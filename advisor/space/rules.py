@@ -114,12 +114,22 @@ def _recompute_modules(m, c, j, b):
 
 
 def _cuda_graphs(m, c, j, b):
-    # Megatron-Core: moe scopes need experts; whole MoE layers graph only with token dropping (the
-    # job's own check, advisor.specs.job.check_cuda_graphs, does not know the model)
-    moe_scope = any(g in j.cuda_graphs for g in ("moe", "moe_router", "moe_preprocess"))
-    whole = any(g in j.cuda_graphs for g in WHOLE_LAYER_GRAPHS)
-    wrong = (moe_scope and m.moe is None) or (whole and m.moe is not None and j.moe_dropless)
-    return np.full(len(b), wrong)
+    # Megatron-Core (transformer_config.py __post_init__; the job's own check,
+    # advisor.specs.job.check_cuda_graphs, does not know the model or the strategy): moe scopes need
+    # experts and 'mlp' dense layers; whole MoE layers are graphed only with token dropping; full
+    # recomputation goes only with the full-iteration graph; with dropout, a graphed attention is not
+    # recomputed (selective core_attn)
+    g = j.cuda_graphs
+    if not g:
+        return np.zeros(len(b), dtype=bool)
+    moe_scope = any(x in g for x in ("moe", "moe_router", "moe_preprocess"))
+    whole = any(x in g for x in WHOLE_LAYER_GRAPHS)
+    wrong = ((moe_scope and m.moe is None) or ("mlp" in g and m.num_dense_layers == 0)
+             or (whole and m.moe is not None and j.moe_dropless))
+    full = (b.recompute == RECOMPUTE_FULL) & ("full_iteration" not in g)
+    graphed_attn = "attn" in g or "full" in g or "full_iteration" in g
+    dropout = (b.recompute == RECOMPUTE_SELECTIVE) & (j.dropout and graphed_attn and "core_attn" in j.selective_modules)
+    return wrong | full | dropout
 
 
 def _positive(m, c, j, b):
@@ -184,8 +194,9 @@ RULES: dict[str, tuple[Rule, str]] = {
     "zero stage": (_zero, "the ZeRO stage must be 0, 1, 2 or 3"),
     "recompute modules": (_recompute_modules, "Megatron's mla_up_proj recompute needs multi-latent attention and "
                           "moe_act needs MoE layers"),
-    "cuda graphs": (_cuda_graphs, "the moe CUDA-graph scopes need MoE layers, and whole MoE layers are graphed "
-                    "only with token dropping (Megatron-Core)"),
+    "cuda graphs": (_cuda_graphs, "CUDA graphs as Megatron-Core takes them: moe scopes need MoE layers and mlp "
+                    "dense ones, whole MoE layers need token dropping, full recomputation needs the "
+                    "full_iteration graph, and with dropout a graphed attention is not recomputed"),
     "offload needs zero": (_offload, "optimizer offload needs ZeRO stage 1 or more"),
     "offload fraction": (_offload_fraction, "an optimizer offload fraction lies in (0, 1] and below 1 goes with the "
                          "optimizer offloaded, the parameters on the device and a framework that has it (megatron, "
@@ -257,7 +268,8 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "micro-batch copies": f"copies = {s.micro_batch_copies}, micro-batch size = {s.micro_batch_size}",
         "gradient bucket": f"grad_bucket_mb = {s.grad_bucket_mb}, zero = {s.zero_stage}",
         "full batch": f"framework = {j.framework}",
-        "cuda graphs": f"cuda_graphs = {', '.join(j.cuda_graphs)}, moe_dropless = {j.moe_dropless}, model {m.name}",
+        "cuda graphs": f"cuda_graphs = {', '.join(j.cuda_graphs)}, recompute = {s.recompute}, dropout = {j.dropout}, "
+                       f"moe_dropless = {j.moe_dropless}, model {m.name}",
         "swap layers": f"swap_layers = {list(s.swap_layers or ())}, stage_layers = "
                        f"{list(s.resolved_stage_layers(m.num_layers))}, recompute = {s.recompute}",
     }

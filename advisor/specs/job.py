@@ -160,7 +160,7 @@ class TrainingJob:
     # megatron only); None: Megatron-Core's default, the attention core.
     recompute_modules: tuple[str, ...] | None = None
     # Megatron-Core's per-layer CUDA graphs (--cuda-graph-impl transformer_engine with
-    # --cuda-graph-scope; advisor.cost.cuda_graphs.CUDA_GRAPH_MODULES, "full" = the whole layer):
+    # --cuda-graph-scope; CUDA_GRAPH_MODULES above, "full" = the whole layer; priced in advisor.cost.cuda_graphs):
     # the captured kernels launch as one graph. Empty: eager launches.
     cuda_graphs: tuple[str, ...] = ()
 
