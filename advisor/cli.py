@@ -13,7 +13,8 @@ import typer
 
 from advisor.commands.cli_options import (
     CRITICAL_HELP, DEVICES_HELP, FP8_HELP, FRAMEWORK_HELP, GRAPHS_HELP, GRID_HELP, HARDWARE_HELP, MODULES_HELP, NODES_HELP, OBJECTIVE_HELP,
-    OPSTRAT_HELP, PRIORITY_HELP, PS_MODE_HELP, PUE_HELP, SEQ_HELP, TARGET_LOSS_HELP, TARGET_TOKENS_HELP, console, err_console,
+    OPSTRAT_HELP, PRIORITY_HELP, PS_MODE_HELP, PUE_HELP, SEQ_HELP, TARGET_LOSS_HELP, TARGET_TOKENS_HELP, TOKEN_DROP_HELP, console,
+    err_console,
     print_json, print_warnings,
 )
 from advisor.commands.cli_run import calibrate_cmd, execute_cmd
@@ -81,6 +82,7 @@ def estimate_cmd(
     cp_comm: str = typer.Option("p2p", "--cp-comm", help="p2p (ring attention) | a2a (Ulysses)"),
     recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help=MODULES_HELP),
     cuda_graphs: Optional[str] = typer.Option(None, "--cuda-graphs", help=GRAPHS_HELP),
+    token_drop: bool = typer.Option(False, "--moe-token-drop", help=TOKEN_DROP_HELP),
     bucket_mb: Optional[float] = typer.Option(None, "--bucket-mb", help="gradient bucket size in MiB (communication "
                                               "fusion, ZeRO 0/1; default: the framework's)"),
     copies: int = typer.Option(1, "--copies", help="multi-copy parallelism: split each micro-batch into this many "
@@ -107,8 +109,9 @@ def estimate_cmd(
     if route("estimate", dict(locals())):
         return
     if wants_recsys(model, plan):
-        if full_batch or offload_params or offload_fraction != 1.0 or cuda_graphs is not None:
-            raise AdvisorError("--full-batch, --offload-params, --offload-fraction and --cuda-graphs are transformer settings; a "
+        if full_batch or offload_params or offload_fraction != 1.0 or cuda_graphs is not None or token_drop:
+            raise AdvisorError("--full-batch, --offload-params, --offload-fraction, --cuda-graphs and --moe-token-drop are "
+                               "transformer settings; a "
                                "recommendation model's tables are placed by --ps-mode (replicated, sharded, host, "
                                "servers)")
         return estimate_recsys_cmd(model, hardware, nodes, devices, gbs, dtype, plan, ps_mode, ps_servers, ps_async,
@@ -123,7 +126,7 @@ def estimate_cmd(
         recompute_layers=recompute_layers, sequence_parallel=sequence_parallel, schedule=schedule,
         offload_optimizer=offload_optimizer, dtype=dtype, tokens=tokens, attention=attention, dropout=dropout,
         plan=plan, framework=framework, fp8_recipe=fp8_recipe, cp_comm=cp_comm, recompute_modules=recompute_modules,
-        cuda_graphs=cuda_graphs, bucket_mb=bucket_mb, copies=copies, operator_strategies=operator_strategies, grid_intensity=grid, pue=pue,
+        cuda_graphs=cuda_graphs, token_drop=token_drop, bucket_mb=bucket_mb, copies=copies, operator_strategies=operator_strategies, grid_intensity=grid, pue=pue,
         comm_priority=priority, full_batch=full_batch, offload_params=offload_params, offload_fraction=offload_fraction,
     )
     warnings = input_warnings(result.inputs.hardware, result.inputs.cluster)
@@ -155,6 +158,7 @@ def recommend_cmd(
     fp8_recipe: Optional[str] = typer.Option(None, "--fp8-recipe", help=FP8_HELP),
     recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help=MODULES_HELP),
     cuda_graphs: Optional[str] = typer.Option(None, "--cuda-graphs", help=GRAPHS_HELP),
+    token_drop: bool = typer.Option(False, "--moe-token-drop", help=TOKEN_DROP_HELP),
     searcher: str = typer.Option("enumerate", "--searcher", help="enumerate | drec | ilp"),
     top: int = typer.Option(5, "--top", help="how many plans to show"),
     tp: Optional[int] = typer.Option(None, "--tp", help="pin the tensor-parallel degree"),
@@ -208,7 +212,7 @@ def recommend_cmd(
     inputs = resolve_inputs(model, hardware, nodes=nodes, devices=devices, global_batch=gbs, seq_len=seq_len,
                             dtype=dtype, tokens=tokens, attention=attention, framework=framework, fp8_recipe=fp8_recipe,
                             recompute_modules=recompute_modules, grid_intensity=grid, pue=pue,
-                            comm_priority=priority, cuda_graphs=cuda_graphs)
+                            comm_priority=priority, cuda_graphs=cuda_graphs, token_drop=token_drop)
     warnings = input_warnings(inputs.hardware, inputs.cluster)
     if not as_json:   # before the search: a mistaken cluster size is seen at once
         print_warnings(warnings)

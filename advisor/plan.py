@@ -112,6 +112,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         training["recompute_modules"] = list(plan.training.recompute_modules)
     if plan.training.cuda_graphs:
         training["cuda_graphs"] = list(plan.training.cuda_graphs)
+    if not plan.training.moe_dropless:
+        training["moe_dropless"] = False
     if plan.target is not None:
         training["target"] = dict(plan.target)
     if plan.training.grid_gco2e_per_kwh is not None or plan.training.pue != DEFAULT_PUE:
@@ -200,7 +202,8 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
     o = f"{origin}: training"
     f.check_keys(data, o, ("global_batch_size", "seq_length"), ("dtype", "optimizer", "train_tokens", "attention", "dropout", "framework",
                                                                 "overlap_grad_reduce", "fp8_recipe", "recompute_modules", "target",
-                                                                "pue", "grid_gco2e_per_kwh", "comm_priority", "cuda_graphs"))
+                                                                "pue", "grid_gco2e_per_kwh", "comm_priority", "cuda_graphs",
+                                                                "moe_dropless"))
     tokens = data.get("train_tokens")
     modules = data.get("recompute_modules")
     if modules is not None and (not isinstance(modules, list) or not all(isinstance(m, str) for m in modules)):
@@ -226,6 +229,7 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
         recompute_modules=None if modules is None else tuple(modules),
         comm_priority=f.boolean(data, "comm_priority", o, default=False),
         cuda_graphs=tuple(graphs),
+        moe_dropless=f.boolean(data, "moe_dropless", o, default=True),
         pue=f.positive_float(data, "pue", o, default=DEFAULT_PUE),
         grid_gco2e_per_kwh=(None if data.get("grid_gco2e_per_kwh") is None
                             else f.non_negative_float(data, "grid_gco2e_per_kwh", o)),

@@ -152,3 +152,32 @@ def test_megatron_export_writes_graphs_only_where_the_release_runs_them():
     assert any("refuses CUDA graphs with this recomputation" in u for u in launch.unsupported)
     # 0.13's Transformer Engine graphs need --te-rng-tracker (validate_args)
     assert "--te-rng-tracker" in megatron_launch(plan, "0.13").args()
+
+
+def test_token_dropping_opens_whole_moe_layer_graphs(monkeypatch, capsys, tmp_path):
+    import json
+
+    from advisor.export.megatron import megatron_launch
+
+    args = ("--model", "mixtral-8x7b", "--hardware", "dgx-h100", "--nodes", "4", "--gbs", "128", "--seq-len", "4096")
+    out = tmp_path / "moe.json"
+    code, _, err = run_cli(monkeypatch, capsys, "recommend", *args, "--ep", "8", "--moe-token-drop", "--cuda-graphs",
+                           "full", "--top", "1", "--out", str(out))
+    assert code == 0, err
+    data = json.loads(out.read_text())
+    assert data["training"]["moe_dropless"] is False and data["training"]["cuda_graphs"] == ["full"]
+    plan = plan_from_dict(data)
+    assert not plan.training.moe_dropless
+    a = megatron_launch(plan).args()
+    assert "--moe-pad-expert-input-to-capacity" in a and a[a.index("--cuda-graph-scope") + 1] == "full"
+    # dropless (the default) pays the host synchronization that token dropping avoids
+    code, text, _ = run_cli(monkeypatch, capsys, "estimate", "--plan", str(out), "--json")
+    dropped = json.loads(text)["step_time_s"]
+    data["training"].pop("moe_dropless")
+    data["training"].pop("cuda_graphs")
+    out.write_text(json.dumps(data))
+    code, text, _ = run_cli(monkeypatch, capsys, "estimate", "--plan", str(out), "--json")
+    assert code in (0, 1) and json.loads(text)["step_time_s"] > dropped
+    code, _, err = run_cli(monkeypatch, capsys, "estimate", "--model", "llama3-8b", "--hardware", "dgx-h100",
+                           "--devices", "8", "--moe-token-drop")
+    assert code == 2 and "no mixture-of-experts" in err

@@ -69,6 +69,9 @@ GRID_HELP = "grid carbon intensity: gCO2e/kWh or a region (world, china, india, 
 PRIORITY_HELP = ("price the layers' transfers ahead of overlapped data-parallel traffic on shared links "
                  "(MindPipe-style communication priority; default: fair sharing)")
 PUE_HELP = "the data centre's power usage effectiveness (default 1.58)"
+TOKEN_DROP_HELP = ("MoE: drop tokens beyond capacity factor 1 and pad each expert to it (Megatron's "
+                   "--moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity): static shapes, no host "
+                   "synchronization, whole-layer CUDA graphs; default: dropless")
 TARGET_TOKENS_HELP = "time-to-target: tokens to the target at a small batch, e.g. 300B (with --critical-batch-tokens)"
 TARGET_LOSS_HELP = "time-to-target: a loss in Kaplan et al. 2020's units (nats per token)"
 CRITICAL_HELP = "measured critical batch (gradient noise scale) in tokens, e.g. 4M"

@@ -116,6 +116,7 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
                      tokens: str | None, plan: str | None, attention: str = "flash",
                      dropout: bool = False, framework: str = "megatron", fp8_recipe: str | None = None,
                      cp_comm: str = "p2p", recompute_modules: str | None = None, cuda_graphs: str | None = None,
+                     token_drop: bool = False,
                      bucket_mb: float | None = None, copies: int = 1,
                      operator_strategies: str | None = None, grid_intensity: str | None = None,
                      pue: float | None = None, comm_priority: bool = False,
@@ -129,8 +130,13 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
         if grid_intensity is not None or pue is not None:
             site = site_settings(grid_intensity, pue if pue is not None else p.training.pue, job.train_tokens)
             job = replace(job, **({"pue": site["pue"]} if grid_intensity is None else site))
+        moe = getattr(p.model, "moe", None) is not None
+        if token_drop:
+            if not moe:
+                raise AdvisorError(f"--moe-token-drop: {p.model.name} has no mixture-of-experts layers")
+            job = replace(job, moe_dropless=False)
         if cuda_graphs is not None:
-            job = replace(job, cuda_graphs=parse_cuda_graphs(cuda_graphs, job.framework, getattr(p.model, "moe", None) is not None))
+            job = replace(job, cuda_graphs=parse_cuda_graphs(cuda_graphs, job.framework, moe, job.moe_dropless))
         inputs = Inputs(p.model, p.hardware, p.cluster, replace(job, comm_priority=job.comm_priority or comm_priority))
         strategy = replace(p.strategy, full_batch=True) if full_batch else p.strategy
         if offload_params or offload_fraction != 1.0:       # the plan's strategy with the offload asked for
@@ -145,7 +151,7 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
                                 seq_len=seq_len, dtype=dtype, tokens=tokens, attention=attention,
                                 dropout=dropout, framework=framework, fp8_recipe=fp8_recipe,
                                 recompute_modules=recompute_modules, grid_intensity=grid_intensity, pue=pue,
-                                comm_priority=comm_priority, cuda_graphs=cuda_graphs)
+                                comm_priority=comm_priority, cuda_graphs=cuda_graphs, token_drop=token_drop)
         strategy = strategy_from_flags(
             inputs, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, vpp=vpp, zero=zero, recompute=recompute,
             recompute_layers=recompute_layers, sequence_parallel=sequence_parallel, schedule=schedule,

@@ -72,6 +72,7 @@ def resolve_inputs(
     pue: float | None = None,
     comm_priority: bool = False,
     cuda_graphs: str | None = None,
+    token_drop: bool = False,
 ) -> Inputs:
     spec = load_model(model)
     if getattr(spec, "family", None) == "supernet":
@@ -85,9 +86,9 @@ def resolve_inputs(
     if isinstance(spec, RecModelSpec):
         if seq != 1:
             raise AdvisorError(f"--seq-len {seq}: {spec.name} is a recommendation model (one sample per row)")
-        if cuda_graphs is not None:
-            raise AdvisorError(f"--cuda-graphs: {spec.name} is a recommendation model; CUDA graphs are priced for "
-                               "transformer layers")
+        if cuda_graphs is not None or token_drop:
+            raise AdvisorError(f"--cuda-graphs/--moe-token-drop: {spec.name} is a recommendation model; they are "
+                               "transformer settings")
         if global_batch is None:   # the published batch, rounded up to a multiple of the devices
             gbs = -(-(spec.global_batch_size or cluster.devices) // cluster.devices) * cluster.devices
     dt = check_dtype(hw, dtype or default_dtype(hw))
@@ -103,15 +104,19 @@ def resolve_inputs(
     if recompute_modules is not None:
         modules = tuple(m.strip() for m in recompute_modules.split(",") if m.strip())
         check_recompute_modules(modules, framework, "--recompute-modules")
-    graphs = parse_cuda_graphs(cuda_graphs, framework, getattr(spec, "moe", None) is not None)
+    moe = getattr(spec, "moe", None) is not None
+    if token_drop and not moe:
+        raise AdvisorError(f"--moe-token-drop: {spec.name} has no mixture-of-experts layers")
+    graphs = parse_cuda_graphs(cuda_graphs, framework, moe, dropless=not token_drop)
     return Inputs(spec, hw, cluster, TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens,
                                                   attention=attention, dropout=dropout, framework=framework,
                                                   fp8_recipe=fp8_recipe, recompute_modules=modules,
                                                   comm_priority=comm_priority, cuda_graphs=graphs,
+                                                  moe_dropless=not token_drop,
                                                   **site_settings(grid_intensity, pue, train_tokens)))
 
 
-def parse_cuda_graphs(text: str | None, framework: str, moe: bool) -> tuple[str, ...]:
+def parse_cuda_graphs(text: str | None, framework: str, moe: bool, dropless: bool = True) -> tuple[str, ...]:
     """--cuda-graphs attn,moe_router -> ('attn', 'moe_router'); checked as Megatron-Core checks it
     (dropless MoE, the default, cannot graph whole MoE layers)."""
     if text is None:
@@ -119,7 +124,7 @@ def parse_cuda_graphs(text: str | None, framework: str, moe: bool) -> tuple[str,
     graphs = tuple(m.strip() for m in text.split(",") if m.strip())
     if not graphs:
         raise AdvisorError(f"--cuda-graphs needs at least one module ({', '.join(CUDA_GRAPH_MODULES)})")
-    check_cuda_graphs(graphs, framework, moe, True, "--cuda-graphs")
+    check_cuda_graphs(graphs, framework, moe, dropless, "--cuda-graphs")
     return graphs
 
 

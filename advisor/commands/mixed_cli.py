@@ -14,7 +14,8 @@ from advisor.search import Pins
 # advisor.cli's parameter names -> the names used here
 _ALIASES = {"gbs": "global_batch", "grid": "grid_intensity", "priority": "comm_priority", "offload_optimizer": "offload"}
 _JOB_KEYS = ("global_batch", "seq_len", "dtype", "tokens", "attention", "framework", "fp8_recipe", "recompute_modules",
-             "grid_intensity", "pue", "comm_priority", "cuda_graphs")
+             "grid_intensity", "pue", "comm_priority", "cuda_graphs",
+             "token_drop")
 
 
 def _options(given: dict[str, Any]) -> dict[str, Any]:

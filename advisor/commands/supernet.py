@@ -27,7 +27,7 @@ LEGEND = ("NASPipe, sequential, bound: seconds for the subnets; sequential: one 
           "stages (exact training without NASPipe); x: the speed-up over it; bound: the same pipeline if no two "
           "subnets shared a block; ahead: forwards run ahead of an earlier subnet held back by a shared block (NASPipe's out-of-order starts)")
 _REFUSED = ("tp", "cp", "ep", "vpp", "zero", "operator_strategies", "ps_mode", "plot", "full_batch", "offload_params",
-            "offload_fraction", "cuda_graphs")
+            "offload_fraction", "cuda_graphs", "token_drop")
 
 
 def _description(model: str) -> tuple[str, dict[str, Any]]:
