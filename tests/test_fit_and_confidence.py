@@ -3,6 +3,8 @@ estimates say they extrapolate; the new Megatron settings through the CLI, the p
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 
 import yaml
@@ -87,6 +89,11 @@ def test_estimates_say_where_they_extrapolate():
     assert any("fp8:mxfp8" in part for part in outside.extrapolated)
     e = estimate(model, hw, Cluster.of(hw, devices=64), job, s)
     assert e.confidence == inside
+    # no H100 calibration run used CUDA graphs (Megatron-Bridge's recipes graph on Blackwell only)
+    graphed = confidence(model, hw, Cluster.of(hw, devices=64), replace(job, cuda_graphs=("attn",)), s)
+    assert graphed.extrapolated == ("cuda-graphs on dgx-h100: no calibration run uses it",)
+    b200 = load_hardware("dgx-b200")
+    assert "cuda-graphs" in b200.raw["calibration"]["parallelism"]
 
 
 def test_recommend_json_and_table_carry_the_calibration():

@@ -2,8 +2,8 @@
 
 A fitted profile carries a ``calibration:`` mapping (written by benchmarks/fit_profiles.py --write):
 how many measured runs it was fitted on and what they covered: dtypes (FP8 with its recipe),
-frameworks, attention kernels, sequence lengths, cluster sizes, parallelisms (tp, pp, cp, ep, ZeRO-3)
-and model kinds (dense, MoE). An estimate is "calibrated" when its profile has such a mapping and
+frameworks, attention kernels, sequence lengths, cluster sizes, parallelisms and knobs (tp, pp, cp,
+ep, ZeRO-3, offload, CUDA graphs, MoE token dropping) and model kinds (dense, MoE). An estimate is "calibrated" when its profile has such a mapping and
 every one of its choices falls inside it; otherwise ``extrapolated`` names each part that does not
 (e.g. "fp8 (mxfp8) on dgx-h100", "sequence 131072 beyond the calibrated 512-65536").
 """
@@ -33,8 +33,9 @@ def dtype_label(job: TrainingJob) -> str:
     return f"fp8:{job.recipe}" if job.recipe else job.dtype
 
 
-def features(strategy: Strategy) -> set[str]:
-    """The parallelisms and knobs of a plan that calibration runs can cover."""
+def features(strategy: Strategy, job: TrainingJob | None = None, moe: bool = False) -> set[str]:
+    """The parallelisms and knobs of a plan that calibration runs can cover (with the job: its CUDA
+    graphs and, for MoE models, token dropping)."""
     out = {name for name in ("tp", "pp", "cp", "ep") if strategy.degree(name) > 1}
     if strategy.zero_stage == 3:
         out.add("zero3")
@@ -44,6 +45,10 @@ def features(strategy: Strategy) -> set[str]:
         out.add("offload")
     if strategy.offload_params:
         out.add("offload-params")
+    if job is not None and job.cuda_graphs:
+        out.add("cuda-graphs")
+    if job is not None and moe and not job.moe_dropless:
+        out.add("token-drop")
     return out
 
 
@@ -67,7 +72,7 @@ def confidence(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tra
     low, high = cal.get("devices", (0, 0))
     if not low <= cluster.devices <= high:
         out.append(f"{cluster.devices} devices outside the calibrated {low}-{high}")
-    missing = sorted(features(strategy) - set(cal.get("parallelism", ())))
+    missing = sorted(features(strategy, job, model.moe is not None) - set(cal.get("parallelism", ())))
     if missing:
         out.append(f"{', '.join(missing)} on {hw.name}: no calibration run uses it")
     kind = "moe" if model.moe is not None else "dense"
@@ -86,7 +91,7 @@ def summarize(runs) -> dict[str, Any]:
         frameworks.add(r.job.framework)
         if r.job.attention == "flash":
             kernels.add(r.job.kernel)
-        parallelism |= features(r.strategy)
+        parallelism |= features(r.strategy, r.job, r.model.moe is not None)
         models.add("moe" if r.model.moe is not None else "dense")
         sources.add(r.group)
         seqs.append(r.job.seq_length)
