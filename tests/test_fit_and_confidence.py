@@ -3,9 +3,8 @@ estimates say they extrapolate; the new Megatron settings through the CLI, the p
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import json
+from dataclasses import replace
 
 import yaml
 from typer.testing import CliRunner
