@@ -9,6 +9,7 @@ does not take (tensor or context parallelism, the other searchers) is refused in
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from rich import box
@@ -25,7 +26,9 @@ from advisor.render.formatting import step_time
 DEFAULT_BATCH_TOKENS = 2560
 LEGEND = ("NASPipe, sequential, bound: seconds for the subnets; sequential: one subnet at a time through the "
           "stages (exact training without NASPipe); x: the speed-up over it; bound: the same pipeline if no two "
-          "subnets shared a block; ahead: forwards run ahead of an earlier subnet held back by a shared block (NASPipe's out-of-order starts)")
+          "subnets shared a block; ahead: forwards run ahead of an earlier subnet held back by a shared block (NASPipe's out-of-order starts); "
+          "ctx host: the candidates' weights live in host memory and each subnet's blocks are swapped in (NASPipe's "
+          "context switching, chosen where every candidate does not fit on the device)")
 _REFUSED = ("tp", "cp", "ep", "vpp", "zero", "operator_strategies", "ps_mode", "plot", "full_batch", "offload_params",
             "offload_fraction", "cuda_graphs", "token_drop")
 
@@ -86,13 +89,14 @@ def _table(title: str, rows: list[tuple]) -> Table:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
                   collapse_padding=True)
     for name in ("#", "dp.pp", "layers", "subnet/s", "tokens/s", "NASPipe", "sequential", "x", "bound", "ahead",
-                 "GiB"):
+                 "GiB", "ctx"):
         table.add_column(name, justify="left" if name in ("dp.pp", "layers") else "right", no_wrap=True)
     for i, (s, e) in enumerate(rows, start=1):
         layers = "+".join(str(n) for n in s.stage_layers) if s.stage_layers else "all"
         table.add_row(str(i), f"{s.dp}.{s.pp}", layers, f"{e.subnets_per_s:,.1f}", f"{e.tokens_per_s:,.0f}",
                       step_time(e.naspipe.makespan_s), step_time(e.sequential_s), f"{e.speedup:.2f}x",
-                      step_time(e.no_dependency.makespan_s), str(e.naspipe.overtakes), f"{e.memory_gib:.1f}")
+                      step_time(e.no_dependency.makespan_s), str(e.naspipe.overtakes), f"{e.memory_gib:.1f}",
+                      "host" if e.context_switch else "-")
     return table
 
 
@@ -107,7 +111,8 @@ def recommend_supernet_cmd(o: dict[str, Any]) -> None:
     started = time.perf_counter()
     plans = search_supernet(net, hw, cluster, job, run, pp=o.get("pp"), top_k=o.get("top") or 5)
     seconds = time.perf_counter() - started
-    best = _plan(net, raw, hw, cluster, job, plans[0], run, 1, seconds)
+    chosen = replace(run, context_switch=plans[0].estimate.context_switch)
+    best = _plan(net, raw, hw, cluster, job, plans[0], chosen, 1, seconds)
     if o.get("out"):
         save_plan(best, o["out"])
     if o.get("as_json"):

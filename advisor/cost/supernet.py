@@ -10,6 +10,13 @@ block's time on a device, each subnet's forward and backward per stage, and the 
 * Each subnet trains for one step on one batch (NASPipe's one-to-one training); its backward on a
   stage includes the optimizer update of the blocks it used there (Adam, memory-bound:
   compute.optimizer_step_s) and, with data parallelism, the all-reduce of their gradients.
+* Context switching (``context_switch``; NASPipe's context manager, hku-systems/naspipe
+  reproducible/runtime.py "CtxM: Swapping IN" and main_with_runtime.py): the candidates' weights live
+  in host memory; a subnet's blocks on a stage are copied in on a side stream before its forward
+  (``.cuda(non_blocking=True)`` on cuda_stream_in_parameter), hidden behind the stage's previous
+  action up to its length, and copied out after its update with a blocking ``.cpu()``. The optimizer's
+  states stay on the device, where the optimizer created them, so the device holds every candidate's
+  states but only the weights and gradients of the blocks of the subnets in flight.
 * The embedding and the head are every subnet's. NASPipe's reproducible runs freeze them (their
   gradients are dropped before the optimizer step, hku-systems/naspipe reproducible/translation/
   main_with_runtime.py), so they never hold a subnet back; ``train_shared`` trains them, and then every
@@ -44,10 +51,12 @@ class SupernetRun:
     seed: int = 0
     train_shared: bool = False
     window: int | None = None      # subnets in flight (None: the pipeline depth)
+    context_switch: bool = False   # candidates' weights in host memory, swapped in per subnet (NASPipe)
 
     def to_dict(self) -> dict:
         return {"subnets": self.subnets, "seed": self.seed, "train_shared": self.train_shared,
-                **({"window": self.window} if self.window is not None else {})}
+                **({"window": self.window} if self.window is not None else {}),
+                **({"context_switch": True} if self.context_switch else {})}
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,9 @@ class SupernetEstimate:
     tokens_per_subnet: int
     memory_gib: float                # the fullest stage: every candidate's states and the subnets in flight
     capacity_gib: float
+    context_switch: bool = False
+    host_gib: float = 0.0            # with context switching: every candidate's weights in host memory
+    host_capacity_gib: float = float("inf")     # one process's share of its node's host memory
 
     @property
     def subnets_per_s(self) -> float:
@@ -74,14 +86,15 @@ class SupernetEstimate:
 
     @property
     def feasible(self) -> bool:
-        return self.memory_gib <= self.capacity_gib
+        return self.memory_gib <= self.capacity_gib and self.host_gib <= self.host_capacity_gib
 
     def to_dict(self) -> dict:
         return {"makespan_s": self.naspipe.makespan_s, "sequential_s": self.sequential_s,
                 "no_dependency_s": self.no_dependency.makespan_s, "speedup_over_sequential": self.speedup,
                 "subnets": self.subnets, "subnets_per_s": self.subnets_per_s, "tokens_per_s": self.tokens_per_s,
                 "utilization": self.naspipe.utilization, "overtakes": self.naspipe.overtakes,
-                "memory_gib": self.memory_gib, "capacity_gib": self.capacity_gib, "fits": self.feasible}
+                "memory_gib": self.memory_gib, "capacity_gib": self.capacity_gib, "fits": self.feasible,
+                "context_switch": self.context_switch, "host_gib": self.host_gib}
 
 
 def _batch(s: Strategy, num_layers: int) -> StrategyBatch:
@@ -117,8 +130,19 @@ def _stage_bounds(s: Strategy, num_layers: int) -> np.ndarray:
     return np.cumsum((0,) + tuple(s.resolved_stage_layers(num_layers)))
 
 
+def _context_switch_s(hw: HardwareProfile, job: TrainingJob, blocks: np.ndarray,
+                      bwd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What NASPipe's context switches add to each subnet's forward and backward on each stage: the
+    copy-in of its blocks' weights beyond the stage's previous action (its previous subnet's
+    backward, the closest action it can hide behind), and the blocking copy-out after its update."""
+    wb, _, _ = state_bytes_per_param(job)
+    copy_s = blocks * wb / (hw.host.pcie_bandwidth_gbps * 1e9)
+    previous = np.vstack([np.zeros((1, bwd.shape[1])), bwd[:-1]])
+    return np.maximum(copy_s - previous, 0.0), copy_s
+
+
 def action_times_s(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: Strategy, choices: np.ndarray,
-                   train_shared: bool) -> tuple[np.ndarray, np.ndarray, float]:
+                   train_shared: bool, context_switch: bool = False) -> tuple[np.ndarray, np.ndarray, float]:
     """(forward (subnets, pp), backward with updates (subnets, pp), one stage-to-stage transfer)."""
     times = candidate_times_s(net, hw, job, s)
     params = np.array([c.params(net.base) for c in net.candidates], dtype=float)
@@ -128,11 +152,13 @@ def action_times_s(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: 
     dp = placements(hw, b, ("dp_cp",))["dp_cp"]
     fwd = np.zeros((len(choices), s.pp))
     bwd = np.zeros_like(fwd)
+    blocks = np.zeros_like(fwd)
     for st in range(s.pp):
         picked = choices[:, bounds[st]:bounds[st + 1]]
         fwd[:, st] = times[picked, 0].sum(axis=1)
         bwd[:, st] = times[picked, 1].sum(axis=1)
         used = params[picked].sum(axis=1)
+        blocks[:, st] = used
         if train_shared and st == 0:
             used = used + net.base.embedding_params
         if st == s.pp - 1:
@@ -143,18 +169,24 @@ def action_times_s(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: 
         bwd[:, st] += optimizer_step_s(hw, used)
         if s.dp > 1:
             bwd[:, st] += comm.group_time_s(hw, "all_reduce", used * job.grad_reduce_bytes, dp)
+    if context_switch:
+        copy_in, copy_out = _context_switch_s(hw, job, blocks, bwd)
+        fwd, bwd = fwd + copy_in, bwd + copy_out
     p2p_bytes = s.micro_batch_size * job.seq_length * net.base.hidden_size * job.dtype_bytes
     p2p = float(comm.tier_p2p_time_s(hw, p2p_bytes, pipeline_neighbour_tier(hw, b))[0]) if s.pp > 1 else 0.0
     return fwd, bwd, p2p
 
 
-def _memory_gib(net: SupernetSpec, job: TrainingJob, s: Strategy, window: int, train_shared: bool) -> float:
+def _memory_gib(net: SupernetSpec, job: TrainingJob, s: Strategy, window: int, train_shared: bool,
+                context_switch: bool = False) -> float:
     """The fullest stage: weights, gradients and optimizer states (advisor.cost.memory's bytes per
     parameter) of every candidate of its layers and of the ends, plus the activations of the subnets
     in flight, each layer at its largest candidate's: a transformer candidate's saved tensors from
     advisor.cost.activations (Korthikanti et al. 2022, term by term); a convolution block keeps its
     input, the norm's output, the 2h projection, the GLU output and the convolution's output for its
-    backward: 6 h elements per token."""
+    backward: 6 h elements per token. With context switching the candidates' weights and gradients
+    are on the device only for the blocks of the subnets in flight (at most one per layer each, the
+    largest candidate), their optimizer states for every candidate."""
     b = _batch(s, net.num_layers)
     tokens = s.micro_batch_size * job.seq_length
     act = max(float(layer_activation_terms(c.layer_model(net.base), job, b, moe_layer=False).no_recompute[0])
@@ -162,7 +194,11 @@ def _memory_gib(net: SupernetSpec, job: TrainingJob, s: Strategy, window: int, t
               for c in net.candidates)
     wb, gb, ob = state_bytes_per_param(job)
     per_layer = sum(c.params(net.base) for c in net.candidates)
-    worst = max(n * (per_layer * (wb + gb + ob) + act * window) for n in s.resolved_stage_layers(net.num_layers))
+    held = per_layer * (wb + gb + ob)
+    if context_switch:
+        largest = max(c.params(net.base) for c in net.candidates)
+        held = per_layer * ob + min(window, len(net.candidates)) * largest * (wb + gb)
+    worst = max(n * (held + act * window) for n in s.resolved_stage_layers(net.num_layers))
     # frozen ends (NASPipe) hold their weights only
     ends = (net.base.embedding_params + (0 if net.base.tie_embeddings else net.base.lm_head_params)) * (
         wb + gb + ob if train_shared else wb)
@@ -172,11 +208,15 @@ def _memory_gib(net: SupernetSpec, job: TrainingJob, s: Strategy, window: int, t
 def estimate_supernet(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: Strategy,
                       run: SupernetRun = SupernetRun()) -> SupernetEstimate:
     choices = sample_subnets(run.subnets, net.num_layers, len(net.candidates), run.seed)
-    fwd, bwd, p2p = action_times_s(net, hw, job, s, choices, run.train_shared)
+    fwd, bwd, p2p = action_times_s(net, hw, job, s, choices, run.train_shared, run.context_switch)
     blocks = stage_blocks(choices, s.resolved_stage_layers(net.num_layers), run.train_shared)
     window = run.window or s.pp
     schedule = simulate(fwd, bwd, p2p, dependencies(blocks), window)
     free = simulate(fwd, bwd, p2p, dependencies(blocks, causal=False), window)
+    wb, _, _ = state_bytes_per_param(job)
+    host = net.num_layers * sum(c.params(net.base) for c in net.candidates) * wb / 2.0 ** 30 if run.context_switch else 0.0
     return SupernetEstimate(schedule, sequential_s(fwd, bwd, p2p), free, run.subnets,
-                            s.micro_batch_size * s.dp * job.seq_length, _memory_gib(net, job, s, window, run.train_shared),
-                            hw.device.memory_gib)
+                            s.micro_batch_size * s.dp * job.seq_length,
+                            _memory_gib(net, job, s, window, run.train_shared, run.context_switch),
+                            hw.device.memory_gib, run.context_switch, host,
+                            hw.host.memory_gib / hw.node.devices_per_node)

@@ -9,7 +9,7 @@ second among the plans that fit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -79,6 +79,10 @@ def search_supernet(net: SupernetSpec, hw: HardwareProfile, cluster: Cluster, jo
             continue
         s = supernet_strategy(net, hw, job, depth, dp)
         e = estimate_supernet(net, hw, job, s, run)
+        if not e.feasible and not run.context_switch:
+            # NASPipe's context switching: the candidates' weights in host memory
+            switched = estimate_supernet(net, hw, job, s, replace(run, context_switch=True))
+            e = switched if switched.feasible else e
         if e.feasible:
             plans.append(SupernetPlan(s, e))
         else:

@@ -51,7 +51,9 @@ def run_supernet(plan, *, subnets: int, tiny: bool, timeout_s: float = 600.0, wo
     run = plan.supernet or SupernetRun()
     shape = net_shape(net, s.micro_batch_size, tiny)
     choices = sample_subnets(subnets, net.num_layers, len(net.candidates), run.seed)
-    fwd, bwd, p2p = action_times_s(net, hw, job, s, choices, run.train_shared)
+    # the order the plan was priced with (context switching included); the executor itself keeps every
+    # candidate of its supernet on its ranks
+    fwd, bwd, p2p = action_times_s(net, hw, job, s, choices, run.train_shared, run.context_switch)
     layers = s.resolved_stage_layers(net.num_layers)
     schedule = simulate(fwd, bwd, p2p, dependencies(stage_blocks(choices, layers, run.train_shared), causal),
                         run.window or s.pp)
@@ -74,4 +76,6 @@ def run_supernet(plan, *, subnets: int, tiny: bool, timeout_s: float = 600.0, wo
             "tiny": tiny, "train_shared": run.train_shared, "losses": losses, "sequential_losses": reference,
             "max_loss_difference": diff, "losses_match": diff <= TOLERANCE, "tolerance": TOLERANCE,
             "pipeline_s": max(r["seconds"] for r in ranks), "sequential_s": sequential_s,
-            "overtakes": schedule.overtakes, "causal": causal, "orders": [list(o) for o in schedule.orders]}
+            "overtakes": schedule.overtakes, "causal": causal, "orders": [list(o) for o in schedule.orders],
+            **({"notes": ["the plan was priced with NASPipe's context switching (candidates' weights in host memory); "
+                          "the executor keeps every candidate of its supernet on its ranks"]} if run.context_switch else {})}
