@@ -181,3 +181,39 @@ def test_token_dropping_opens_whole_moe_layer_graphs(monkeypatch, capsys, tmp_pa
     code, _, err = run_cli(monkeypatch, capsys, "estimate", "--model", "llama3-8b", "--hardware", "dgx-h100",
                            "--devices", "8", "--moe-token-drop")
     assert code == 2 and "no mixture-of-experts" in err
+
+
+def test_dropout_keeps_graphed_mlp_out_of_recomputation():
+    c = Cluster.of(load_hardware("dgx-a100-80g"), nodes=1)
+    selective = replace(S, recompute="selective")
+    job = replace(JOB, dropout=True, recompute_modules=("mlp",))
+    assert violations(MODEL, c, replace(job, cuda_graphs=("mlp",)), selective)
+    assert violations(MODEL, c, replace(job, cuda_graphs=("attn",)), selective) == []
+
+
+def test_exports_write_or_report_the_routing_and_dropout():
+    from _export_plans import plans
+    from advisor.export import export_plan
+    from advisor.export.megatron import megatron_launch
+
+    moe = plans()["mixtral_recompute_modules"]
+    dropped = replace(moe, training=replace(moe.training, moe_dropless=False))
+    titan = export_plan(dropped, "torchtitan")
+    assert any("moe_dropless = false" in u for u in titan.unsupported)
+    ds = export_plan(dropped, "deepspeed")
+    assert "drop_tokens=True" in "".join(ds.files.values())
+    assert "drop_tokens=False" in "".join(export_plan(moe, "deepspeed").files.values())
+    # Megatron-LM's 0.1 dropout defaults are turned off for plans priced without dropout
+    a = megatron_launch(moe).args()
+    assert a[a.index("--attention-dropout") + 1] == "0.0" and a[a.index("--hidden-dropout") + 1] == "0.0"
+    gpt3 = plans()["gpt3_gpipe_fp16"]
+    assert "--attention-dropout" not in megatron_launch(replace(gpt3, training=replace(gpt3.training, dropout=True))).args()
+
+
+def test_mixed_plans_refuse_the_job_flags(monkeypatch, capsys, tmp_path):
+    out = tmp_path / "mixed.json"
+    code, _, err = run_cli(monkeypatch, capsys, "recommend", "--model", "llama3-8b", "--hardware",
+                           "dgx-a100-80g:1,dgx-h100:1", "--gbs", "32", "--seq-len", "4096", "--top", "1", "--out", str(out))
+    assert code == 0, err
+    code, _, err = run_cli(monkeypatch, capsys, "estimate", "--plan", str(out), "--cuda-graphs", "full")
+    assert code == 2 and "mixed plan" in err

@@ -106,6 +106,8 @@ MEGATRON_FLAGS: dict[str, tuple] = {
     "--min-lr": (float, None),
     "--lr-decay-style": (str, ("constant", "linear", "cosine", "inverse-square-root", "WSD")),
     "--weight-decay": (float, None),
+    "--attention-dropout": (float, None),
+    "--hidden-dropout": (float, None),
     "--clip-grad": (float, None),
     # _add_experimental_args
     "--use-precision-aware-optimizer": (None, None),

@@ -97,12 +97,12 @@ def test_ps_bytes_and_server_time_by_hand():
     assert e.step_time_s == pytest.approx(e.time_s["compute_s"] + ps_phase + e.time_s["latency_s"])
     assert e.samples_per_s == pytest.approx(8 / e.step_time_s)
     # a calibrated profile prices each piece's handling (advisor.cost.ps_handling): a table piece
-    # (14 worker operations; 3 per worker and 4 on the server) and a Linear served as weight and bias
+    # (16 worker operations; 3 per worker and 4 on the server) and a Linear served as weight and bias
     # (5 each; 3 per worker and 3 on the server each), plus the optimizer's time per tensor
     measured = replace(A100, inter=replace(A100.inter, message_overhead_us=80.0),
                        device=replace(A100.device, launch_overhead_us=6.0, optimizer_overhead_us_per_tensor=10.0))
     m = estimate_recsys(model, measured, cluster, job, RecsysConfig("ps", 1, "dedicated", True, names))
-    handling = (14 + 2 * 5) * 6e-6 + ((3 * 2 + 4) + 2 * (3 * 2 + 3)) * 6e-6 + 3 * 10e-6
+    handling = (16 + 2 * 5) * 6e-6 + ((3 * 2 + 4) + 2 * (3 * 2 + 3)) * 6e-6 + 3 * 10e-6
     assert m.time_s["handling_s"] == pytest.approx(handling)
     assert m.step_time_s == pytest.approx(m.time_s["compute_s"] + ps_phase + m.time_s["latency_s"] + handling)
 
@@ -128,6 +128,9 @@ def test_messages_cost_their_busiest_endpoint():
             3 * max(devices, servers) * 250e-6 - 4 * A100.inter.latency_s + slow.time_s["handling_s"])
         # asynchronous: the workers pay their own messages, the servers theirs, nobody waits for both
         asyn = estimate_recsys(model, measured, cluster, job, replace(config, synchronous=False))
+        # asynchronous: the part is the busier side's handling, nothing where it is not priced
+        assert estimate_recsys(model, A100, cluster, job, replace(config, synchronous=False)).time_s["handling_s"] == 0.0
+        assert 0.0 < asyn.time_s["handling_s"] < slow.time_s["handling_s"]
         assert asyn.step_time_s >= 3 * devices * 250e-6 and asyn.step_time_s < slow.step_time_s + 1e-12
 
 

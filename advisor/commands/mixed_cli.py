@@ -73,6 +73,9 @@ def estimate_mixed_cmd(given: dict[str, Any]) -> None:
 
     refuse_unsupported(operator_strategies=o.get("operator_strategies"), ps_mode=o.get("ps_mode"))
     if o.get("plan") is not None:
+        if o.get("cuda_graphs") is not None or o.get("token_drop"):
+            raise AdvisorError("--cuda-graphs/--moe-token-drop with a mixed plan: the plan's training settings are "
+                               "priced as saved; give them to recommend or estimate with --hardware PROFILE:NODES,...")
         plan = load_plan(o["plan"])
         e, title = estimate_plan(plan), f"{plan.model.name} on {plan.mixed.label} (plan {o['plan']})"
     else:

@@ -53,7 +53,9 @@ def is_supernet(model: str | None) -> bool:
 
 def _refuse(o: dict[str, Any]) -> None:
     for key in _REFUSED:
-        if o.get(key) not in (None, False, 1, 0):
+        value = o.get(key)
+        given = value is True or (value not in (None, False, 1, 0) and not isinstance(value, bool))
+        if given:
             raise AdvisorError(f"--{key.replace('_', '-')} is not available for a supernet (NASPipe trains each subnet "
                                "as one pipeline task; give --pp and --global-batch)")
     if o.get("searcher", "enumerate") != "enumerate" or o.get("objective", "throughput") != "throughput":
@@ -137,12 +139,12 @@ def estimate_supernet_cmd(o: dict[str, Any]) -> None:
     from advisor.plan import load_plan
     from advisor.search.supernet import supernet_strategy
 
+    _refuse(o)
     if o.get("plan"):
         plan = load_plan(o["plan"])
         s, e = plan.strategy, estimate_supernet_plan(plan)
         title = f"{plan.model.name} supernet (plan {o['plan']})"
     else:
-        _refuse(o)
         net, _, hw, cluster, job = _inputs(o)
         pp = 1 if o.get("pp") is None else o["pp"]
         if not isinstance(pp, int) or not 1 <= pp <= net.num_layers or cluster.devices % pp \
@@ -153,6 +155,9 @@ def estimate_supernet_cmd(o: dict[str, Any]) -> None:
         from advisor.cost.supernet import estimate_supernet
 
         e = estimate_supernet(net, hw, job, s)
+        if not e.feasible:      # as recommend: NASPipe's context switching where every candidate does not fit
+            switched = estimate_supernet(net, hw, job, s, SupernetRun(context_switch=True))
+            e = switched if switched.feasible else e
         title = f"{net.name} supernet on {cluster.devices} x {hw.device.name}"
     if o.get("as_json"):
         print_json({"parallel": {"dp": s.dp, "pp": s.pp, "stage_layers": list(s.stage_layers or [])}, **e.to_dict()})

@@ -202,7 +202,7 @@ def estimate_parameter_server(model: RecModelSpec, hw: HardwareProfile, cluster:
         # the worker handles its pieces in its own process; the servers theirs while it computes
         worker_iter = max(compute.total_s + ar_exposed + worker_handling_s, worker_nic_s + worker_msgs_s)
         step = max(worker_iter, server_nic_s, server_update_s, server_msgs_s + server_handling_s)
-        handling_s = max(worker_iter - compute.total_s - ar_exposed, 0.0) if worker_iter == step else server_handling_s
+        handling_s = max(worker_handling_s, server_handling_s)       # the busier side's handling
         staleness = float(n)
     parts = step_parts(compute_s=compute.total_s, worker_nic_s=worker_nic_s, server_nic_s=server_nic_s,
                        server_update_s=server_update_s, allreduce_s=ar_exposed, latency_s=latency_s,

@@ -8,8 +8,8 @@ here from its code:
 
 * a worker, for a table piece: selects the piece's rows of its batch for the pull request (two
   comparisons, their conjunction, the selection and the offset: 5), places the answer in the pulled
-  table (the same mask again and the copy: 4), selects the piece's gradient rows for the push (4),
-  packs it (1): 14; for a dense piece (a Linear's weight or bias): places the answer (3: buffer,
+  table (its buffer, the same mask again, the reshape and the copy: 6), selects the piece's
+  gradient rows for the push (4), packs it (1): 16; for a dense piece (a Linear's weight or bias): places the answer (3: buffer,
   reshape, copy), slices and packs its gradient (2): 5;
 * a server, per piece: for each worker, gathers the requested rows (a table) or the whole tensor and
   packs the answer (2), unpacks the push (1); then concatenates the workers' gradient rows and
@@ -30,7 +30,7 @@ from __future__ import annotations
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.recommendation import RecModelSpec
 
-WORKER_OPS_SPARSE = 14
+WORKER_OPS_SPARSE = 16
 WORKER_OPS_DENSE = 5
 SERVER_OPS_PER_WORKER = 3
 SERVER_OPS_SPARSE = 4

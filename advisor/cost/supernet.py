@@ -10,13 +10,16 @@ block's time on a device, each subnet's forward and backward per stage, and the 
 * Each subnet trains for one step on one batch (NASPipe's one-to-one training); its backward on a
   stage includes the optimizer update of the blocks it used there (Adam, memory-bound:
   compute.optimizer_step_s) and, with data parallelism, the all-reduce of their gradients.
-* Context switching (``context_switch``; NASPipe's context manager, hku-systems/naspipe
-  reproducible/runtime.py "CtxM: Swapping IN" and main_with_runtime.py): the candidates' weights live
-  in host memory; a subnet's blocks on a stage are copied in on a side stream before its forward
-  (``.cuda(non_blocking=True)`` on cuda_stream_in_parameter), hidden behind the stage's previous
-  action up to its length, and copied out after its update with a blocking ``.cpu()``. The optimizer's
-  states stay on the device, where the optimizer created them, so the device holds every candidate's
-  states but only the weights and gradients of the blocks of the subnets in flight.
+* Context switching (``context_switch``; NASPipe's reproducible runtime, hku-systems/naspipe
+  reproducible/translation/gpus=4/__init__.py and main_with_runtime.py): the candidates' weights live
+  in host memory; a forward pre-hook copies a chosen block's weights to the device (``.cuda()``) and
+  a forward hook copies them back (``.cpu()``) while it has no gradient; each stage's forward is
+  checkpointed, so the recomputed forward in the backward pass copies them in and out again, and the
+  update copies them in once more and out after the step: three copies each way per subnet and
+  stage, blocking (pageable host memory), none hidden. The optimizer's states stay on the device,
+  where the optimizer created them, so the device holds every candidate's states but only the
+  weights and gradients of the blocks of the subnets in flight; each stage's process holds its own
+  layers' candidates on the host.
 * The embedding and the head are every subnet's. NASPipe's reproducible runs freeze them (their
   gradients are dropped before the optimizer step, hku-systems/naspipe reproducible/translation/
   main_with_runtime.py), so they never hold a subnet back; ``train_shared`` trains them, and then every
@@ -130,15 +133,17 @@ def _stage_bounds(s: Strategy, num_layers: int) -> np.ndarray:
     return np.cumsum((0,) + tuple(s.resolved_stage_layers(num_layers)))
 
 
-def _context_switch_s(hw: HardwareProfile, job: TrainingJob, blocks: np.ndarray,
-                      bwd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """What NASPipe's context switches add to each subnet's forward and backward on each stage: the
-    copy-in of its blocks' weights beyond the stage's previous action (its previous subnet's
-    backward, the closest action it can hide behind), and the blocking copy-out after its update."""
+# NASPipe's copies of a subnet's blocks per stage (see the module docstring): in and out around the
+# forward; around the checkpointed forward's recomputation and around the update in the backward
+FORWARD_COPIES = 2
+BACKWARD_COPIES = 4
+
+
+def _context_switch_s(hw: HardwareProfile, job: TrainingJob, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What NASPipe's context switches add to each subnet's forward and backward on each stage."""
     wb, _, _ = state_bytes_per_param(job)
     copy_s = blocks * wb / (hw.host.pcie_bandwidth_gbps * 1e9)
-    previous = np.vstack([np.zeros((1, bwd.shape[1])), bwd[:-1]])
-    return np.maximum(copy_s - previous, 0.0), copy_s
+    return FORWARD_COPIES * copy_s, BACKWARD_COPIES * copy_s
 
 
 def action_times_s(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: Strategy, choices: np.ndarray,
@@ -170,8 +175,8 @@ def action_times_s(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: 
         if s.dp > 1:
             bwd[:, st] += comm.group_time_s(hw, "all_reduce", used * job.grad_reduce_bytes, dp)
     if context_switch:
-        copy_in, copy_out = _context_switch_s(hw, job, blocks, bwd)
-        fwd, bwd = fwd + copy_in, bwd + copy_out
+        copies_f, copies_b = _context_switch_s(hw, job, blocks)
+        fwd, bwd = fwd + copies_f, bwd + copies_b
     p2p_bytes = s.micro_batch_size * job.seq_length * net.base.hidden_size * job.dtype_bytes
     p2p = float(comm.tier_p2p_time_s(hw, p2p_bytes, pipeline_neighbour_tier(hw, b))[0]) if s.pp > 1 else 0.0
     return fwd, bwd, p2p
@@ -214,7 +219,8 @@ def estimate_supernet(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, 
     schedule = simulate(fwd, bwd, p2p, dependencies(blocks), window)
     free = simulate(fwd, bwd, p2p, dependencies(blocks, causal=False), window)
     wb, _, _ = state_bytes_per_param(job)
-    host = net.num_layers * sum(c.params(net.base) for c in net.candidates) * wb / 2.0 ** 30 if run.context_switch else 0.0
+    layers = max(s.resolved_stage_layers(net.num_layers))        # the fullest stage's process
+    host = layers * sum(c.params(net.base) for c in net.candidates) * wb / 2.0 ** 30 if run.context_switch else 0.0
     return SupernetEstimate(schedule, sequential_s(fwd, bwd, p2p), free, run.subnets,
                             s.micro_batch_size * s.dp * job.seq_length,
                             _memory_gib(net, job, s, window, run.train_shared, run.context_switch),

@@ -93,3 +93,11 @@ def cuda_graphs_unsupported(plan: Plan, target: str) -> str | None:
         return None
     return (f"training.cuda_graphs = {', '.join(plan.training.cuda_graphs)}: {target} has no per-layer CUDA graphs of "
             "Megatron-Core's kind; exported without them (the plan's host time was priced with them)")
+
+
+def token_drop_unsupported(plan: Plan, target: str) -> str | None:
+    """training.moe_dropless = false: a capacity factor with padding (Megatron's and MindSpore's)."""
+    if plan.training.moe_dropless or plan.model.moe is None:
+        return None
+    return (f"training.moe_dropless = false: {target} has no capacity factor with padding for its experts; exported "
+            "dropless (the plan was priced without the host synchronization dropless routing pays)")

@@ -165,7 +165,7 @@ def ds_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
 
 
 def pipeline_settings(plan: Plan, unsupported: list[str], notes: list[str]) -> str:
-    s, m = plan.strategy, plan.model
+    s, m, j = plan.strategy, plan.model, plan.training
     layers = list(stage_layers(plan))
     if s.pp > 1 and not is_even_split(plan):
         unsupported.append(f"parallel.stage_layers = {layers}: PipelineModule partitions by 'uniform' or "
@@ -181,9 +181,12 @@ def pipeline_settings(plan: Plan, unsupported: list[str], notes: list[str]) -> s
     partition = "uniform" if is_even_split(plan) else "parameters"
     ep_line = ""
     if m.moe is not None:
-        ep_line = (f"# Expert parallelism is set where the MoE layers are built:\n"
+        # DeepSpeed's MoE drops tokens beyond capacity_factor 1.0 unless drop_tokens=False (its
+        # deepspeed.moe.layer.MoE defaults): the plan's routing, written out
+        drop = "True" if not j.moe_dropless else "False"
+        ep_line = (f"# Expert parallelism and the routing are set where the MoE layers are built:\n"
                    f"#   deepspeed.moe.layer.MoE(hidden_size={m.hidden_size}, num_experts={m.moe.num_experts}, "
-                   f"ep_size=EP_SIZE, k={m.moe.top_k})\n")
+                   f"ep_size=EP_SIZE, k={m.moe.top_k}, capacity_factor=1.0, drop_tokens={drop})\n")
         notes.append(f"expert parallelism (ep = {s.ep}) is an argument of deepspeed.moe.layer.MoE in the model code; "
                      "pipeline_settings.py names it EP_SIZE")
     return (

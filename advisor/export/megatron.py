@@ -178,6 +178,10 @@ def megatron_launch(plan: Plan, target_version: str | None = None) -> MegatronLa
     if not m.use_bias:
         model.append("--disable-bias-linear")
     model += ["--attention-backend", "flash" if j.attention == "flash" else "unfused"]
+    # Megatron-LM's dropout defaults are 0.1 / 0.1 (arguments.py): what a plan priced with dropout
+    # runs; a plan priced without it (the default) turns both off
+    if not j.dropout:
+        model += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
     if m.moe is not None:
         model += ["--num-experts", str(m.moe.num_experts), "--moe-router-topk", str(m.moe.top_k),
                   "--moe-ffn-hidden-size", str(m.moe.expert_ffn_hidden_size), "--moe-layer-freq", moe_layer_freq(plan),
@@ -279,22 +283,27 @@ def _cuda_graph_flags(plan: Plan, version: str, unsupported: list[str]) -> list[
     (Transformer Engine's implementation: --cuda-graph-impl transformer_engine from 0.15,
     --external-cuda-graph before, which 0.13 runs only with --te-rng-tracker) and, from 0.14,
     full_iteration (the local implementation: --cuda-graph-impl local, --enable-cuda-graph before
-    0.15; validate_args wants --no-check-for-nan-in-loss-and-grad with it). These releases refuse
-    graphs with recomputation except a Transformer Engine attn graph beside selective recomputation
-    of modules other than core_attn and mla_up_proj."""
+    0.15; validate_args wants --no-check-for-nan-in-loss-and-grad with it). With recomputation: the
+    local implementation refuses it in every one of them; 0.13 and 0.14 do not check Transformer
+    Engine graphs against it; 0.15 takes only a Transformer Engine attn graph beside selective
+    recomputation of modules other than core_attn and mla_up_proj."""
     graphs, s = plan.training.cuda_graphs, plan.strategy
     if not graphs:
         return []
     newest = version not in ("0.13", "0.14")
     rc = priced_recompute(plan).kind
-    attn_ok = (graphs == ("attn",) and rc == CORE_ATTENTION
-               and not {"core_attn", "mla_up_proj"} & set(plan.training.selective_modules))
-    if s.recompute != "none" and not attn_ok:
+    te_graphs = graphs in (("full",), ("attn",))
+    if newest:
+        accepted = (graphs == ("attn",) and rc == CORE_ATTENTION
+                    and not {"core_attn", "mla_up_proj"} & set(plan.training.selective_modules))
+    else:
+        accepted = te_graphs
+    if s.recompute != "none" and not accepted:
         unsupported.append(f"training.cuda_graphs = {', '.join(graphs)} with parallel.recompute = {s.recompute}: "
                            f"Megatron-Core {version} refuses CUDA graphs with this recomputation; exported without "
                            "CUDA graphs")
         return []
-    if graphs in (("full",), ("attn",)):
+    if te_graphs:
         impl = ["--cuda-graph-impl", "transformer_engine"] if newest else ["--external-cuda-graph"]
         return impl + ["--cuda-graph-scope", graphs[0], "--te-rng-tracker"]
     if graphs == ("full_iteration",) and version != "0.13":

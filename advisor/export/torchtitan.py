@@ -60,7 +60,8 @@ def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, 
                                    _comm_knobs.copies_unsupported(plan, "torchtitan", "async tensor parallelism"),
                                    _comm_knobs.priority_unsupported(plan, "torchtitan"),
                                    _comm_knobs.full_batch_unsupported(plan, "torchtitan"),
-                                   _comm_knobs.cuda_graphs_unsupported(plan, "torchtitan")] if x)
+                                   _comm_knobs.cuda_graphs_unsupported(plan, "torchtitan"),
+                                   _comm_knobs.token_drop_unsupported(plan, "torchtitan")] if x)
     # ---- data parallelism: FSDP2 ---------------------------------------------------------------------
     if s.zero_stage == 0:
         replicate, shard, reshard = s.dp, 1, "default"

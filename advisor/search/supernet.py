@@ -86,7 +86,9 @@ def search_supernet(net: SupernetSpec, hw: HardwareProfile, cluster: Cluster, jo
         if e.feasible:
             plans.append(SupernetPlan(s, e))
         else:
-            why.append(f"pp {depth}: needs {e.memory_gib:.1f} GiB per device")
+            host = (f" and {e.host_gib:.1f} GiB of host memory (of {e.host_capacity_gib:.0f})"
+                    if e.host_gib > e.host_capacity_gib else "")
+            why.append(f"pp {depth}: needs {e.memory_gib:.1f} GiB per device{host}")
     if not plans:
         raise InfeasibleError(f"no supernet plan fits on {cluster.devices} x {hw.device.name}: " + "; ".join(why[:3]))
     plans.sort(key=lambda p: -p.estimate.subnets_per_s)

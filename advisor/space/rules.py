@@ -117,8 +117,8 @@ def _cuda_graphs(m, c, j, b):
     # Megatron-Core (transformer_config.py __post_init__; the job's own check,
     # advisor.specs.job.check_cuda_graphs, does not know the model or the strategy): moe scopes need
     # experts and 'mlp' dense layers; whole MoE layers are graphed only with token dropping; full
-    # recomputation goes only with the full-iteration graph; with dropout, a graphed attention is not
-    # recomputed (selective core_attn)
+    # recomputation goes only with the full-iteration graph; with dropout, a graphed attention or MLP
+    # is not recomputed (selective core_attn, mlp)
     g = j.cuda_graphs
     if not g:
         return np.zeros(len(b), dtype=bool)
@@ -127,8 +127,12 @@ def _cuda_graphs(m, c, j, b):
     wrong = ((moe_scope and m.moe is None) or ("mlp" in g and m.num_dense_layers == 0)
              or (whole and m.moe is not None and j.moe_dropless))
     full = (b.recompute == RECOMPUTE_FULL) & ("full_iteration" not in g)
-    graphed_attn = "attn" in g or "full" in g or "full_iteration" in g
-    dropout = (b.recompute == RECOMPUTE_SELECTIVE) & (j.dropout and graphed_attn and "core_attn" in j.selective_modules)
+    whole_graph = "full" in g or "full_iteration" in g
+    graphed_attn = "attn" in g or whole_graph
+    graphed_mlp = "mlp" in g or whole_graph
+    modules = j.selective_modules
+    dropout = (b.recompute == RECOMPUTE_SELECTIVE) & (j.dropout and ((graphed_attn and "core_attn" in modules)
+                                                                    or (graphed_mlp and "mlp" in modules)))
     return wrong | full | dropout
 
 
@@ -196,7 +200,7 @@ RULES: dict[str, tuple[Rule, str]] = {
                           "moe_act needs MoE layers"),
     "cuda graphs": (_cuda_graphs, "CUDA graphs as Megatron-Core takes them: moe scopes need MoE layers and mlp "
                     "dense ones, whole MoE layers need token dropping, full recomputation needs the "
-                    "full_iteration graph, and with dropout a graphed attention is not recomputed"),
+                    "full_iteration graph, and with dropout a graphed attention or MLP is not recomputed"),
     "offload needs zero": (_offload, "optimizer offload needs ZeRO stage 1 or more"),
     "offload fraction": (_offload_fraction, "an optimizer offload fraction lies in (0, 1] and below 1 goes with the "
                          "optimizer offloaded, the parameters on the device and a framework that has it (megatron, "
