@@ -13,10 +13,11 @@ block's time on a device, each subnet's forward and backward per stage, and the 
 * Context switching (``context_switch``; NASPipe's reproducible runtime, hku-systems/naspipe
   reproducible/translation/gpus=4/__init__.py and main_with_runtime.py): the candidates' weights live
   in host memory; a forward pre-hook copies a chosen block's weights to the device (``.cuda()``) and
-  a forward hook copies them back (``.cpu()``) while it has no gradient; each stage's forward is
-  checkpointed, so the recomputed forward in the backward pass copies them in and out again, and the
-  update copies them in once more and out after the step: three copies each way per subnet and
-  stage, blocking (pageable host memory), none hidden. The optimizer's states stay on the device,
+  a forward hook copies them back (``.cpu()``) while it has no gradient (the backward uses the
+  device copies autograd saved), and the update copies them in once more and out after the step:
+  two copies each way per subnet and stage, blocking (pageable host memory), none hidden. NASPipe's
+  runtime also checkpoints each stage's forward (``cp.checkpoint``), which repeats the forward's
+  copies in the backward; advisor's supernet pricing, like its executor, does not checkpoint. The optimizer's states stay on the device,
   where the optimizer created them, so the device holds every candidate's states but only the
   weights and gradients of the blocks of the subnets in flight; each stage's process holds its own
   layers' candidates on the host.
@@ -134,9 +135,9 @@ def _stage_bounds(s: Strategy, num_layers: int) -> np.ndarray:
 
 
 # NASPipe's copies of a subnet's blocks per stage (see the module docstring): in and out around the
-# forward; around the checkpointed forward's recomputation and around the update in the backward
+# forward, and around the update in the backward
 FORWARD_COPIES = 2
-BACKWARD_COPIES = 4
+BACKWARD_COPIES = 2
 
 
 def _context_switch_s(hw: HardwareProfile, job: TrainingJob, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
