@@ -6,13 +6,15 @@ attention half of a layer), ``mlp`` (a dense layer's MLP), ``moe`` (a MoE layer'
 dispatch, experts, combine), ``moe_router`` (a MoE layer's MLP up to the router) with
 ``moe_preprocess`` (the dispatcher's preprocessing), or the whole layer (an empty scope; advisor
 calls it ``full``), or the whole forward and backward of an iteration (``full_iteration``, the
-local implementation's FullCudaGraphWrapper: one launch per iteration). A graph replays its kernels from the device, so the host pays one launch per
-captured region and pass instead of one per kernel (CUDA C++ Programming Guide, "CUDA Graphs").
+local implementation's FullCudaGraphWrapper: one launch per iteration). A graph replays its kernels
+from the device, so the host pays one launch per captured region and pass instead of one per kernel
+(CUDA C++ Programming Guide, "CUDA Graphs").
 
-Megatron-Core refuses ``moe`` and whole-layer graphs for dropless MoE ("moe cuda graph is only
-supported with drop-padding MoE": the token counts per expert change every step), which is why
-Megatron-Bridge's 25.09 recipes that graphed whole MoE layers on B200/GB200 also dropped tokens
-(apply_moe_token_drop); advisor.specs.job.check_cuda_graphs refuses what Megatron-Core refuses.
+Dropless MoE sizes its experts from token counts that change every step, which a graph cannot
+replay: Megatron-Core's configuration refuses the ``moe`` scope for it ("moe cuda graph is only
+supported with drop-padding MoE"), and a whole-layer graph holds the same expert computation, which
+is why Megatron-Bridge's 25.09 recipes that graphed whole MoE layers on B200/GB200 also dropped
+tokens (apply_moe_token_drop). advisor.specs.job.check_cuda_graphs refuses both for dropless MoE.
 
 The kernel counts of a layer (advisor.cost.step: KERNELS_FORWARD, MOE_KERNELS_FORWARD) split as
 step.py lists them: of the 16 kernels named for a Megatron layer, 10 belong to the attention half
