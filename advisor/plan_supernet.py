@@ -25,12 +25,13 @@ def run_from_dict(parallel: dict[str, Any], origin: str, model: Any) -> Supernet
     if not isinstance(block, dict):
         raise AdvisorError(f"{o}: key 'supernet' must be a mapping {{subnets, seed, train_shared}}")
     w = f"{o}.supernet"
-    f.check_keys(block, w, (), ("subnets", "seed", "train_shared", "window", "context_switch"))
+    f.check_keys(block, w, (), ("subnets", "seed", "train_shared", "window", "context_switch", "checkpoint"))
     return SupernetRun(subnets=f.positive_int(block, "subnets", w, default=64, maximum=MAX_SUBNETS),
                        seed=f.non_negative_int(block, "seed", w, default=0),
                        train_shared=f.boolean(block, "train_shared", w, default=False),
                        window=None if block.get("window") is None else f.positive_int(block, "window", w, maximum=4096),
-                       context_switch=f.boolean(block, "context_switch", w, default=False))
+                       context_switch=f.boolean(block, "context_switch", w, default=False),
+                       checkpoint=f.boolean(block, "checkpoint", w, default=False))
 
 
 def check_strategy(model: SupernetSpec, parallel: dict[str, Any], origin: str) -> None:

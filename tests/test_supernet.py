@@ -190,11 +190,29 @@ def test_context_switching_keeps_the_candidates_weights_on_the_host():
     copy = blocks * wb / (hw.host.pcie_bandwidth_gbps * 1e9)
     assert np.allclose(f1 - f0, 2 * copy) and np.allclose(b1 - b0, 2 * copy)
     assert switched.naspipe.makespan_s > resident.naspipe.makespan_s
-    # a device too small for every candidate: the search switches, and the plan says so
-    small = hw.with_overrides(memory_gib=(resident.memory_gib + switched.memory_gib) / 2)
-    plans = search_supernet(net, small, Cluster(1, 4), job, SupernetRun(subnets=16), pp=4)
-    assert plans[0].estimate.context_switch and plans[0].estimate.feasible
     assert SupernetRun(context_switch=True).to_dict()["context_switch"] is True
+
+
+def test_checkpointing_recomputes_each_stage_and_keeps_its_input():
+    """NASPipe's runtime checkpoints each stage's forward: the backward replays it, and a subnet in
+    flight keeps only the stage's input. Where the plain run does not fit, the search tries
+    checkpointing, then context switching, then both (advisor.search.supernet.MEMORY_OPTIONS)."""
+    from advisor.cost.supernet import action_times_s
+
+    net, hw = load_model(HAT), load_hardware("dgx-a100-80g")
+    job = TrainingJob(global_batch_size=32, seq_length=512)
+    s = supernet_strategy(net, hw, job, 4, 1)
+    choices = sample_subnets(16, net.num_layers, len(net.candidates), 0)
+    f0, b0, _ = action_times_s(net, hw, job, s, choices, False)
+    f1, b1, _ = action_times_s(net, hw, job, s, choices, False, checkpoint=True)
+    assert np.allclose(f1, f0) and np.allclose(b1, b0 + f0)
+    plain = estimate_supernet(net, hw, job, s, SupernetRun(subnets=16))
+    ckpt = estimate_supernet(net, hw, job, s, SupernetRun(subnets=16, checkpoint=True))
+    assert ckpt.memory_gib < plain.memory_gib and ckpt.naspipe.makespan_s > plain.naspipe.makespan_s
+    small = hw.with_overrides(memory_gib=(plain.memory_gib + ckpt.memory_gib) / 2)
+    plans = search_supernet(net, small, Cluster(1, 4), job, SupernetRun(subnets=16), pp=4)
+    assert plans[0].estimate.checkpoint and not plans[0].estimate.context_switch and plans[0].estimate.feasible
+    assert SupernetRun(checkpoint=True, context_switch=True).memory_knobs == "ckpt+host"
 
 
 def test_supernets_refuse_set_flags(monkeypatch, capsys):

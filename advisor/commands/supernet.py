@@ -27,8 +27,9 @@ DEFAULT_BATCH_TOKENS = 2560
 LEGEND = ("NASPipe, sequential, bound: seconds for the subnets; sequential: one subnet at a time through the "
           "stages (exact training without NASPipe); x: the speed-up over it; bound: the same pipeline if no two "
           "subnets shared a block; ahead: forwards run ahead of an earlier subnet held back by a shared block (NASPipe's out-of-order starts); "
-          "ctx host: the candidates' weights live in host memory and each subnet's blocks are swapped in (NASPipe's "
-          "context switching, chosen where every candidate does not fit on the device)")
+          "fit: what NASPipe's runtime does where the plain run does not fit: ckpt recomputes each stage's "
+          "forward, host keeps the candidates' weights in host memory and swaps each subnet's blocks in (context "
+          "switching)")
 _REFUSED = ("tp", "cp", "ep", "vpp", "zero", "operator_strategies", "ps_mode", "plot", "full_batch", "offload_params",
             "offload_fraction", "cuda_graphs", "token_drop")
 
@@ -91,14 +92,14 @@ def _table(title: str, rows: list[tuple]) -> Table:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
                   collapse_padding=True)
     for name in ("#", "dp.pp", "layers", "subnet/s", "tokens/s", "NASPipe", "sequential", "x", "bound", "ahead",
-                 "GiB", "ctx"):
+                 "GiB", "fit"):
         table.add_column(name, justify="left" if name in ("dp.pp", "layers") else "right", no_wrap=True)
     for i, (s, e) in enumerate(rows, start=1):
         layers = "+".join(str(n) for n in s.stage_layers) if s.stage_layers else "all"
         table.add_row(str(i), f"{s.dp}.{s.pp}", layers, f"{e.subnets_per_s:,.1f}", f"{e.tokens_per_s:,.0f}",
                       step_time(e.naspipe.makespan_s), step_time(e.sequential_s), f"{e.speedup:.2f}x",
                       step_time(e.no_dependency.makespan_s), str(e.naspipe.overtakes), f"{e.memory_gib:.1f}",
-                      "host" if e.context_switch else "-")
+                      SupernetRun(context_switch=e.context_switch, checkpoint=e.checkpoint).memory_knobs)
     return table
 
 
@@ -113,7 +114,7 @@ def recommend_supernet_cmd(o: dict[str, Any]) -> None:
     started = time.perf_counter()
     plans = search_supernet(net, hw, cluster, job, run, pp=o.get("pp"), top_k=o.get("top") or 5)
     seconds = time.perf_counter() - started
-    chosen = replace(run, context_switch=plans[0].estimate.context_switch)
+    chosen = replace(run, context_switch=plans[0].estimate.context_switch, checkpoint=plans[0].estimate.checkpoint)
     best = _plan(net, raw, hw, cluster, job, plans[0], chosen, 1, seconds)
     if o.get("out"):
         save_plan(best, o["out"])
@@ -152,12 +153,9 @@ def estimate_supernet_cmd(o: dict[str, Any]) -> None:
             raise AdvisorError(f"--pp {pp}: it must be 1 to the {net.num_layers} layers, divide the {cluster.devices} "
                                f"devices, and leave replicas that divide the batch {job.global_batch_size}")
         s = supernet_strategy(net, hw, job, pp, cluster.devices // pp)
-        from advisor.cost.supernet import estimate_supernet
+        from advisor.search.supernet import fitting_estimate
 
-        e = estimate_supernet(net, hw, job, s)
-        if not e.feasible:      # as recommend: NASPipe's context switching where every candidate does not fit
-            switched = estimate_supernet(net, hw, job, s, SupernetRun(context_switch=True))
-            e = switched if switched.feasible else e
+        e = fitting_estimate(net, hw, job, s, SupernetRun())     # as recommend: what NASPipe does to fit
         title = f"{net.name} supernet on {cluster.devices} x {hw.device.name}"
     if o.get("as_json"):
         print_json({"parallel": {"dp": s.dp, "pp": s.pp, "stage_layers": list(s.stage_layers or [])}, **e.to_dict()})

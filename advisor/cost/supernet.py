@@ -17,7 +17,11 @@ block's time on a device, each subnet's forward and backward per stage, and the 
   device copies autograd saved), and the update copies them in once more and out after the step:
   two copies each way per subnet and stage, blocking (pageable host memory), none hidden. NASPipe's
   runtime also checkpoints each stage's forward (``cp.checkpoint``), which repeats the forward's
-  copies in the backward; advisor's supernet pricing, like its executor, does not checkpoint. The optimizer's states stay on the device,
+  copies in the backward (``checkpoint`` below).
+* Checkpointing (``checkpoint``; NASPipe's runtime wraps each stage's forward in
+  ``torch.utils.checkpoint``, reproducible/translation/gpus=4/__init__.py Stage.forward): a stage
+  keeps only its input per subnet in flight and recomputes its forward in the backward pass (the
+  recomputed forward's activations live once, while that backward runs). The optimizer's states stay on the device,
   where the optimizer created them, so the device holds every candidate's states but only the
   weights and gradients of the blocks of the subnets in flight; each stage's process holds its own
   layers' candidates on the host.
@@ -56,11 +60,18 @@ class SupernetRun:
     train_shared: bool = False
     window: int | None = None      # subnets in flight (None: the pipeline depth)
     context_switch: bool = False   # candidates' weights in host memory, swapped in per subnet (NASPipe)
+    checkpoint: bool = False       # each stage's forward recomputed in the backward (NASPipe's runtime)
 
     def to_dict(self) -> dict:
         return {"subnets": self.subnets, "seed": self.seed, "train_shared": self.train_shared,
                 **({"window": self.window} if self.window is not None else {}),
-                **({"context_switch": True} if self.context_switch else {})}
+                **({"context_switch": True} if self.context_switch else {}),
+                **({"checkpoint": True} if self.checkpoint else {})}
+
+    @property
+    def memory_knobs(self) -> str:
+        """The table's label of what this run does to fit: ckpt, host, both, or -."""
+        return "+".join(k for k, on in (("ckpt", self.checkpoint), ("host", self.context_switch)) if on) or "-"
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,7 @@ class SupernetEstimate:
     memory_gib: float                # the fullest stage: every candidate's states and the subnets in flight
     capacity_gib: float
     context_switch: bool = False
+    checkpoint: bool = False
     host_gib: float = 0.0            # with context switching: every candidate's weights in host memory
     host_capacity_gib: float = float("inf")     # one process's share of its node's host memory
 
@@ -98,7 +110,7 @@ class SupernetEstimate:
                 "subnets": self.subnets, "subnets_per_s": self.subnets_per_s, "tokens_per_s": self.tokens_per_s,
                 "utilization": self.naspipe.utilization, "overtakes": self.naspipe.overtakes,
                 "memory_gib": self.memory_gib, "capacity_gib": self.capacity_gib, "fits": self.feasible,
-                "context_switch": self.context_switch, "host_gib": self.host_gib}
+                "context_switch": self.context_switch, "checkpoint": self.checkpoint, "host_gib": self.host_gib}
 
 
 def _batch(s: Strategy, num_layers: int) -> StrategyBatch:
@@ -148,7 +160,8 @@ def _context_switch_s(hw: HardwareProfile, job: TrainingJob, blocks: np.ndarray)
 
 
 def action_times_s(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: Strategy, choices: np.ndarray,
-                   train_shared: bool, context_switch: bool = False) -> tuple[np.ndarray, np.ndarray, float]:
+                   train_shared: bool, context_switch: bool = False,
+                   checkpoint: bool = False) -> tuple[np.ndarray, np.ndarray, float]:
     """(forward (subnets, pp), backward with updates (subnets, pp), one stage-to-stage transfer)."""
     times = candidate_times_s(net, hw, job, s)
     params = np.array([c.params(net.base) for c in net.candidates], dtype=float)
@@ -175,16 +188,19 @@ def action_times_s(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: 
         bwd[:, st] += optimizer_step_s(hw, used)
         if s.dp > 1:
             bwd[:, st] += comm.group_time_s(hw, "all_reduce", used * job.grad_reduce_bytes, dp)
+    if checkpoint:          # the stage's forward (its blocks and, on the last stage, the head) again
+        bwd = bwd + fwd
     if context_switch:
         copies_f, copies_b = _context_switch_s(hw, job, blocks)
-        fwd, bwd = fwd + copies_f, bwd + copies_b
+        # a checkpointed forward's recomputation copies the blocks in and out once more
+        fwd, bwd = fwd + copies_f, bwd + copies_b + (copies_f if checkpoint else 0.0)
     p2p_bytes = s.micro_batch_size * job.seq_length * net.base.hidden_size * job.dtype_bytes
     p2p = float(comm.tier_p2p_time_s(hw, p2p_bytes, pipeline_neighbour_tier(hw, b))[0]) if s.pp > 1 else 0.0
     return fwd, bwd, p2p
 
 
 def _memory_gib(net: SupernetSpec, job: TrainingJob, s: Strategy, window: int, train_shared: bool,
-                context_switch: bool = False) -> float:
+                context_switch: bool = False, checkpoint: bool = False) -> float:
     """The fullest stage: weights, gradients and optimizer states (advisor.cost.memory's bytes per
     parameter) of every candidate of its layers and of the ends, plus the activations of the subnets
     in flight, each layer at its largest candidate's: a transformer candidate's saved tensors from
@@ -204,7 +220,11 @@ def _memory_gib(net: SupernetSpec, job: TrainingJob, s: Strategy, window: int, t
     if context_switch:
         largest = max(c.params(net.base) for c in net.candidates)
         held = per_layer * ob + min(window, len(net.candidates)) * largest * (wb + gb)
-    worst = max(n * (held + act * window) for n in s.resolved_stage_layers(net.num_layers))
+    stage_input = tokens * net.base.hidden_size * job.dtype_bytes
+    if checkpoint:      # each subnet in flight keeps the stage's input; one recomputed stage lives at a time
+        worst = max(n * (held + act) + stage_input * window for n in s.resolved_stage_layers(net.num_layers))
+    else:
+        worst = max(n * (held + act * window) for n in s.resolved_stage_layers(net.num_layers))
     # frozen ends (NASPipe) hold their weights only
     ends = (net.base.embedding_params + (0 if net.base.tie_embeddings else net.base.lm_head_params)) * (
         wb + gb + ob if train_shared else wb)
@@ -214,7 +234,7 @@ def _memory_gib(net: SupernetSpec, job: TrainingJob, s: Strategy, window: int, t
 def estimate_supernet(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: Strategy,
                       run: SupernetRun = SupernetRun()) -> SupernetEstimate:
     choices = sample_subnets(run.subnets, net.num_layers, len(net.candidates), run.seed)
-    fwd, bwd, p2p = action_times_s(net, hw, job, s, choices, run.train_shared, run.context_switch)
+    fwd, bwd, p2p = action_times_s(net, hw, job, s, choices, run.train_shared, run.context_switch, run.checkpoint)
     blocks = stage_blocks(choices, s.resolved_stage_layers(net.num_layers), run.train_shared)
     window = run.window or s.pp
     schedule = simulate(fwd, bwd, p2p, dependencies(blocks), window)
@@ -224,6 +244,6 @@ def estimate_supernet(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, 
     host = layers * sum(c.params(net.base) for c in net.candidates) * wb / 2.0 ** 30 if run.context_switch else 0.0
     return SupernetEstimate(schedule, sequential_s(fwd, bwd, p2p), free, run.subnets,
                             s.micro_batch_size * s.dp * job.seq_length,
-                            _memory_gib(net, job, s, window, run.train_shared, run.context_switch),
-                            hw.device.memory_gib, run.context_switch, host,
+                            _memory_gib(net, job, s, window, run.train_shared, run.context_switch, run.checkpoint),
+                            hw.device.memory_gib, run.context_switch, run.checkpoint, host,
                             hw.host.memory_gib / hw.node.devices_per_node)

@@ -66,6 +66,24 @@ def supernet_strategy(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, 
                     stage_layers=balanced_stage_layers(layer_s, head_s, net.num_layers, pp))
 
 
+# What NASPipe's runtime does to fit, tried in this order where the run does not fit as it is:
+# checkpointing (activations), context switching (weights), both
+MEMORY_OPTIONS = ((True, False), (False, True), (True, True))
+
+
+def fitting_estimate(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: Strategy,
+                     run: SupernetRun) -> SupernetEstimate:
+    """The run's estimate, or, where it does not fit, the first of MEMORY_OPTIONS that does."""
+    e = estimate_supernet(net, hw, job, s, run)
+    if e.feasible or run.checkpoint or run.context_switch:
+        return e
+    for checkpoint, switch in MEMORY_OPTIONS:
+        other = estimate_supernet(net, hw, job, s, replace(run, checkpoint=checkpoint, context_switch=switch))
+        if other.feasible:
+            return other
+    return e
+
+
 def search_supernet(net: SupernetSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob,
                     run: SupernetRun = SupernetRun(), pp: int | None = None, top_k: int = 5) -> list[SupernetPlan]:
     """The best plans, fastest first; InfeasibleError when none fits."""
@@ -78,11 +96,7 @@ def search_supernet(net: SupernetSpec, hw: HardwareProfile, cluster: Cluster, jo
             why.append(f"pp {depth}: the batch {job.global_batch_size} does not split over {dp} replicas")
             continue
         s = supernet_strategy(net, hw, job, depth, dp)
-        e = estimate_supernet(net, hw, job, s, run)
-        if not e.feasible and not run.context_switch:
-            # NASPipe's context switching: the candidates' weights in host memory
-            switched = estimate_supernet(net, hw, job, s, replace(run, context_switch=True))
-            e = switched if switched.feasible else e
+        e = fitting_estimate(net, hw, job, s, run)
         if e.feasible:
             plans.append(SupernetPlan(s, e))
         else:

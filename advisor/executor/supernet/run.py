@@ -53,7 +53,7 @@ def run_supernet(plan, *, subnets: int, tiny: bool, timeout_s: float = 600.0, wo
     choices = sample_subnets(subnets, net.num_layers, len(net.candidates), run.seed)
     # the order the plan was priced with (context switching included); the executor itself keeps every
     # candidate of its supernet on its ranks
-    fwd, bwd, p2p = action_times_s(net, hw, job, s, choices, run.train_shared, run.context_switch)
+    fwd, bwd, p2p = action_times_s(net, hw, job, s, choices, run.train_shared, run.context_switch, run.checkpoint)
     layers = s.resolved_stage_layers(net.num_layers)
     schedule = simulate(fwd, bwd, p2p, dependencies(stage_blocks(choices, layers, run.train_shared), causal),
                         run.window or s.pp)
@@ -77,5 +77,6 @@ def run_supernet(plan, *, subnets: int, tiny: bool, timeout_s: float = 600.0, wo
             "max_loss_difference": diff, "losses_match": diff <= TOLERANCE, "tolerance": TOLERANCE,
             "pipeline_s": max(r["seconds"] for r in ranks), "sequential_s": sequential_s,
             "overtakes": schedule.overtakes, "causal": causal, "orders": [list(o) for o in schedule.orders],
-            **({"notes": ["the plan was priced with NASPipe's context switching (candidates' weights in host memory); "
-                          "the executor keeps every candidate of its supernet on its ranks"]} if run.context_switch else {})}
+            **({"notes": ["the plan was priced with NASPipe's checkpointing or context switching; the executor keeps "
+                          "every candidate of its supernet on its ranks and stores its activations (the same losses)"]}
+               if run.context_switch or run.checkpoint else {})}
