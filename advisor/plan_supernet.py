@@ -39,6 +39,9 @@ def check_strategy(model: SupernetSpec, parallel: dict[str, Any], origin: str) -
     if parallel.get("full_batch"):
         raise AdvisorError(f"{origin}: parallel: key 'full_batch' = true: a supernet plan reads each subnet's batch "
                            "once per pipeline (NASPipe); remove the key")
+    if parallel.get("recompute", "none") != "none":
+        raise AdvisorError(f"{origin}: parallel: key 'recompute' = {parallel['recompute']!r}: a supernet plan "
+                           "recomputes through parallel.supernet.checkpoint (NASPipe's checkpointed stages)")
     for key in ("tp", "cp", "ep", "num_micro_batches", "virtual_pipeline_stages"):
         if parallel.get(key, 1) != 1:
             raise AdvisorError(f"{origin}: parallel: key '{key}' = {parallel[key]!r}: a supernet plan runs each "

@@ -10,10 +10,11 @@ import pytest
 
 from advisor.cost.naspipe import dependencies, sample_subnets, sequential_s, simulate, stage_blocks
 from advisor.cost.supernet import SupernetRun, estimate_supernet
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, InfeasibleError
 from advisor.plan import dumps_plan, load_plan, plan_from_dict
 from advisor.search.supernet import balanced_stage_layers, search_supernet, supernet_strategy
 from advisor.specs.hardware import load_hardware
+from advisor.space.strategy import StrategyBatch
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import load_model, model_from_dict
 from tests._cli import run_cli
@@ -162,8 +163,7 @@ def test_supernet_estimate_refuses_a_pipeline_deeper_than_the_layers(monkeypatch
 
 def test_context_switching_keeps_the_candidates_weights_on_the_host():
     """NASPipe's reproducible runtime: the candidates' weights in host memory, copied in and out around
-    the forward and the update (two each way, blocking);
-    the optimizer states stay on the device. The search switches where every candidate does not fit."""
+    the forward and the update (two each way, blocking); the optimizer states stay on the device."""
     from advisor.cost.memory import state_bytes_per_param
     from advisor.cost.supernet import action_times_s
 
@@ -203,20 +203,42 @@ def test_checkpointing_recomputes_each_stage_and_keeps_its_input():
     job = TrainingJob(global_batch_size=32, seq_length=512)
     s = supernet_strategy(net, hw, job, 4, 1)
     choices = sample_subnets(16, net.num_layers, len(net.candidates), 0)
+    from advisor.cost.compute import gemm_time_s, head_compute_s
+
     f0, b0, _ = action_times_s(net, hw, job, s, choices, False)
     f1, b1, _ = action_times_s(net, hw, job, s, choices, False, checkpoint=True)
-    assert np.allclose(f1, f0) and np.allclose(b1, b0 + f0)
+    # the blocks' forward again, and on the last stage the head's GEMM but not the loss (outside the checkpoint)
+    batch = StrategyBatch.from_strategies([s], net.num_layers)
+    head_s, flops = head_compute_s(net.base, hw, job, batch)
+    replay = f0.copy()
+    replay[:, -1] += float(gemm_time_s(hw, job.compute_dtype, flops)[0]) - float(head_s[0])
+    assert np.allclose(f1, f0) and np.allclose(b1, b0 + replay)
     plain = estimate_supernet(net, hw, job, s, SupernetRun(subnets=16))
     ckpt = estimate_supernet(net, hw, job, s, SupernetRun(subnets=16, checkpoint=True))
+    switched = estimate_supernet(net, hw, job, s, SupernetRun(subnets=16, context_switch=True))
+    both = estimate_supernet(net, hw, job, s, SupernetRun(subnets=16, checkpoint=True, context_switch=True))
     assert ckpt.memory_gib < plain.memory_gib and ckpt.naspipe.makespan_s > plain.naspipe.makespan_s
-    small = hw.with_overrides(memory_gib=(plain.memory_gib + ckpt.memory_gib) / 2)
+    # between the two: only checkpointing (and both) fit, and the faster of them is chosen
+    small = hw.with_overrides(memory_gib=(switched.memory_gib + ckpt.memory_gib) / 2)
     plans = search_supernet(net, small, Cluster(1, 4), job, SupernetRun(subnets=16), pp=4)
-    assert plans[0].estimate.checkpoint and not plans[0].estimate.context_switch and plans[0].estimate.feasible
+    assert plans[0].estimate.checkpoint and plans[0].estimate.feasible
+    assert plans[0].estimate.subnets_per_s == pytest.approx(max(ckpt.subnets_per_s, both.subnets_per_s))
+    # where context switching also fits, the faster one wins
+    roomy = hw.with_overrides(memory_gib=(switched.memory_gib + plain.memory_gib) / 2)
+    best = search_supernet(net, roomy, Cluster(1, 4), job, SupernetRun(subnets=16), pp=4)[0].estimate
+    assert best.subnets_per_s == pytest.approx(max(ckpt.subnets_per_s, switched.subnets_per_s, both.subnets_per_s))
+    # nothing fits: the refusal names the leanest need
+    tiny = hw.with_overrides(memory_gib=both.memory_gib / 2)
+    with pytest.raises(InfeasibleError, match=f"{min(both.memory_gib, ckpt.memory_gib):.1f} GiB"):
+        search_supernet(net, tiny, Cluster(1, 4), job, SupernetRun(subnets=16), pp=4)
     assert SupernetRun(checkpoint=True, context_switch=True).memory_knobs == "ckpt+host"
 
 
 def test_supernets_refuse_set_flags(monkeypatch, capsys):
-    for flag in ("--moe-token-drop", "--offload-params"):
+    for flags in (["--moe-token-drop"], ["--offload-params"], ["--recompute", "full"]):
         code, _, err = run_cli(monkeypatch, capsys, "recommend", "--model", HAT, "--hardware", "dgx-a100-80g",
-                               "--devices", "4", flag)
+                               "--devices", "4", *flags)
         assert code == 2 and "not available for a supernet" in err
+    code, _, err = run_cli(monkeypatch, capsys, "estimate", "--model", HAT, "--hardware", "dgx-a100-80g",
+                           "--devices", "4", "--pp", "4", "--global-batch", "4")
+    assert code == 0, err          # estimate's default --recompute none is not a request

@@ -59,6 +59,9 @@ def _refuse(o: dict[str, Any]) -> None:
         if given:
             raise AdvisorError(f"--{key.replace('_', '-')} is not available for a supernet (NASPipe trains each subnet "
                                "as one pipeline task; give --pp and --global-batch)")
+    if o.get("recompute") not in (None, "none"):
+        raise AdvisorError("--recompute is not available for a supernet: where a plan does not fit, recommend and "
+                           "estimate checkpoint each stage as NASPipe does (parallel.supernet.checkpoint)")
     if o.get("searcher", "enumerate") != "enumerate" or o.get("objective", "throughput") != "throughput":
         raise AdvisorError("a supernet plan is ranked by subnets per second with NASPipe's schedule; --searcher and "
                            "--objective do not apply")

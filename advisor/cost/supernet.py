@@ -40,7 +40,8 @@ import numpy as np
 from advisor.cost import comm
 from advisor.cost.activations import layer_activation_terms
 from advisor.cost.memory import state_bytes_per_param
-from advisor.cost.compute import head_compute_s, layer_compute, linear_gemm_time_s, memory_time_s, optimizer_step_s
+from advisor.cost.compute import (gemm_time_s, head_compute_s, layer_compute, linear_gemm_time_s, memory_time_s,
+                                  optimizer_step_s)
 from advisor.cost.placement import pipeline_neighbour_tier, placements
 from advisor.cost.naspipe import Schedule, dependencies, sample_subnets, sequential_s, simulate, stage_blocks
 from advisor.space.strategy import Strategy, StrategyBatch
@@ -167,7 +168,10 @@ def action_times_s(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: 
     params = np.array([c.params(net.base) for c in net.candidates], dtype=float)
     bounds = _stage_bounds(s, net.num_layers)
     b = _batch(s, net.num_layers)
-    head_s = float(head_compute_s(net.base, hw, job, b)[0][0])
+    head_s, head_flops = head_compute_s(net.base, hw, job, b)
+    head_s = float(head_s[0])
+    # the head's GEMM alone: the loss sits outside NASPipe's checkpointed stage, so it is not replayed
+    head_gemm_s = float(gemm_time_s(hw, job.compute_dtype, head_flops)[0])
     dp = placements(hw, b, ("dp_cp",))["dp_cp"]
     fwd = np.zeros((len(choices), s.pp))
     bwd = np.zeros_like(fwd)
@@ -188,8 +192,10 @@ def action_times_s(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: 
         bwd[:, st] += optimizer_step_s(hw, used)
         if s.dp > 1:
             bwd[:, st] += comm.group_time_s(hw, "all_reduce", used * job.grad_reduce_bytes, dp)
-    if checkpoint:          # the stage's forward (its blocks and, on the last stage, the head) again
-        bwd = bwd + fwd
+    if checkpoint:          # the stage's forward again: its blocks and, on the last stage, the head's GEMM
+        replay = fwd.copy()
+        replay[:, -1] += head_gemm_s - head_s
+        bwd = bwd + replay
     if context_switch:
         copies_f, copies_b = _context_switch_s(hw, job, blocks)
         # a checkpointed forward's recomputation copies the blocks in and out once more
@@ -221,8 +227,14 @@ def _memory_gib(net: SupernetSpec, job: TrainingJob, s: Strategy, window: int, t
         largest = max(c.params(net.base) for c in net.candidates)
         held = per_layer * ob + min(window, len(net.candidates)) * largest * (wb + gb)
     stage_input = tokens * net.base.hidden_size * job.dtype_bytes
-    if checkpoint:      # each subnet in flight keeps the stage's input; one recomputed stage lives at a time
-        worst = max(n * (held + act) + stage_input * window for n in s.resolved_stage_layers(net.num_layers))
+    if checkpoint:
+        # each subnet in flight keeps the stage's input and its output until its backward (NASPipe's
+        # runtime holds the outputs it sent: the last stage's are the logits); one recomputed stage
+        # lives at a time
+        counts = s.resolved_stage_layers(net.num_layers)
+        logits = tokens * net.base.vocab_size * job.dtype_bytes
+        worst = max(n * (held + act) + window * (stage_input + (logits if i == len(counts) - 1 else stage_input))
+                    for i, n in enumerate(counts))
     else:
         worst = max(n * (held + act * window) for n in s.resolved_stage_layers(net.num_layers))
     # frozen ends (NASPipe) hold their weights only

@@ -66,22 +66,23 @@ def supernet_strategy(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, 
                     stage_layers=balanced_stage_layers(layer_s, head_s, net.num_layers, pp))
 
 
-# What NASPipe's runtime does to fit, tried in this order where the run does not fit as it is:
-# checkpointing (activations), context switching (weights), both
+# What NASPipe's runtime does to fit, where the run does not fit as it is: checkpointing
+# (activations), context switching (weights), both
 MEMORY_OPTIONS = ((True, False), (False, True), (True, True))
 
 
 def fitting_estimate(net: SupernetSpec, hw: HardwareProfile, job: TrainingJob, s: Strategy,
                      run: SupernetRun) -> SupernetEstimate:
-    """The run's estimate, or, where it does not fit, the first of MEMORY_OPTIONS that does."""
+    """The run's estimate, or, where it does not fit, the fastest of MEMORY_OPTIONS that does (the
+    leanest when none does, so that the refusal names the least memory this pipeline can need)."""
     e = estimate_supernet(net, hw, job, s, run)
     if e.feasible or run.checkpoint or run.context_switch:
         return e
-    for checkpoint, switch in MEMORY_OPTIONS:
-        other = estimate_supernet(net, hw, job, s, replace(run, checkpoint=checkpoint, context_switch=switch))
-        if other.feasible:
-            return other
-    return e
+    others = [estimate_supernet(net, hw, job, s, replace(run, checkpoint=c, context_switch=w)) for c, w in MEMORY_OPTIONS]
+    fitting = [o for o in others if o.feasible]
+    if fitting:
+        return max(fitting, key=lambda o: o.subnets_per_s)
+    return min([e] + others, key=lambda o: o.memory_gib)
 
 
 def search_supernet(net: SupernetSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob,
