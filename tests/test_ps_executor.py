@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -105,13 +104,15 @@ def test_ps_run_matches_one_process_and_measures_every_role(tmp_path):
     """Through the command line, with the temporary folder removed afterwards."""
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(rec_plan("ps")))
-    before = set(Path(tempfile.gettempdir()).glob("advisor-ps-*"))
+    # the run's own temporary folder (TMPDIR), so that another run on this machine cannot be mistaken for it
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     proc = subprocess.run([sys.executable, "-m", "advisor", "execute", str(path), "--tiny", "--dtype", "fp32",
                            "--steps", "4", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
-    assert set(Path(tempfile.gettempdir()).glob("advisor-ps-*")) == before
+    assert list(scratch.glob("advisor-ps-*")) == []          # the executor's folders are removed
     assert report["loss_max_rel_diff"] <= 1e-4 and report["loss"]["ok"]
     assert len(report["loss"]["parallel"]) == 4
     cfg = ps_config_from_plan(rec_plan("ps"), steps=4, tiny=True, dtype="fp32")
