@@ -8,7 +8,7 @@ from typing import Any
 from advisor.cost.estimate import Estimate, estimate
 from advisor.errors import AdvisorError
 from advisor.render.formatting import step_time
-from advisor.commands.inputs import Inputs, check_count, parse_cuda_graphs, resolve_inputs, site_settings
+from advisor.commands.inputs import Inputs, check_count, graph_settings, resolve_inputs, site_settings
 from advisor.plan import load_plan
 from advisor.search.neighbours import closest_fit
 from advisor.space.rules import violations
@@ -130,13 +130,7 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
         if grid_intensity is not None or pue is not None:
             site = site_settings(grid_intensity, pue if pue is not None else p.training.pue, job.train_tokens)
             job = replace(job, **({"pue": site["pue"]} if grid_intensity is None else site))
-        moe = getattr(p.model, "moe", None) is not None
-        if token_drop:
-            if not moe:
-                raise AdvisorError(f"--moe-token-drop: {p.model.name} has no mixture-of-experts layers")
-            job = replace(job, moe_dropless=False)
-        if cuda_graphs is not None:
-            job = replace(job, cuda_graphs=parse_cuda_graphs(cuda_graphs, job.framework, moe, job.moe_dropless))
+        job = replace(job, **graph_settings(p.model, job.framework, cuda_graphs, token_drop, job.moe_dropless))
         inputs = Inputs(p.model, p.hardware, p.cluster, replace(job, comm_priority=job.comm_priority or comm_priority))
         strategy = replace(p.strategy, full_batch=True) if full_batch else p.strategy
         if offload_params or offload_fraction != 1.0:       # the plan's strategy with the offload asked for

@@ -104,16 +104,24 @@ def resolve_inputs(
     if recompute_modules is not None:
         modules = tuple(m.strip() for m in recompute_modules.split(",") if m.strip())
         check_recompute_modules(modules, framework, "--recompute-modules")
-    moe = getattr(spec, "moe", None) is not None
-    if token_drop and not moe:
-        raise AdvisorError(f"--moe-token-drop: {spec.name} has no mixture-of-experts layers")
-    graphs = parse_cuda_graphs(cuda_graphs, framework, moe, dropless=not token_drop)
     return Inputs(spec, hw, cluster, TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens,
                                                   attention=attention, dropout=dropout, framework=framework,
                                                   fp8_recipe=fp8_recipe, recompute_modules=modules,
-                                                  comm_priority=comm_priority, cuda_graphs=graphs,
-                                                  moe_dropless=not token_drop,
+                                                  comm_priority=comm_priority,
+                                                  **graph_settings(spec, framework, cuda_graphs, token_drop),
                                                   **site_settings(grid_intensity, pue, train_tokens)))
+
+
+def graph_settings(spec, framework: str, cuda_graphs: str | None, token_drop: bool, dropless: bool = True) -> dict:
+    """TrainingJob's moe_dropless and cuda_graphs from --moe-token-drop and --cuda-graphs (on a
+    model's own settings: ``dropless``, and its graphs where --cuda-graphs is not given)."""
+    moe = getattr(spec, "moe", None) is not None
+    if token_drop and not moe:
+        raise AdvisorError(f"--moe-token-drop: {spec.name} has no mixture-of-experts layers")
+    out: dict = {"moe_dropless": dropless and not token_drop}
+    if cuda_graphs is not None:
+        out["cuda_graphs"] = parse_cuda_graphs(cuda_graphs, framework, moe, out["moe_dropless"])
+    return out
 
 
 def parse_cuda_graphs(text: str | None, framework: str, moe: bool, dropless: bool = True) -> tuple[str, ...]:

@@ -22,8 +22,9 @@ step.py lists them: of the 16 kernels named for a Megatron layer, 10 belong to t
 output GEMM, TP all-reduce, bias-dropout-add) and 6 to the MLP half (norm, FC1, activation, FC2,
 TP all-reduce, bias-dropout-add); in a MoE layer the MLP half's share stands for the norm and the
 router. Of the 12 kernels a MoE layer launches after routing (step.MOE_KERNELS_FORWARD, 24
-backward), the dispatcher's preprocessing (the per-expert token count and the permutation map) is 2
-forward and 4 backward; the experts' per-expert GEMMs are never in a moe_preprocess graph.
+backward), the dispatcher's preprocessing is 2 forward (Megatron-Core's
+MoEAlltoAllTokenDispatcher.preprocess: the tokens per expert, routing_map.sum(dim=0).long()) and none
+backward (counts carry no gradient); the experts' per-expert GEMMs are never in a moe_preprocess graph.
 
 Not priced: the graphs' static input and output buffers (one set per captured layer and micro-batch
 in flight; a few MiB per layer, small beside the saved activations) and the capture at warm-up.
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 ATTENTION_SHARE = 10.0 / 16.0
 MLP_SHARE = 6.0 / 16.0
-PREPROCESS_KERNELS = (2.0, 4.0)        # forward, backward
+PREPROCESS_KERNELS = (2.0, 0.0)        # forward, backward
 
 
 def captured_share(modules: tuple[str, ...], moe_layer: bool) -> float:

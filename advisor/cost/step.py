@@ -81,10 +81,10 @@ def _host_layer_s(hw, launch_s, lc, lcomm, extra_forward, extra_backward):
     return col(np.maximum(kernels_f - gpu_fwd, 0.0) + np.maximum(kernels_b - gpu_bwd, 0.0))
 
 
-def _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_share):
+def _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_share, moe_launches):
     """Host time of the stage's layers per micro-batch that the devices do not hide; MoE layers add
-    their routing and expert kernels; CUDA graphs launch what they capture at once
-    (advisor.cost.cuda_graphs)."""
+    their routing and expert kernels (``moe_launches``: the eager ones, forward and backward); CUDA
+    graphs launch what they capture at once (advisor.cost.cuda_graphs)."""
     # each copy of a split micro-batch launches its own kernels (advisor.cost.multi_copy)
     plain = hw.device.launch_overhead_us * 1e-6 * multi_copy.launch_scale(b)
     launch_s = plain * compute.layer_ops_factor(model, job)
@@ -95,7 +95,7 @@ def _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_
         replays = cuda_graphs.graph_launches(graphs, moe_layer) * plain
         if not moe_layer:
             return _host_layer_s(hw, eager * launch_s, lc, lcomm, replays, replays)
-        forward, backward = cuda_graphs.eager_moe_launches(graphs, *_moe_launches(model, job, b))
+        forward, backward = moe_launches
         return _host_layer_s(hw, eager * launch_s, lc, lcomm, replays + forward * plain, replays + backward * plain)
 
     host_s = dense_n * layer(dense, dense_c, False)
@@ -128,15 +128,18 @@ EXPERT_GEMMS_BACKWARD = 4
 
 
 def _moe_launches(model, job, b):
-    """Kernels an MoE layer launches after routing, forward and backward, per candidate."""
+    """Kernels an MoE layer launches after routing that stay eager (CUDA graphs take the rest),
+    forward and backward, per candidate."""
     if job.framework != "megatron":
-        return np.full(len(b), float(MOE_KERNELS_FORWARD)), np.full(len(b), float(MOE_KERNELS_BACKWARD))
-    local = model.moe.num_experts / b.ep
-    return (MOE_KERNELS_FORWARD + EXPERT_GEMMS_FORWARD * (local - 1.0),
-            MOE_KERNELS_BACKWARD + EXPERT_GEMMS_BACKWARD * (local - 1.0))
+        forward, backward = np.full(len(b), float(MOE_KERNELS_FORWARD)), np.full(len(b), float(MOE_KERNELS_BACKWARD))
+    else:
+        local = model.moe.num_experts / b.ep
+        forward = MOE_KERNELS_FORWARD + EXPERT_GEMMS_FORWARD * (local - 1.0)
+        backward = MOE_KERNELS_BACKWARD + EXPERT_GEMMS_BACKWARD * (local - 1.0)
+    return cuda_graphs.eager_moe_launches(job.cuda_graphs, forward, backward)
 
 
-def _dropless_sync_s(model, hw, job, b, moe, moe_c):
+def _dropless_sync_s(hw, moe, moe_c, moe_launches):
     """Dropless MoE: the tokens per expert are copied to the host before the expert kernels can be
     sized (Megatron-Core's MoE docs: dropless routing synchronizes device and host; a capacity factor
     with padding avoids it), so the host stops running ahead: the routing's kernels launch only after
@@ -145,7 +148,7 @@ def _dropless_sync_s(model, hw, job, b, moe, moe_c):
     launch_s = hw.device.launch_overhead_us * 1e-6
     gpu_fwd = moe.expert_forward_s + moe_c.ep_forward
     gpu_bwd = 2.0 * moe.expert_forward_s + moe_c.ep_backward
-    forward, backward = cuda_graphs.eager_moe_launches(job.cuda_graphs, *_moe_launches(model, job, b))
+    forward, backward = moe_launches
     return (2.0 * launch_s + np.maximum(forward * launch_s - gpu_fwd, 0.0)
             + np.maximum(backward * launch_s - gpu_bwd, 0.0))
 
@@ -197,9 +200,10 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     ep_s = moe_n * col(moe_c.ep_forward + moe_c.ep_backward) + full_share * moe_n * col(moe_c.ep_forward)
     cp_s = layers(dense_c.cp_forward + dense_c.cp_backward, moe_c.cp_forward + moe_c.cp_backward)
     cp_s = cp_s + full_share * layers(dense_c.cp_forward, moe_c.cp_forward)
-    host_s = _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_share)
+    moe_launches = _moe_launches(model, job, b) if model.moe is not None else None
+    host_s = _host_s(model, hw, job, b, dense, dense_c, moe, moe_c, dense_n, moe_n, full_share, moe_launches)
     if model.moe is not None and job.moe_dropless and hw.device.asynchronous_launch:
-        host_s = host_s + moe_n * col(_dropless_sync_s(model, hw, job, b, moe, moe_c)) * (1.0 + full_share * REPLAYED_LAUNCHES)
+        host_s = host_s + moe_n * col(_dropless_sync_s(hw, moe, moe_c, moe_launches)) * (1.0 + full_share * REPLAYED_LAUNCHES)
     # activations swapped to the host: what the copies add beyond the stage's forward and backward
     swap_s = (swap.exposed_s(hw, b, swapped_layer_bytes(model, job, b), fwd, bwd) if b.swap_layers.any()
               else np.zeros_like(comp))
