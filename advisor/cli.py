@@ -12,7 +12,8 @@ from typing import Optional
 import typer
 
 from advisor.commands.cli_options import (
-    CRITICAL_HELP, DEVICES_HELP, FP8_HELP, FRAMEWORK_HELP, GRAPHS_HELP, GRID_HELP, HARDWARE_HELP, MODULES_HELP, NODES_HELP, OBJECTIVE_HELP,
+    CRITICAL_HELP, DEVICES_HELP, FP8_HELP, FRAMEWORK_HELP, GRAPHS_HELP, GRID_HELP, HARDWARE_HELP, HOST_EMBEDDING_HELP,
+    MODULES_HELP, NODES_HELP, OBJECTIVE_HELP,
     OPSTRAT_HELP, PRIORITY_HELP, PS_MODE_HELP, PUE_HELP, SEQ_HELP, TARGET_LOSS_HELP, TARGET_TOKENS_HELP, TOKEN_DROP_HELP, console,
     err_console,
     print_json, print_warnings,
@@ -89,6 +90,7 @@ def estimate_cmd(
                                "copies (MindSpore micro_batch_interleave_num)"),
     full_batch: bool = typer.Option(False, "--full-batch", help="every rank reads the whole global batch "
                                     "(MindSpore full_batch=True) instead of its data-parallel shard"),
+    host_embedding: bool = typer.Option(False, "--host-embedding", help=HOST_EMBEDDING_HELP),
     plan: Optional[str] = typer.Option(None, "--plan", help="score the strategy of a plan JSON instead"),
     operator_strategies: Optional[str] = typer.Option(None, "--operator-strategies", help=OPSTRAT_HELP),
     ps_mode: Optional[str] = typer.Option(None, "--ps-mode", help=PS_MODE_HELP),
@@ -109,9 +111,10 @@ def estimate_cmd(
     if route("estimate", dict(locals())):
         return
     if wants_recsys(model, plan):
-        if full_batch or offload_params or offload_fraction != 1.0 or cuda_graphs is not None or token_drop:
-            raise AdvisorError("--full-batch, --offload-params, --offload-fraction, --cuda-graphs and --moe-token-drop are "
-                               "transformer settings; a "
+        if (full_batch or offload_params or offload_fraction != 1.0 or cuda_graphs is not None or token_drop
+                or host_embedding):
+            raise AdvisorError("--full-batch, --offload-params, --offload-fraction, --cuda-graphs, --moe-token-drop and "
+                               "--host-embedding are transformer settings; a "
                                "recommendation model's tables are placed by --ps-mode (replicated, sharded, host, "
                                "servers)")
         return estimate_recsys_cmd(model, hardware, nodes, devices, gbs, dtype, plan, ps_mode, ps_servers, ps_async,
@@ -128,6 +131,7 @@ def estimate_cmd(
         plan=plan, framework=framework, fp8_recipe=fp8_recipe, cp_comm=cp_comm, recompute_modules=recompute_modules,
         cuda_graphs=cuda_graphs, token_drop=token_drop, bucket_mb=bucket_mb, copies=copies, operator_strategies=operator_strategies, grid_intensity=grid, pue=pue,
         comm_priority=priority, full_batch=full_batch, offload_params=offload_params, offload_fraction=offload_fraction,
+        host_embedding=host_embedding,
     )
     warnings = input_warnings(result.inputs.hardware, result.inputs.cluster)
     if as_json:
@@ -175,6 +179,8 @@ def recommend_cmd(
     offload: Optional[bool] = typer.Option(None, "--offload/--no-offload", help="pin optimizer offload"),
     offload_params: Optional[bool] = typer.Option(None, "--offload-params/--no-offload-params",
                                                   help="pin parameter offload (ZeRO-Infinity)"),
+    host_embedding: Optional[bool] = typer.Option(None, "--host-embedding/--no-host-embedding",
+                                                  help="pin " + HOST_EMBEDDING_HELP),
     cp_comm: Optional[str] = typer.Option(None, "--cp-comm", help="pin p2p (ring) | a2a (Ulysses) context parallelism"),
     operator_strategies: Optional[str] = typer.Option(None, "--operator-strategies", help=OPSTRAT_HELP),
     out: Optional[str] = typer.Option(None, "--out", help="write the best plan JSON here"),
@@ -218,7 +224,7 @@ def recommend_cmd(
         print_warnings(warnings)
     pins = Pins(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, recompute=recompute, micro_batch_size=mbs,
                 virtual_pipeline_stages=vpp, pipeline_schedule=schedule, sequence_parallel=sequence_parallel,
-                offload_optimizer=offload, cp_comm=cp_comm, offload_params=offload_params)
+                offload_optimizer=offload, cp_comm=cp_comm, offload_params=offload_params, host_embedding=host_embedding)
     target = target_for(objective, target_tokens, target_loss, critical_batch)
     if objective in ("time-to-target", "cost"):
         if fixed is not None or ps_pins.mode not in (None, "none"):

@@ -41,7 +41,7 @@ _PARALLEL_OPTIONAL = (
     "zero_stage", "recompute", "recompute_layers", "pipeline_schedule", "stage_layers", "mesh_order",
     "offload_optimizer", "cp_comm", "parameter_server", "embedding_placement", "host_tables",
     "grad_bucket_mb", "micro_batch_copies", "stage_devices", "replica_devices", "dp_batch_split", "supernet",
-    "swap_layers", "full_batch", "offload_params", "offload_fraction",
+    "swap_layers", "full_batch", "offload_params", "offload_fraction", "host_embedding",
 )
 
 
@@ -91,6 +91,7 @@ def strategy_to_dict(s: Strategy, num_layers: int) -> dict[str, Any]:
         **({"full_batch": True} if s.full_batch else {}),
         **({"offload_params": True} if s.offload_params else {}),
         **({"offload_fraction": s.offload_fraction} if s.offload_fraction != 1.0 else {}),
+        **({"host_embedding": True} if s.host_embedding else {}),
     }
 
 
@@ -184,6 +185,7 @@ def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
         full_batch=f.boolean(data, "full_batch", o, default=False),
         offload_params=f.boolean(data, "offload_params", o, default=False),
         offload_fraction=f.fraction(data, "offload_fraction", o, default=1.0),
+        host_embedding=f.boolean(data, "host_embedding", o, default=False),
     )
 
 

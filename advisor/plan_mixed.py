@@ -42,6 +42,8 @@ def layout_from_dict(parallel: dict[str, Any], origin: str, mixed: MixedHardware
         return None
     if strategy.full_batch:
         raise AdvisorError(f"{o}: key 'full_batch' = true is not priced on a mixed cluster; remove the key")
+    if strategy.host_embedding:
+        raise AdvisorError(f"{o}: key 'host_embedding' = true is not priced on a mixed cluster; remove the key")
     if "stage_devices" in parallel:
         if len(present) > 1:
             raise AdvisorError(f"{o}: give 'stage_devices' (pipeline cut between device types) or 'replica_devices' "

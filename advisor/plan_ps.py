@@ -110,6 +110,9 @@ def rec_violations(model: RecModelSpec, cluster: Cluster, job: TrainingJob, stra
     s = strategy
     if s.full_batch:
         return ["full_batch: a recommendation model's workers each read their share of the batch"]
+    if s.host_embedding:
+        return ["host_embedding: a recommendation model puts tables on the host with parallel.embedding_placement "
+                "'host' and host_tables"]
     if (s.tp, s.pp, s.cp, s.ep) != (1, 1, 1, 1):
         return [f"a recommendation model trains data parallel only: tp, pp, cp and ep must be 1 "
                 f"(got tp={s.tp} pp={s.pp} cp={s.cp} ep={s.ep})"]

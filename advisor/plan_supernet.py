@@ -39,6 +39,9 @@ def check_strategy(model: SupernetSpec, parallel: dict[str, Any], origin: str) -
     if parallel.get("full_batch"):
         raise AdvisorError(f"{origin}: parallel: key 'full_batch' = true: a supernet plan reads each subnet's batch "
                            "once per pipeline (NASPipe); remove the key")
+    if parallel.get("host_embedding"):
+        raise AdvisorError(f"{origin}: parallel: key 'host_embedding' = true: a supernet's candidate blocks are not "
+                           "priced with their embedding on the host; remove the key")
     if parallel.get("recompute", "none") != "none":
         raise AdvisorError(f"{origin}: parallel: key 'recompute' = {parallel['recompute']!r}: a supernet plan "
                            "recomputes through parallel.supernet.checkpoint (NASPipe's checkpointed stages)")

@@ -56,6 +56,7 @@ BROKEN = {
     "cuda graphs": (MOE, replace(BASE, ep=2)),                                           # whole layers, dropless
     "swap layers": (DENSE, replace(BASE, swap_layers=(5, 0))),                           # stage 0 has 4 layers
     "full batch": (DENSE, replace(BASE, full_batch=True)),                                # framework megatron
+    "host embedding": (DENSE, replace(BASE, host_embedding=True)),                        # framework megatron
     "parameter offload": (DENSE, replace(BASE, zero_stage=2, offload_optimizer=True, offload_params=True)),
     "offload fraction": (DENSE, replace(BASE, zero_stage=1, offload_fraction=0.5)),         # optimizer not offloaded
 }

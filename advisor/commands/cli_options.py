@@ -75,3 +75,5 @@ TOKEN_DROP_HELP = ("MoE: drop tokens beyond capacity factor 1 and pad each exper
 TARGET_TOKENS_HELP = "time-to-target: tokens to the target at a small batch, e.g. 300B (with --critical-batch-tokens)"
 TARGET_LOSS_HELP = "time-to-target: a loss in Kaplan et al. 2020's units (nats per token)"
 CRITICAL_HELP = "measured critical batch (gradient noise scale) in tokens, e.g. 4M"
+HOST_EMBEDDING_HELP = ("the word-embedding table, its lookup and its optimizer on the host CPU (MindSpore Host&Device "
+                       "training; --framework mindspore, untied embeddings)")

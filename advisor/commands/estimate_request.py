@@ -121,7 +121,7 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
                      operator_strategies: str | None = None, grid_intensity: str | None = None,
                      pue: float | None = None, comm_priority: bool = False,
                      full_batch: bool = False, offload_params: bool = False,
-                     offload_fraction: float = 1.0) -> EstimateResult:
+                     offload_fraction: float = 1.0, host_embedding: bool = False) -> EstimateResult:
     layout = None
     if plan is not None:
         p = load_plan(plan)
@@ -133,6 +133,7 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
         job = replace(job, **graph_settings(p.model, job.framework, cuda_graphs, token_drop, job.moe_dropless))
         inputs = Inputs(p.model, p.hardware, p.cluster, replace(job, comm_priority=job.comm_priority or comm_priority))
         strategy = replace(p.strategy, full_batch=True) if full_batch else p.strategy
+        strategy = replace(strategy, host_embedding=True) if host_embedding else strategy
         if offload_params or offload_fraction != 1.0:       # the plan's strategy with the offload asked for
             strategy = replace(strategy, offload_params=strategy.offload_params or offload_params,
                                offload_fraction=_fraction(offload_fraction) if offload_fraction != 1.0
@@ -153,7 +154,8 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
         )
         strategy = replace(strategy, grad_bucket_mb=_bucket_mb(bucket_mb),
                            micro_batch_copies=check_count("--copies", copies, limits.MAX_GLOBAL_BATCH),
-                           full_batch=full_batch, offload_fraction=_fraction(offload_fraction))
+                           full_batch=full_batch, offload_fraction=_fraction(offload_fraction),
+                           host_embedding=host_embedding)
         title = f"{inputs.model.name} on {inputs.cluster.devices} x {inputs.hardware.device.name} ({inputs.hardware.name})"
     broken = violations(inputs.model, inputs.cluster, inputs.job, strategy)
     if broken:

@@ -30,6 +30,11 @@ def _pins(o: dict[str, Any]) -> Pins:
                 cp_comm=o.get("cp_comm"), offload_params=o.get("offload_params"))
 
 
+def _refuse_host_embedding(o: dict[str, Any]) -> None:
+    if o.get("host_embedding"):
+        raise AdvisorError("--host-embedding is not available on a mixed cluster (--hardware PROFILE:NODES,...)")
+
+
 def _inputs(o: dict[str, Any]):
     from advisor.commands.mixed import mixed_inputs
 
@@ -45,6 +50,7 @@ def recommend_mixed_cmd(given: dict[str, Any]) -> None:
 
     refuse_unsupported(searcher=o.get("searcher"), operator_strategies=o.get("operator_strategies"),
                        ps_mode=o.get("ps_mode"), objective=o.get("objective"), plot=o.get("plot"))
+    _refuse_host_embedding(o)
     mixed, inputs = _inputs(o)
     result = recommend_mixed(inputs, mixed, _pins(o), o.get("top", 5))
     if o.get("out"):
@@ -65,6 +71,7 @@ def estimate_mixed_cmd(given: dict[str, Any]) -> None:
         raise AdvisorError("--copies is not available on a mixed cluster (--hardware PROFILE:NODES,...)")
     if o.get("full_batch"):
         raise AdvisorError("--full-batch is not available on a mixed cluster (--hardware PROFILE:NODES,...)")
+    _refuse_host_embedding(o)
     if o.get("offload_fraction", 1.0) != 1.0:
         raise AdvisorError("--offload-fraction is not available on a mixed cluster (--hardware PROFILE:NODES,...)")
     from advisor.commands.mixed import estimate_plan, recommend_mixed, refuse_unsupported

@@ -258,6 +258,8 @@ def relaxed_pins(pins: Pins, framework: str | None = None) -> list[tuple[str, Pi
     if pins.offload_params is False and framework != "megatron":      # Megatron-LM has none
         out.append(("--offload-params (it sets --zero 3 and the optimizer offloaded)",
                     replace(pins, offload_params=True, offload_optimizer=None, zero_stage=None)))
+    if pins.host_embedding is False and framework == "mindspore":
+        out.append(("--host-embedding", replace(pins, host_embedding=True)))
     for name in ("tp", "pp", "cp", "ep", "dp", "virtual_pipeline_stages", "pipeline_schedule"):
         value = getattr(pins, name)
         if value is not None:

@@ -31,7 +31,7 @@ LEGEND = ("NASPipe, sequential, bound: seconds for the subnets; sequential: one 
           "forward, host keeps the candidates' weights in host memory and swaps each subnet's blocks in (context "
           "switching)")
 _REFUSED = ("tp", "cp", "ep", "vpp", "zero", "operator_strategies", "ps_mode", "plot", "full_batch", "offload_params",
-            "offload_fraction", "cuda_graphs", "token_drop")
+            "offload_fraction", "cuda_graphs", "token_drop", "host_embedding")
 
 
 def _description(model: str) -> tuple[str, dict[str, Any]]:

@@ -3,8 +3,9 @@
 A fitted profile carries a ``calibration:`` mapping (written by benchmarks/fit_profiles.py --write):
 how many measured runs it was fitted on and what they covered: dtypes (FP8 with its recipe),
 frameworks, attention kernels, sequence lengths, cluster sizes, parallelisms and knobs (tp, pp, cp,
-ep, ZeRO-3, offload, CUDA graphs, MoE token dropping) and model kinds (dense, MoE). An estimate is "calibrated" when its profile has such a mapping and
-every one of its choices falls inside it; otherwise ``extrapolated`` names each part that does not
+ep, ZeRO-3, offload, a host embedding, CUDA graphs, MoE token dropping) and model kinds (dense,
+MoE). An estimate is "calibrated" when its profile has such a mapping and every one of its choices
+falls inside it; otherwise ``extrapolated`` names each part that does not
 (e.g. "fp8 (mxfp8) on dgx-h100", "sequence 131072 beyond the calibrated 512-65536").
 """
 
@@ -45,6 +46,8 @@ def features(strategy: Strategy, job: TrainingJob | None = None, moe: bool = Fal
         out.add("offload")
     if strategy.offload_params:
         out.add("offload-params")
+    if strategy.host_embedding:
+        out.add("host-embedding")
     if job is not None and job.cuda_graphs:
         out.add("cuda-graphs")
     if job is not None and moe and not job.moe_dropless:

@@ -64,6 +64,7 @@ class Estimate:
     confidence: Confidence | None = None     # parts outside the profile's calibrated region
     input_read_gb_per_step: float | None = None   # the cluster's reads of training samples (advisor.cost.dataset)
     host_params_gib: float = 0.0                  # offloaded weight and gradient shards per device (offload_params)
+    host_embedding_gib: float = 0.0               # the word-embedding slice, its states and gradient (host_embedding)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,7 +107,8 @@ def from_batch(e: EstimateBatch, i: int, model: ModelSpec, hw: HardwareProfile, 
                        f"the device has {capacity:g} GiB")
     if not bool(e.host_fits[i]):
         need = float(e.memory.host_total[i]) * hw.node.devices_per_node / GIB
-        reasons.append(f"what lives in host memory (offloaded states, swapped activations) needs {need:.0f} GiB per "
+        reasons.append(f"what lives in host memory (offloaded states, swapped activations, a host embedding) "
+                       f"needs {need:.0f} GiB per "
                        f"node, the host has {hw.host.memory_gib:g} GiB")
     times = {k: float(v[i]) for k, v in e.time_s.items()}
     step = float(e.step_time_s[i])
@@ -128,6 +130,7 @@ def from_batch(e: EstimateBatch, i: int, model: ModelSpec, hw: HardwareProfile, 
         activation_gib_per_microbatch=float(e.memory.activation_per_microbatch[i]) / GIB,
         host_optimizer_gib=float(e.memory.host_optimizer[i]) / GIB,
         host_params_gib=float(e.memory.host_params[i]) / GIB if e.memory.host_params is not None else 0.0,
+        host_embedding_gib=float(e.memory.host_embedding[i]) / GIB if e.memory.host_embedding is not None else 0.0,
         time_s=times,
         step_time_s=step,
         tokens_per_s=tps,

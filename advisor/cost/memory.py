@@ -108,7 +108,8 @@ def stage_params(model: ModelSpec, b: StrategyBatch):
         expert = moe_layers * (model.moe.num_experts / ep) * model.expert_params / t
     vocab = model.vocab_size * model.hidden_size / t
     pos = model.embedding_params - model.vocab_size * model.hidden_size
-    embed = np.where(first, vocab + pos, 0.0)
+    # the word-embedding table on the host (advisor.cost.host_embedding) leaves the first stage
+    embed = np.where(first, np.where(col(b.host_embedding), 0.0, vocab) + pos, 0.0)
     single = b.pp[:, None] == 1
     head_copy = model.lm_head_params / t if not model.tie_embeddings else vocab
     head = np.where(last, model.norm_params + np.where(single & model.tie_embeddings, 0.0, head_copy), 0.0)
@@ -131,12 +132,14 @@ class MemoryArrays:
     stage_total: np.ndarray | None = None      # (N, P): every stage's total (-1 where a stage is inactive)
     host_activations: np.ndarray | None = None  # (N,): activations swapped to the host per device (advisor.cost.swap)
     host_params: np.ndarray | None = None       # (N,): offloaded weight and gradient shards per device
+    host_embedding: np.ndarray | None = None    # (N,): the word-embedding table slice on the host (advisor.cost.host_embedding)
 
     @property
     def host_total(self) -> np.ndarray:
-        """(N,): host memory per device: offloaded optimizer states, weights and gradients, swapped activations."""
+        """(N,): host memory per device: offloaded optimizer states, weights and gradients, swapped
+        activations, a host embedding table."""
         out = self.host_optimizer
-        for extra in (self.host_activations, self.host_params):
+        for extra in (self.host_activations, self.host_params, self.host_embedding):
             if extra is not None:
                 out = out + extra
         return out

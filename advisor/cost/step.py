@@ -11,11 +11,12 @@ where its group's members sit (advisor.cost.placement). See each module for its 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from advisor.cost import bubble, comm, compute, contention, cuda_graphs, dataset, multi_copy, recompute, swap
+from advisor.cost.host_embedding import host_embedding
 from advisor.cost.data_parallel import dp_time_s
 from advisor.cost.layer_comm import layer_comm
 from advisor.cost.memory import (GIB, MemoryArrays, col, linear_params, memory, stage_layer_counts, stage_masks, stage_params,
@@ -207,6 +208,13 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     # activations swapped to the host: what the copies add beyond the stage's forward and backward
     swap_s = (swap.exposed_s(hw, b, swapped_layer_bytes(model, job, b), fwd, bwd) if b.swap_layers.any()
               else np.zeros_like(comp))
+    # the word embedding on the host: its lookups and their gradients cross PCIe on the first stage
+    host_embed_step_s = 0.0
+    if b.host_embedding.any():
+        host_embed = host_embedding(model, hw, job, b, groups["dp_cp"])
+        swap_s = swap_s + np.where(first, col(host_embed.micro_batch_s), 0.0)
+        host_embed_step_s = host_embed.step_s
+        mem = replace(mem, host_embedding=host_embed.host_bytes)
     stage_mb = np.where(active, comp + recompute_s + tp_s + ep_s + cp_s + host_s + swap_s, 0.0)
     stage_parts = dict(zip(STAGE_PARTS, (comp, recompute_s, tp_s, cp_s, ep_s, host_s)))
 
@@ -298,6 +306,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     weight_cast = compute.weight_cast_s(hw, job, np.max(np.where(active, sum(linear_params(model, b)), 0.0), axis=1))
 
     # the input pipeline's host-to-device copies, where they outlast the step they run under
+    offload_s = offload_s + host_embed_step_s
     step = pipe_s + pp_s + dp_s + contention_s + opt_s + offload_s + weight_cast
     input_s = dataset.exposed_s(hw, job, b, step)
     time_s = {
@@ -312,7 +321,8 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
         "contention": contention_s,
         "bubble": bubble_s,
         "optimizer": opt_s,
-        "offload": offload_s + at_slowest(swap_s) * m,     # optimizer offload, and activation swapping
+        # optimizer offload, activation swapping and a host embedding's copies and update
+        "offload": offload_s + at_slowest(swap_s) * m,
     }
     step = step + input_s
 

@@ -47,6 +47,7 @@ class ParallelConfig:
     mesh_order: tuple[str, ...] = ("pp", "dp", "cp", "tp")
     offload_optimizer: bool = False
     offload_params: bool = False
+    host_embedding: bool = False
 
     @property
     def world_size(self) -> int:
@@ -199,6 +200,7 @@ def parallel_config_from_plan(par: dict[str, Any], num_layers: int) -> ParallelC
         mesh_order=tuple(mesh_order),
         offload_optimizer=_bool(par, "offload_optimizer", w, False),
         offload_params=_bool(par, "offload_params", w, False),
+        host_embedding=_bool(par, "host_embedding", w, False),
     )
 
 
@@ -261,6 +263,9 @@ def refusals(cfg: RunConfig, global_batch_size: int | None = None, devices: int 
         out.append("parallel.offload_optimizer = true: optimizer offload is not run by the executor")
     if p.offload_params:
         out.append("parallel.offload_params = true: parameter offload is not run by the executor")
+    if p.host_embedding:
+        out.append("parallel.host_embedding = true: the executor runs every process on the CPU already, so a "
+                   "host-placed embedding would not differ from the rest; give a plan without it")
     if p.zero_stage > 3:
         out.append(f"parallel.zero_stage = {p.zero_stage}: must be 0, 1, 2 or 3")
     if devices is not None and devices != p.world_size:

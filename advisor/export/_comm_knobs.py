@@ -87,6 +87,15 @@ def full_batch_unsupported(plan: Plan, target: str) -> str | None:
             "global batch; exported that way (it reads less than the plan was priced with)")
 
 
+def host_embedding_unsupported(plan: Plan, target: str) -> str | None:
+    """parallel.host_embedding (advisor.cost.host_embedding): MindSpore's Host&Device switch."""
+    if not plan.strategy.host_embedding:
+        return None
+    return (f"parallel.host_embedding = true: {target} has no switch that runs the word-embedding lookup and its "
+            "optimizer on the host CPU; exported with the table on the devices, which needs more device memory "
+            "than the plan was priced with")
+
+
 def cuda_graphs_unsupported(plan: Plan, target: str) -> str | None:
     """training.cuda_graphs (advisor.cost.cuda_graphs): Megatron-Core's per-layer CUDA graphs."""
     if not plan.training.cuda_graphs:

@@ -133,6 +133,7 @@ def ds_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
     unsupported.extend(x for x in [_comm_knobs.copies_unsupported(plan, "DeepSpeed", "none"),
                                    _comm_knobs.priority_unsupported(plan, "DeepSpeed"),
                                    _comm_knobs.full_batch_unsupported(plan, "DeepSpeed"),
+                                   _comm_knobs.host_embedding_unsupported(plan, "DeepSpeed"),
                                    _comm_knobs.cuda_graphs_unsupported(plan, "DeepSpeed")] if x)
     cfg["zero_optimization"] = zero
 

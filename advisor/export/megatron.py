@@ -147,7 +147,8 @@ def megatron_launch(plan: Plan, target_version: str | None = None) -> MegatronLa
     par += zero_flags + _comm_knobs.megatron_flags(plan)     # communication fusion's bucket size
     unsupported.extend(x for x in [_comm_knobs.copies_unsupported(plan, "Megatron-LM", "--tp-comm-overlap"),
                                    _comm_knobs.priority_unsupported(plan, "Megatron-LM"),
-                                   _comm_knobs.full_batch_unsupported(plan, "Megatron-LM")] if x)
+                                   _comm_knobs.full_batch_unsupported(plan, "Megatron-LM"),
+                                   _comm_knobs.host_embedding_unsupported(plan, "Megatron-LM")] if x)
     active = _active(s.mesh_order, plan)
     if active == _active(TP_PP_DP_ORDER, plan) and active != _active(DEFAULT_ORDER, plan):
         par.append("--use-tp-pp-dp-mapping")

@@ -288,4 +288,6 @@ def export(plan: Plan, target_version: str | None = None, launch=None) -> Export
     files.update(launch_files(plan, notes, unsupported, launch))
     from advisor.export.mindspore_strategy import strategy_files  # shard() calls, strategy file (drec/ilp plans)
     files.update(strategy_files(plan, notes, unsupported))
+    from advisor.export.mindspore_host import host_embedding_files  # the word embedding on the host
+    files.update(host_embedding_files(plan, notes))
     return ExportResult(target="mindspore", files=files, unsupported=tuple(unsupported), notes=tuple(notes))

@@ -60,6 +60,7 @@ def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, 
                                    _comm_knobs.copies_unsupported(plan, "torchtitan", "async tensor parallelism"),
                                    _comm_knobs.priority_unsupported(plan, "torchtitan"),
                                    _comm_knobs.full_batch_unsupported(plan, "torchtitan"),
+                                   _comm_knobs.host_embedding_unsupported(plan, "torchtitan"),
                                    _comm_knobs.cuda_graphs_unsupported(plan, "torchtitan"),
                                    _comm_knobs.token_drop_unsupported(plan, "torchtitan")] if x)
     # ---- data parallelism: FSDP2 ---------------------------------------------------------------------

@@ -11,12 +11,14 @@ from advisor.space.strategy import Strategy
 
 
 def offload_knob(s: Strategy) -> str:
-    """'+off' (optimizer), '+off50%' (half of it), '+offp' (parameters too), or ''."""
+    """'+off' (optimizer), '+off50%' (half of it), '+offp' (parameters too), or ''; '+hemb' after it
+    for the word embedding on the host."""
+    emb = "+hemb" if s.host_embedding else ""
     if s.offload_params:
         return "+offp"
     if not s.offload_optimizer:
-        return ""
-    return "+off" if s.offload_fraction == 1.0 else f"+off{s.offload_fraction:.0%}"
+        return emb
+    return ("+off" if s.offload_fraction == 1.0 else f"+off{s.offload_fraction:.0%}") + emb
 
 
 def strategy_line(s: Strategy) -> str:
@@ -40,6 +42,8 @@ def strategy_line(s: Strategy) -> str:
         parts.append(f"swap_layers={list(s.swap_layers)}")
     if s.full_batch:
         parts.append("full_batch")
+    if s.host_embedding:
+        parts.append("host_embedding")
     return " ".join(parts)
 
 
@@ -70,6 +74,9 @@ def render_estimate(console: Console, title: str, s: Strategy, e: Estimate) -> N
                       highlight=False, markup=False)
     if e.time_to_train_s is not None:
         console.print(" | ".join([f"time to train: {duration(e.time_to_train_s)}", *training_figures(e)]))
+    if e.host_embedding_gib > 0:
+        console.print(f"host: the word-embedding slice with its fp32 states and gradient takes "
+                      f"{e.host_embedding_gib:.2f} GiB of host memory per device")
     if e.input_read_gb_per_step is not None:
         reader = "every rank the whole global batch" if s.full_batch else "each rank its data-parallel shard"
         console.print(f"input: {e.input_read_gb_per_step:.3g} GB of samples read per step across the cluster "

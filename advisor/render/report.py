@@ -103,7 +103,8 @@ def render_recommendation(console: Console, result: RecommendResult, saved_to: s
         return render_recsys(console, result, saved_to)
     console.print(plans_table(result))
     console.print(f"GiB: memory per device (of {result.estimates[0].capacity_gib:g}); knobs: sp = sequence parallel, "
-                  "z = ZeRO stage (+off: optimizer offload, +off50%: half of it, +offp: parameters too), rc = recomputation, pipeline schedule, mesh order "
+                  "z = ZeRO stage (+off: optimizer offload, +off50%: half of it, +offp: parameters too, +hemb: the "
+                  "word embedding on the host), rc = recomputation, pipeline schedule, mesh order "
                   "innermost (fastest links) first (t = tp, c = cp, d = dp, p = pp); limit: the largest part of "
                   "the step time, or memory when over 95% is used", highlight=False)
     for line in search_lines(result.search):

@@ -22,7 +22,7 @@ PIN_FLAGS = {
     "zero_stage": "--zero", "recompute": "--recompute", "micro_batch_size": "--mbs",
     "virtual_pipeline_stages": "--vpp", "pipeline_schedule": "--schedule",
     "sequence_parallel": "--sequence-parallel", "offload_optimizer": "--offload", "cp_comm": "--cp-comm",
-    "offload_params": "--offload-params",
+    "offload_params": "--offload-params", "host_embedding": "--host-embedding",
 }
 
 
@@ -44,6 +44,7 @@ class Pins:
     offload_optimizer: bool | None = None
     cp_comm: str | None = None
     offload_params: bool | None = None
+    host_embedding: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "virtual_pipeline_stages"):
@@ -61,6 +62,9 @@ class Pins:
         if self.offload_params and (self.zero_stage not in (None, 3) or self.offload_optimizer is False):
             raise AdvisorError(f"--offload-params needs ZeRO stage 3 and the optimizer offloaded, got "
                                f"--zero {self.zero_stage}" + (" --no-offload" if self.offload_optimizer is False else ""))
+        if self.offload_params and self.host_embedding:
+            raise AdvisorError("--offload-params and --host-embedding: parameter offload already keeps every weight "
+                               "in host memory; give one of them")
 
     def pinned(self) -> dict[str, Any]:
         """The fields that are set, by name."""

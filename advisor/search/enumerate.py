@@ -88,7 +88,7 @@ __all__ = [
 # ---- the search ---------------------------------------------------------------------------------
 def _space(model, hw, cluster, job, pins: Pins, pruned: Counter, dedup: Counter):
     """(skeletons with their mesh-order counts, complete candidates per skeleton, ZeRO/offload pairs)."""
-    options = zero_offload_options(pins, job.framework)
+    options = zero_offload_options(pins, job.framework, model)
     skel = skeleton_rows(model, hw, cluster, job, pins, pruned, dedup)
     skel["meshes"] = mesh_counts(skel, hw, pins, options, pruned, dedup, model)
     variants = np.where(skel["dp"] * skel["cp"] == 1, len(_lone_options(options)), len(options)) * skel["meshes"]

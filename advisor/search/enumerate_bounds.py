@@ -63,15 +63,25 @@ def fastest_link_hardware(hw: HardwareProfile, devices: int, moe: bool) -> Hardw
     return replace(hw, node=node, inter=link, **_free_host(hw))
 
 
+# offload code -> the codes it never needs more device memory than (advisor.search.enumerate_rows):
+# the optimizer offloaded removes its states, parameter offload also the weights and gradients,
+# the host embedding the table's weights, gradients and states
+LEANER = {1: {0}, 2: {0, 1}, 3: {0}, 4: {0, 1, 3}}
+
+
 def leanest_options(options: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """The ZeRO/offload pairs that can need the least device memory: memory does not grow with the
-    stage up to 2 and offload only removes optimizer states (and, at 2, the weight and gradient
-    shards); stage 3 trades sharded weights for a gather buffer, so stages 2 and 3 are both kept.
-    The first also has the least optimizer time (free_hardware makes every host transfer free)."""
-    best_off = {z: max(o for zz, o in options if zz == z) for z, _ in options}
-    stages = sorted(best_off, reverse=True)
+    stage up to 2 and offload only removes what it moves to the host (LEANER; parameter offload and
+    the host embedding with the optimizer offloaded are both kept, neither dominating the other);
+    stage 3 trades sharded weights for a gather buffer, so stages 2 and 3 are both kept. The first
+    also has the least optimizer time (free_hardware makes every host transfer free)."""
+    codes: dict[int, set[int]] = {}
+    for z, o in options:
+        codes.setdefault(z, set()).add(o)
+    stages = sorted(codes, reverse=True)
     chosen = [z for z in stages if z >= 2] or stages[:1]
-    return [(z, best_off[z]) for z in chosen]
+    return [(z, o) for z in chosen for o in sorted(codes[z], reverse=True)
+            if not any(o in LEANER.get(other, ()) for other in codes[z])]
 
 
 def _with_lean_memory(rows: Rows, options: list[tuple[int, int]], pair: tuple[int, int]) -> Rows:

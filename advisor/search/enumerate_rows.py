@@ -124,6 +124,11 @@ def _concat(parts: list[Rows], like: Rows) -> Rows:
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
+# The "offload" column: 0 nothing, 1 the optimizer states, 2 the weights and gradients too (ZeRO-3),
+# 3 the word embedding on the host (advisor.cost.host_embedding), 4 that and the optimizer states.
+OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS, HOST_EMBEDDING, HOST_EMBEDDING_OPTIMIZER = 1, 2, 3, 4
+OPTIMIZER_ON_HOST = (OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS, HOST_EMBEDDING_OPTIMIZER)
+
 _DEFAULTS = {"ep": 1, "mbs": 1, "vpp": 1, "schedule": ONE_F_ONE_B, "sp": 0, "recompute": 0,
              "zero": 0, "offload": 0, "mesh": DEFAULT_ORDER_INDEX, "cp_comm": 0}
 
@@ -138,8 +143,8 @@ def to_batch(model: ModelSpec, job: TrainingJob, rows: Rows) -> StrategyBatch:
         sequence_parallel=col["sp"].astype(bool), virtual_pipeline_stages=col["vpp"],
         micro_batch_size=col["mbs"], num_micro_batches=m, zero_stage=col["zero"],
         recompute=col["recompute"], recompute_layers=np.full((n, int(rows["pp"].max()) if n else 1), -1, dtype=np.int64),
-        pipeline_schedule=col["schedule"], offload_optimizer=col["offload"] >= 1,
-        offload_params=col["offload"] == 2,
+        pipeline_schedule=col["schedule"], offload_optimizer=np.isin(col["offload"], OPTIMIZER_ON_HOST),
+        offload_params=col["offload"] == OFFLOAD_PARAMS, host_embedding=col["offload"] >= HOST_EMBEDDING,
         stage_layers=stage_layers_for(model, rows["pp"], col["vpp"]),
         cp_comm=col["cp_comm"],
         **mesh_strides(rows, col["mesh"]),

@@ -16,7 +16,7 @@ from advisor.errors import AdvisorError
 from advisor.cost.comm import slowest_tier
 from advisor.search import Pins
 from advisor.search.enumerate_rows import (
-    _IS_REPRESENTATIVE, MESH_ORDERS, Rows, _active_code, _add, _concat, _count, _cross, _options, _take,
+    _IS_REPRESENTATIVE, HOST_EMBEDDING, MESH_ORDERS, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS, Rows, _active_code, _add, _concat, _count, _cross, _options, _take,
     chunks_by_pp, divisors, mesh_strides, to_batch,
 )
 from advisor.space.rules import illegal_masks
@@ -149,10 +149,12 @@ def skeleton_rows(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
     return _apply_rules(model, cluster, job, rows, pruned)
 
 
-def zero_offload_options(pins: Pins, framework: str | None = None) -> list[tuple[int, int]]:
+def zero_offload_options(pins: Pins, framework: str | None = None, model: ModelSpec | None = None) -> list[tuple[int, int]]:
     """(ZeRO stage, offload) pairs allowed by the pins. Offload 1: the optimizer states, which needs
     ZeRO >= 1 (rule "offload needs zero"); 2: the weights and gradients too, with ZeRO-3 and a
-    framework that has it (rule "parameter offload": not Megatron-LM)."""
+    framework that has it (rule "parameter offload": not Megatron-LM); 3 and 4: 0 and 1 with the word
+    embedding on the host, for MindSpore and a table not tied to the head (rule "host embedding";
+    only where ``model`` is given)."""
     zeros = [pins.zero_stage] if pins.zero_stage is not None else list(ZERO_STAGES)
     offloads = [int(pins.offload_optimizer)] if pins.offload_optimizer is not None else [0, 1]
     pairs = [(z, o) for z in zeros for o in offloads if not (o and z == 0)]
@@ -162,7 +164,24 @@ def zero_offload_options(pins: Pins, framework: str | None = None) -> list[tuple
     if (pins.offload_params is not False and pins.offload_optimizer is not False and 3 in zeros
             and framework != "megatron"):
         pairs.append((3, 2))
-    return [p for p in pairs if p[1] == 2] if pins.offload_params else pairs
+    if pins.offload_params:
+        return [p for p in pairs if p[1] == OFFLOAD_PARAMS]
+    return _with_host_embedding(pairs, pins, framework, model)
+
+
+def _with_host_embedding(pairs, pins: Pins, framework: str | None, model: ModelSpec | None):
+    if pins.host_embedding is False or model is None:
+        return pairs
+    why = ("the word embedding on the host is MindSpore's Host&Device training: give --framework mindspore"
+           if framework != "mindspore" else
+           f"{model.name} ties its embedding to the output head, which stays on the device"
+           if model.tie_embeddings else None)
+    if why is not None:
+        if pins.host_embedding:
+            raise AdvisorError(f"--host-embedding: {why}")
+        return pairs
+    hosted = [(z, o + HOST_EMBEDDING) for z, o in pairs if o in (0, OFFLOAD_OPTIMIZER)]
+    return hosted if pins.host_embedding else pairs + hosted
 
 
 def _lone_options(options: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -178,7 +197,7 @@ def zero_variants(rows: Rows, options: list[tuple[int, int]]) -> Rows:
     """Each row with each ZeRO/offload pair it can use."""
     out = _cross(rows, {"zero": [z for z, _ in options], "offload": [o for _, o in options]})
     lone = _lone_options(options)
-    keep = (out["dp"] * out["cp"] > 1) | np.isin(out["zero"] * 3 + out["offload"], [z * 3 + o for z, o in lone])
+    keep = (out["dp"] * out["cp"] > 1) | np.isin(out["zero"] * 8 + out["offload"], [z * 8 + o for z, o in lone])
     return _take(out, keep)
 
 

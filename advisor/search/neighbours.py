@@ -43,6 +43,8 @@ def knob_changes(s: Strategy) -> list[tuple[str, str, Strategy]]:
                                                                                   " --offload-optimizer")
         out.append(("offload_params", text, replace(s, zero_stage=3, offload_optimizer=True, offload_params=True,
                                                    offload_fraction=1.0)))
+    if not s.host_embedding and not s.offload_params:
+        out.append(("host_embedding", "--host-embedding", replace(s, host_embedding=True)))
     # Twice the model-parallel degree over half the data-parallel replicas (same devices, same global
     # batch: twice the micro-batches per replica); illegal layouts are dropped by advisor.space.rules.
     if s.dp % 2 == 0:

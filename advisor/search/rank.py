@@ -26,14 +26,14 @@ def _default_strides(b: StrategyBatch) -> dict[str, np.ndarray]:
 
 
 def simplicity_key(b: StrategyBatch, hw: HardwareProfile) -> np.ndarray:
-    """(N, 10) integer matrix; lexicographically smaller rows are simpler."""
+    """(N, 11) integer matrix; lexicographically smaller rows are simpler."""
     active = sum((x > 1).astype(np.int64) for x in (b.dp, b.tp, b.pp, b.cp, b.ep))
     tp_across_nodes = group_placement(hw, b, "tp").slowest_tier == TIER_ACROSS_NODES
     default = _default_strides(b)
     moved = ((b.tp_stride != default["tp"]) | (b.dp_stride != default["dp"])
              | (b.cp_stride != default["cp"]) | (b.pp_stride != default["pp"]))
     columns = (
-        active, b.offload_params, b.offload_optimizer, tp_across_nodes, b.zero_stage, b.virtual_pipeline_stages > 1,
+        active, b.offload_params, b.host_embedding, b.offload_optimizer, tp_across_nodes, b.zero_stage, b.virtual_pipeline_stages > 1,
         b.recompute, moved, b.pipeline_schedule != ONE_F_ONE_B, b.sequence_parallel,
     )
     return np.stack([np.asarray(c, dtype=np.int64) for c in columns], axis=1)

@@ -176,6 +176,12 @@ def _offload_fraction(m, c, j, b):
     return ~np.isfinite(f) | (f <= 0.0) | (f > 1.0) | ((f < 1.0) & (~b.offload_optimizer | b.offload_params | ~has_it))
 
 
+def _host_embedding(m, c, j, b):
+    """The word embedding on the host (advisor.cost.host_embedding): MindSpore's Host&Device switch
+    (Primitive.set_device, Optimizer.target); a table tied to the output head stays on the device."""
+    return b.host_embedding & ((j.framework != "mindspore") | bool(m.tie_embeddings))
+
+
 def _full_batch(m, c, j, b):
     """Every rank reading the whole batch is MindSpore's full_batch; the other stacks' loaders shard it."""
     return b.full_batch & (j.framework != "mindspore")
@@ -216,6 +222,8 @@ RULES: dict[str, tuple[Rule, str]] = {
                         "stage 0 or 1"),
     "swap layers": (_swap_layers, "swapped layers (one count per stage, at most its layers) go without "
                     "recomputation and without interleaving"),
+    "host embedding": (_host_embedding, "the word embedding on the host is MindSpore's Host&Device training (give "
+                       "framework mindspore) and needs a table not tied to the output head"),
     "full batch": (_full_batch, "reading the full batch on every rank (full_batch) is MindSpore's: give framework "
                    "mindspore"),
 }
@@ -272,6 +280,7 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "micro-batch copies": f"copies = {s.micro_batch_copies}, micro-batch size = {s.micro_batch_size}",
         "gradient bucket": f"grad_bucket_mb = {s.grad_bucket_mb}, zero = {s.zero_stage}",
         "full batch": f"framework = {j.framework}",
+        "host embedding": f"framework = {j.framework}, tied embeddings = {m.tie_embeddings}, model {m.name}",
         "cuda graphs": f"cuda_graphs = {', '.join(j.cuda_graphs)}, recompute = {s.recompute}, dropout = {j.dropout}, "
                        f"moe_dropless = {j.moe_dropless}, model {m.name}",
         "swap layers": f"swap_layers = {list(s.swap_layers or ())}, stage_layers = "

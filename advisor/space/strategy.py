@@ -69,6 +69,10 @@ class Strategy:
     # Dataset sharding: every rank reads the whole global batch (MindSpore full_batch=True) instead of
     # its data-parallel shard (advisor.cost.dataset).
     full_batch: bool = False
+    # Host&Device heterogeneous training: the word-embedding table and its lookup on the host CPU,
+    # updated there by a host optimizer (MindSpore Gather.set_device("CPU"), Optimizer.target = "CPU";
+    # advisor.cost.host_embedding).
+    host_embedding: bool = False
 
     @property
     def devices(self) -> int:
@@ -148,8 +152,11 @@ class StrategyBatch:
     full_batch: np.ndarray | None = None           # bool; None: all sharded
     offload_params: np.ndarray | None = None       # bool; None: none
     offload_fraction: np.ndarray | None = None     # None: all 1
+    host_embedding: np.ndarray | None = None       # bool; None: all on the device
 
     def __post_init__(self) -> None:
+        if self.host_embedding is None:
+            object.__setattr__(self, "host_embedding", np.zeros(len(self.dp), dtype=bool))
         if self.offload_fraction is None:
             object.__setattr__(self, "offload_fraction", np.ones(len(self.dp)))
         if self.offload_params is None:
@@ -204,6 +211,7 @@ class StrategyBatch:
             full_batch=np.array([s.full_batch for s in strategies], dtype=bool),
             offload_params=np.array([s.offload_params for s in strategies], dtype=bool),
             offload_fraction=np.array([s.offload_fraction for s in strategies], dtype=float),
+            host_embedding=np.array([s.host_embedding for s in strategies], dtype=bool),
         )
 
     def take(self, index) -> "StrategyBatch":
@@ -241,4 +249,5 @@ class StrategyBatch:
             full_batch=bool(self.full_batch[i]),
             offload_params=bool(self.offload_params[i]),
             offload_fraction=float(self.offload_fraction[i]),
+            host_embedding=bool(self.host_embedding[i]),
         )
