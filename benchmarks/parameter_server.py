@@ -10,11 +10,12 @@ the error of each prediction.
 
     python benchmarks/parameter_server.py [--execute [--hardware this-machine.yaml]]
 
---execute also runs a PS plan (wide-deep-criteo) and a hybrid plan (dlrm-criteo-1tb) that
-`recommend` writes for 2 workers and 2 servers, with `advisor execute --tiny --dtype fp32` (real
-server and worker processes on gloo), and prints the loss match with one process, the largest
-memory error over the roles and, with --hardware (a profile of this machine from `advisor
-calibrate`), the measured over predicted step time.
+--execute also runs a PS plan (wide-deep-criteo, synchronous and asynchronous) and a hybrid plan
+(dlrm-criteo-1tb) that `recommend` writes for 2 workers and 2 servers, with `advisor execute --tiny
+--dtype fp32` (real server and worker processes on gloo), and prints the loss match with one
+process (asynchronous: with the one-process replay of the servers' records), the largest memory
+error over the roles, the asynchronous run's measured and predicted staleness and, with --hardware
+(a profile of this machine from `advisor calibrate`), the measured over predicted step time.
 """
 
 from __future__ import annotations
@@ -106,18 +107,23 @@ def executed(hardware: str | None) -> None:
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root)}
     with tempfile.TemporaryDirectory(prefix="advisor-ps-bench-") as tmp:
-        for model, mode in (("wide-deep-criteo", "ps"), ("dlrm-criteo-1tb", "hybrid")):
-            plan = Path(tmp) / f"{model}.json"
+        for model, mode, asynchronous in (("wide-deep-criteo", "ps", False), ("wide-deep-criteo", "ps", True),
+                                          ("dlrm-criteo-1tb", "hybrid", False)):
+            plan = Path(tmp) / f"{model}-{mode}-{asynchronous}.json"
             subprocess.run([sys.executable, "-m", "advisor", "recommend", "--model", model, "--hardware",
                             "dgx-a100-80g", "--devices", "2", "--ps-mode", mode, "--ps-servers", "2", "--out", str(plan),
-                            "--json"], check=True, capture_output=True, env=env, cwd=root)
+                            "--json"] + (["--ps-async"] if asynchronous else []),
+                           check=True, capture_output=True, env=env, cwd=root)
             cmd = [sys.executable, "-m", "advisor", "execute", str(plan), "--tiny", "--dtype", "fp32", "--steps", "6",
                    "--json"] + (["--hardware", hardware] if hardware else [])
             rep = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=root).stdout)
             ratio = rep.get("time_ratio")
-            print(f"  {model:18} {mode:6}  loss max rel diff {rep['loss_max_rel_diff']:.1e}  memory max rel error "
-                  f"{100 * rep['memory_max_rel_error']:.1f}%  step time measured/predicted "
-                  f"{'-' if ratio is None else f'{ratio:.2f}'}")
+            stale = rep.get("staleness")
+            extra = (f"  staleness {stale['mean']:.2f} (predicted {stale['predicted']:g})"
+                     if stale and stale.get("mean") is not None and stale.get("predicted") is not None else "")
+            print(f"  {model:18} {mode + (' async' if asynchronous else ''):12}  loss max rel diff "
+                  f"{rep['loss_max_rel_diff']:.1e}  memory max rel error {100 * rep['memory_max_rel_error']:.1f}%  "
+                  f"step time measured/predicted {'-' if ratio is None else f'{ratio:.2f}'}{extra}")
 
 
 def main() -> None:

@@ -272,7 +272,7 @@ def predict_ps(executed: dict[str, Any], time_hardware: str | None) -> dict[str,
         memory = estimate_recsys(plan.model, plan.hardware, plan.cluster, plan.training, config).to_dict()
     except AdvisorError:
         return None
-    out = {k: memory[k] for k in ("worker_memory_gib", "server_memory_gib") if k in memory}
+    out = {k: memory[k] for k in ("worker_memory_gib", "server_memory_gib", "staleness_steps") if k in memory}
     if time_hardware is not None:
         timed = estimate_recsys(plan.model, load_hardware(time_hardware), plan.cluster, plan.training, config)
         out["step_time_s"] = timed.step_time_s

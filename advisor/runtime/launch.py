@@ -83,6 +83,10 @@ def launch_module(module: str, args: list[str], out: Path, opts: LaunchOptions,
     deadline = time.time() + opts.timeout_s
     procs: list[subprocess.Popen] = []
     logs = []
+    for rank in range(opts.nproc):      # a kept --workdir may hold an earlier run's files: never read those
+        for name in (f"rank{rank}.json", f"rank{rank}.error.json", f"rank{rank}.ready"):
+            (out / name).unlink(missing_ok=True)
+    (out / "progress.json").unlink(missing_ok=True)
     try:
         for rank in range(opts.nproc):
             log = open(out / f"rank{rank}.log", "w")

@@ -268,9 +268,8 @@ def ps_config_from_plan(plan: dict[str, Any], *, steps: int = 5, tiny: bool = Fa
     if mode not in MODES:
         raise _err(f"{where}.mode", "must be ps or hybrid", mode)
     synchronous = ps.get("synchronous", True)
-    if synchronous is not True:
-        raise AdvisorError(f"{where}.synchronous: the executor runs synchronous parameter servers only "
-                           "(an asynchronous run has no single-process reference to match)")
+    if not isinstance(synchronous, bool):
+        raise _err(f"{where}.synchronous", "must be true or false", synchronous)
     servers = _pos_int(ps, "servers", where)
     for key in ("tp", "pp", "cp", "ep"):
         if par.get(key, 1) != 1:
@@ -311,7 +310,7 @@ def ps_config_from_plan(plan: dict[str, Any], *, steps: int = 5, tiny: bool = Fa
     if not isinstance(lr, (int, float)) or isinstance(lr, bool) or lr <= 0:
         raise _err("training.learning_rate", "must be a positive number", lr)
     return PsConfig(
-        name=str((plan.get("model") or {}).get("name", "plan"))[:64], model=model, mode=mode, synchronous=True,
+        name=str((plan.get("model") or {}).get("name", "plan"))[:64], model=model, mode=mode, synchronous=synchronous,
         servers=servers, workers=workers, server_placement=str(ps.get("server_placement", "dedicated")),
         server_tensors=tuple(server_tensors), pieces=tuple(place(model, server_tensors, sharding, servers, where)),
         optimizer=optimizer, learning_rate=float(lr), global_batch_size=batch, steps=steps, seed=seed, tiny=tiny,

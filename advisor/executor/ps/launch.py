@@ -68,6 +68,9 @@ def launch_ps(spec: dict, cfg: PsConfig, opts: PsLaunchOptions) -> dict:
     world = cfg.servers + cfg.workers
     with temporary_folder("advisor-ps-", keep=opts.workdir) as out:
         write_json(out / "spec.json", spec, what="the run's spec")
+        for rank in range(world):   # a kept --workdir may hold an earlier run's results: never read those
+            for name in (f"rank{rank}.json", f"rank{rank}.error.json", f"rank{rank}.ready"):
+                (out / name).unlink(missing_ok=True)
         store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=opts.pg_timeout_s),
                               wait_for_workers=False)
         deadline = time.time() + opts.timeout_s

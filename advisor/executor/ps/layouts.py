@@ -6,6 +6,11 @@ sides compute it from the configuration and the pull request of the step:
 * answer (server -> worker): those rows of each sparse piece, every other piece whole;
 * push (worker -> server): the worker's loss, then the gradient of exactly what was answered.
 
+A synchronous worker sends pull k, push k, pull k + 1, ...; an asynchronous one asks for the next
+step's weights before it computes the current step (advisor.executor.ps.worker), so its messages
+to a server run pull 0, pull 1, push 0, pull 2, push 1, ..., push S - 1: each push follows the pull
+after its own, and carries the gradient of the rows its own pull asked for.
+
 A request's slots are padded to their capacity, so a table split over S servers sends each of them
 room for all of a worker's lookups: up to S times the ids actually asked for. Ids are 8 bytes against
 a row's dim x 4 of values, and the cost model counts the ids asked for, not this padding.
@@ -49,11 +54,38 @@ def requested_counts(request: Message) -> list[int]:
 
 
 def server_inbox_layouts(cfg: PsConfig, server: int):
-    """A server's expected next message from a worker: a pull request, then the push it implies."""
+    """A server's expected next message from a worker: a pull request, then the push it implies
+    (asynchronous: the order in the module doc)."""
+    if not cfg.synchronous:
+        return _async_layouts(cfg, server)
+
     def layout(_peer: int, previous: Message | None) -> Layout:
         if previous is None or previous.kind == PUSH:
             return request_layout(cfg, server)
         if previous.kind == PULL:
             return push_layout(cfg, server, requested_counts(previous))
         raise ValueError(f"server {server}: a message of unknown kind {previous.kind}")
+    return layout
+
+
+def async_next_kind(pulls: int, pushes: int, steps: int) -> int:
+    """The kind of an asynchronous worker's next message after ``pulls`` pulls and ``pushes``
+    pushes of a ``steps``-step run: a pull while it has asked for at most one step ahead."""
+    return PULL if pulls < steps and pulls <= pushes + 1 else PUSH
+
+
+def _async_layouts(cfg: PsConfig, server: int):
+    seen: dict[int, list] = {}      # peer -> [pulls, pushes, requested counts of each pull]
+
+    def layout(peer: int, previous: Message | None) -> Layout:
+        state = seen.setdefault(peer, [0, 0, []])
+        if previous is not None:
+            if previous.kind == PULL:
+                state[0] += 1
+                state[2].append(requested_counts(previous))
+            else:
+                state[1] += 1
+        if async_next_kind(state[0], state[1], cfg.steps) == PULL:
+            return request_layout(cfg, server)
+        return push_layout(cfg, server, state[2][state[1]])
     return layout

@@ -3,6 +3,9 @@
 
 * loss: server 0's mean of the losses pushed to it each step (the workers that contributed to that
   step's update) against the single-process reference on exactly those workers' samples.
+  Asynchronous: every worker's loss of every step against the single-process replay of the
+  servers' records (advisor.executor.ps.replay; ``mode: ps`` only), and the staleness of the
+  applied pushes (updates between a gradient's pull and its push) against the cost model's.
 * memory per role, measured: a server's parameters (its pieces), optimizer state and aggregated
   gradients; a worker's pulled and replicated parameters, their gradients, its local optimizer
   state (hybrid) and the bytes saved for backward by one step's forward.
@@ -49,9 +52,12 @@ def build_ps_report(cfg: PsConfig, result: dict, reference: dict, prediction: di
     servers = [r for r in ranks if r["role"] == "server"]
     workers = [r for r in ranks if r["role"] == "worker"]
     first = servers[0]
-    losses = first["losses"]
-    loss_diff = max(_rel(a, b) for a, b in zip(losses, reference["losses"], strict=True))
     notes = list(cfg.notes) + notes
+    if cfg.synchronous:
+        losses, reference_losses = first["losses"], reference["losses"]
+        loss_diff = max(_rel(a, b) for a, b in zip(losses, reference_losses, strict=True))
+    else:
+        losses, reference_losses, loss_diff = _async_losses(workers, reference, notes)
     if any(s["contributors"] != first["contributors"] for s in servers):
         notes.append("servers disagree on which workers contributed to a step (a worker died between its pushes)")
     left = []
@@ -94,7 +100,9 @@ def build_ps_report(cfg: PsConfig, result: dict, reference: dict, prediction: di
         "loss_max_rel_diff": loss_diff,
         "memory_max_rel_error": worst,
         "time_ratio": ratio,
-        "loss": {"parallel": losses, "reference": reference["losses"], "goal": LOSS_GOAL, "ok": loss_diff <= LOSS_GOAL},
+        "loss": {"parallel": losses, "reference": reference_losses, "goal": LOSS_GOAL,
+                 "ok": loss_diff is not None and loss_diff <= LOSS_GOAL},
+        **({} if cfg.synchronous else {"staleness": _staleness(servers, prediction)}),
         "memory": {"ranks": rows, "max_rel_error": worst, "goal": MEMORY_GOAL,
                    "prediction_gib": {k: prediction.get(k) for k in ("worker_memory_gib", "server_memory_gib")} if compare else None},
         "time": {"measured_step_s": step, "predicted_step_s": predicted_step, "ratio": ratio,
@@ -103,6 +111,30 @@ def build_ps_report(cfg: PsConfig, result: dict, reference: dict, prediction: di
                  "per_step_s": {f"rank{r['rank']}": r["step_times_s"] for r in ranks}},
         "ranks": ranks,
     }
+
+
+def _async_losses(workers: list[dict], replayed: dict | None, notes: list[str]):
+    """(mean worker loss per step, the replay's mean on the same workers, max relative difference
+    over every worker and step) of an asynchronous run; the last two None without a replay."""
+    steps = max(len(w["losses"]) for w in workers)
+    mean = [statistics.fmean(w["losses"][k] for w in workers if k < len(w["losses"])) for k in range(steps)]
+    if replayed is None:
+        notes.append("loss: an asynchronous hybrid run is not replayed (its replicated tensors follow the workers' "
+                     "all-reduce groups); the workers' losses are reported alone")
+        return mean, None, None
+    pairs = [(w["losses"][k], replayed[(w["index"], k)]) for w in workers for k in range(len(w["losses"]))]
+    reference = [statistics.fmean(replayed[(w["index"], k)] for w in workers if k < len(w["losses"]))
+                 for k in range(steps)]
+    return mean, reference, max(_rel(a, b) for a, b in pairs)
+
+
+def _staleness(servers: list[dict], prediction: dict | None) -> dict[str, Any]:
+    """Updates applied between a push's pull and itself, over every server: mean and largest, from
+    the second step on (the first pushes land on weights few updates have changed yet)."""
+    later = [x for s in servers for x, (_, step, _) in zip(s["async"]["staleness"], s["async"]["applied"]) if step >= 1]
+    every = [x for s in servers for x in s["async"]["staleness"]]
+    return {"mean": statistics.fmean(later) if later else None, "max": max(every) if every else None,
+            "predicted": (prediction or {}).get("staleness_steps")}
 
 
 def executed_model(cfg: PsConfig, name: str = "executed") -> dict[str, Any]:
@@ -122,8 +154,17 @@ def executed_model(cfg: PsConfig, name: str = "executed") -> dict[str, Any]:
 def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(what, measured, predicted, verdict) rows for the table."""
     lo = report["loss"]
-    rows = [("loss (last step)", f"{lo['parallel'][-1]:.6f}", f"{lo['reference'][-1]:.6f} (1 process)",
-             f"max rel diff {report['loss_max_rel_diff']:.1e} ({'ok' if lo['ok'] else 'FAIL'} <= {LOSS_GOAL:g})")]
+    ps = report["parameter_server"]
+    if lo["reference"] is None:
+        rows = [("loss (last step, mean of workers)", f"{lo['parallel'][-1]:.6f}", "-", "not replayed (hybrid, async)")]
+    else:
+        ref = "1 process" if ps["synchronous"] else "1-process replay"
+        rows = [("loss (last step)", f"{lo['parallel'][-1]:.6f}", f"{lo['reference'][-1]:.6f} ({ref})",
+                 f"max rel diff {report['loss_max_rel_diff']:.1e} ({'ok' if lo['ok'] else 'FAIL'} <= {LOSS_GOAL:g})")]
+    st = report.get("staleness")
+    if st is not None and st["mean"] is not None:
+        rows.append(("staleness (updates, mean from step 1)", f"{st['mean']:.2f} (max {st['max']})",
+                     f"{st['predicted']:g}" if st["predicted"] is not None else "-", "asynchronous"))
     for row in report["memory"]["ranks"]:
         m = row["measured_bytes"]
         what = f"{row['role']} {row['index']} (rank {row['rank']})"
@@ -150,5 +191,6 @@ def _size(nbytes: float) -> str:
 def ps_title(report: dict[str, Any]) -> str:
     """The title of the report's table (advisor.validation.execute_report.render_report draws it)."""
     ps, ex = report["parameter_server"], report["executed"]
-    return (f"{report['name']}: {ps['mode']}, {ps['servers']} servers + {ps['workers']} workers "
+    return (f"{report['name']}: {ps['mode']}{'' if ps['synchronous'] else ' (asynchronous)'}, {ps['servers']} "
+            f"servers + {ps['workers']} workers "
             f"({ps['server_placement']}), {ex['optimizer']}, {ex['steps']} steps over gloo")

@@ -10,6 +10,7 @@ from advisor.errors import AdvisorError, InfeasibleError
 from advisor.executor.ps.config import PsConfig, ps_config_from_plan
 from advisor.executor.ps.launch import PsLaunchOptions, launch_ps
 from advisor.executor.ps.model import run_reference
+from advisor.executor.ps.replay import replay
 from advisor.executor.ps.report import build_ps_report, executed_model
 from advisor.runtime.capacity import capacity_problems
 
@@ -65,7 +66,10 @@ def run_ps(plan: dict[str, Any], origin: str, *, steps: int = 5, tiny: bool = Fa
     spec = {"plan": plan, "steps": steps, "tiny": tiny, "dtype": dtype}
     result = launch_ps(spec, cfg, PsLaunchOptions(timeout_s=timeout_s, pg_timeout_s=pg_timeout_s, workdir=workdir))
     servers = sorted((r for r in result["ranks"] if r["role"] == "server"), key=lambda r: r["rank"])
-    reference = run_reference(cfg, servers[0]["contributors"])
+    if cfg.synchronous:
+        reference = run_reference(cfg, servers[0]["contributors"])
+    else:       # the order the servers applied the pushes in, replayed (None: hybrid)
+        reference = replay(cfg, servers) if cfg.mode == "ps" else None
     executed = predict(executed_plan(plan, cfg)) if predict is not None else None
     prediction = executed if executed is not None else plan.get("prediction")
     if not isinstance(prediction, dict) or not ({"worker_memory_gib", "server_memory_gib"} & set(prediction)):

@@ -7,6 +7,14 @@ exactly those rows and pieces, and its loss), then apply the optimizer once to t
 is the gradient of the global batch's mean loss, as one process would compute it. A worker the
 scheduler declares gone (store key ps/left/<worker>) is dropped from the round it is missing in and
 from every later one: the barrier shrinks and the average is over the workers that pushed.
+
+Asynchronous (Li et al. 2014 section 3.4; ``synchronous: false``): no rounds. Messages are taken
+from whichever worker sends next: a pull is answered from the weights as they are, a push is
+applied at once, alone, scaled by 1/N of the N live workers (its share of a synchronous average, so
+that N fresh pushes move the weights as one synchronous step). Each update counts one version; a
+push's staleness is the number of updates applied between the pull its gradient was computed from
+and itself. The server records the version each pull saw and the order of the pushes it applied,
+which is all a single process needs to replay the run (advisor.executor.ps.replay).
 """
 
 from __future__ import annotations
@@ -19,8 +27,9 @@ import torch
 
 from advisor.executor.ps import wire
 from advisor.executor.ps.config import PsConfig
-from advisor.executor.ps.layouts import answer_layout, requested_counts, server_inbox_layouts
+from advisor.executor.ps.layouts import answer_layout, async_next_kind, requested_counts, server_inbox_layouts
 from advisor.executor.ps.model import init_rows, make_optimizers, state_bytes
+from advisor.executor.ps.step_math import apply_update
 
 POLL_S = 0.05
 
@@ -65,7 +74,7 @@ class Server:
                     errors[w] = (item, time.monotonic())
                     ranks.discard(rank)
                 else:
-                    if item.kind != kind or item.step != step:
+                    if kind is not None and (item.kind != kind or item.step != step):
                         raise RuntimeError(f"server {self.index}: worker {w} sent message kind {item.kind} of step "
                                            f"{item.step}, expected kind {kind} of step {step}")
                     return w, item
@@ -86,6 +95,8 @@ class Server:
 
     # ---- one round
     def run(self) -> dict:
+        if not self.cfg.synchronous:
+            return self.run_async()
         cfg = self.cfg
         inbox = wire.Inbox(self.pg, self.worker_ranks, 2 * cfg.steps, server_inbox_layouts(cfg, self.index))
         times, losses, contributors = [], [], []
@@ -97,7 +108,7 @@ class Server:
             pushed = self._take_pushes(step, inbox, requested)
             if not pushed:
                 raise RuntimeError(f"server {self.index}: no worker is left at step {step}")
-            self._apply(pushed, requested)
+            self._apply(pushed, requested, len(pushed))
             contributors.append(sorted(pushed))
             losses.append(sum(msg.values[0].item() for msg in pushed.values()) / len(pushed))
             times.append(time.perf_counter() - t0)
@@ -123,7 +134,7 @@ class Server:
             requested[w] = [next(rows) if p.sparse else None for p in self.pieces]
             values = [d.detach()[r] if r is not None else d.detach() for d, r in zip(self.data, requested[w])]
             layout = answer_layout(self.cfg, self.index, requested_counts(msg))
-            sends.append((w, wire.send(self.pg, self.cfg.servers + w, wire.Message(wire.PULL, step, [], values), layout)))
+            sends.append((w, self._answer(w, wire.Message(wire.PULL, step, [], values), layout)))
         for w, works in sends:
             try:
                 wire.wait_all(works)
@@ -137,22 +148,86 @@ class Server:
             self._drop(w, step, set())
         return dict(self._each(pending, inbox, wire.PUSH, step))
 
-    def _apply(self, pushed: dict[int, wire.Message], requested) -> None:
-        n = len(pushed)
-        grad_bytes = 0
-        for i, (piece, data) in enumerate(zip(self.pieces, self.data)):
-            grads = [msg.values[1 + i] for msg in pushed.values()]
-            if piece.sparse:
-                rows = torch.cat([requested[w][i] for w in pushed])
-                values = torch.cat([g.reshape(-1, data.shape[1]) for g in grads]) / n
-                grad = torch.sparse_coo_tensor(rows.unsqueeze(0), values, data.shape, check_invariants=False)
-                grad_bytes += values.numel() * values.element_size() + rows.numel() * rows.element_size()
-            else:
-                grad = (torch.stack(grads).sum(0) / n).reshape(data.shape)
-                grad_bytes += grad.numel() * grad.element_size()
-            data.grad = grad
-        for opt in self.optimizers:
-            opt.step()
-        for data in self.data:
-            data.grad = None
+    def _apply(self, pushed: dict, requested: dict, n: int) -> None:
+        """Apply the optimizer once to the pushes' gradients summed and divided by n (a sparse
+        piece's rows are those ``requested`` of the same key)."""
+        grad_bytes = apply_update(self.pieces, self.data, self.optimizers, [m.values for m in pushed.values()],
+                                  [requested[key] for key in pushed], n)
         self.gradient_bytes = max(self.gradient_bytes, grad_bytes)
+
+    # ---- asynchronous: no rounds
+    def run_async(self) -> dict:
+        cfg = self.cfg
+        inbox = wire.Inbox(self.pg, self.worker_ranks, 2 * cfg.steps, server_inbox_layouts(cfg, self.index))
+        counts = {w: [0, 0] for w in range(cfg.workers)}           # pulls, pushes taken
+        requested, seen = {}, {}                                   # (worker, step) -> rows, version pulled
+        answers: dict[int, list] = {}                              # the answer in flight to each worker
+        pulls, applied, staleness, losses, times = [], [], [], [], []
+        version, checked = 0, time.monotonic()
+        while True:
+            if time.monotonic() - checked > POLL_S:     # a worker gone no longer counts in the 1/N scaling
+                checked = time.monotonic()
+                for w in [w for w in self.live if self.store.check([left_key(w)])]:
+                    self._drop(w, None, set())
+            pending = {w for w in self.live if counts[w][1] < cfg.steps}
+            if not pending:
+                break
+            got = self._next(pending, inbox, None, None)
+            if got is None:
+                continue
+            w, msg = got
+            kind = async_next_kind(counts[w][0], counts[w][1], cfg.steps)
+            step = counts[w][0] if kind == wire.PULL else counts[w][1]
+            if msg.kind != kind or msg.step != step:
+                raise RuntimeError(f"server {self.index}: worker {w} sent message kind {msg.kind} of step {msg.step}, "
+                                   f"expected kind {kind} of step {step}")
+            t0 = time.perf_counter()
+            if kind == wire.PULL:
+                kill_if_asked("ADVISOR_PS_TEST_KILL_SERVER", self.index, step)
+                self.store.set(f"ps/step/server{self.index}", str(step))
+                self._finish_answer(answers.pop(w, None))
+                rows = iter(msg.ids)
+                requested[(w, step)] = [next(rows) if p.sparse else None for p in self.pieces]
+                values = [d.detach()[r].clone() if r is not None else d.detach().clone()
+                          for d, r in zip(self.data, requested[(w, step)])]
+                layout = answer_layout(cfg, self.index, requested_counts(msg))
+                answers[w] = self._answer(w, wire.Message(wire.PULL, step, [], values), layout)
+                seen[(w, step)] = version
+                pulls.append([w, step, version])
+                counts[w][0] += 1
+            else:
+                n = len(self.live)
+                self._apply({(w, step): msg}, requested, n)
+                staleness.append(version - seen[(w, step)])
+                applied.append([w, step, n])
+                losses.append(msg.values[0].item())
+                version += 1
+                counts[w][1] += 1
+            times.append(time.perf_counter() - t0)
+        for works in answers.values():
+            self._finish_answer(works)
+        for x in self.left:             # gone after this many of its pushes were applied
+            x["step"] = counts[x["worker"]][1] if x["step"] is None else x["step"]
+        per_step = [sorted(w for w, s, _ in applied if s == step) for step in range(cfg.steps)]
+        return {"role": "server", "index": self.index, "pieces": len(self.pieces), "step_times_s": times,
+                "losses": losses, "contributors": per_step, "left": self.left,
+                "async": {"pulls": pulls, "applied": applied, "staleness": staleness},
+                "memory_bytes": {"parameters": sum(d.numel() * d.element_size() for d in self.data),
+                                 "optimizer": state_bytes(self.optimizers), "gradients": self.gradient_bytes}}
+
+    def _answer(self, w: int, msg: wire.Message, layout) -> list:
+        """Start sending an answer; a worker that died after asking gets none (the scheduler then
+        declares it gone and its push is not waited for)."""
+        try:
+            return wire.send(self.pg, self.cfg.servers + w, msg, layout)
+        except RuntimeError:
+            return []
+
+    @staticmethod
+    def _finish_answer(works) -> None:
+        """Wait for an answer sent earlier (its worker has received it by the time it sends again)."""
+        if works:
+            try:
+                wire.wait_all(works)
+            except RuntimeError:
+                pass                    # a worker gone mid-answer is dropped when its messages stop

@@ -6,6 +6,11 @@
 * forward and backward on those tensors as the reference runs them, the looked-up rows as a small
   table of their own (its gradient is the sparse gradient, one row per unique id);
 * push: the gradient of every pulled piece and the local loss, to the server it came from;
+* asynchronous (``synchronous: false``): the pull of step k + 1 goes out as soon as step k's
+  weights have arrived, before step k is computed, and the push is not waited for: the worker never
+  waits on a server's update, and each of its gradients lands on weights that its own previous push
+  and the other workers' pushes have changed since (the cost model's staleness of N updates,
+  advisor.cost.parameter_server);
 * hybrid: the tensors not on servers live on every worker and their gradients are all-reduced over
   a gloo group of the workers only (averaged over the workers in it), then the same optimizer is
   applied locally. When a worker is gone (the scheduler's store says so) the others form a new group
@@ -24,8 +29,8 @@ import torch.nn as nn
 from advisor.executor.ps import wire
 from advisor.executor.ps.config import PsConfig
 from advisor.executor.ps.layouts import answer_layout, push_layout, request_layout
-from advisor.executor.ps.model import (forward, global_batch, init_rows, loss_of, make_optimizers, pool,
-                                       state_bytes, worker_slice)
+from advisor.executor.ps.model import init_rows, make_optimizers, state_bytes
+from advisor.executor.ps.step_math import assemble, push_values, requested_rows, step_loss, worker_batch
 from advisor.executor.ps.server import POLL_S, kill_if_asked, left_key
 
 
@@ -75,76 +80,71 @@ class Worker:
         times, losses = [], []
         if self.local:
             self._form_group()
+        ahead = self._pull(0) if not self.cfg.synchronous else None
+        in_flight: list = []
         for step in range(self.cfg.steps):
             kill_if_asked("ADVISOR_PS_TEST_KILL_WORKER", self.index, step)
             t0 = time.perf_counter()
-            losses.append(self._step(step))
+            if self.cfg.synchronous:
+                losses.append(self._step(step))
+            else:
+                loss, ahead, in_flight = self._step_async(step, ahead, in_flight)
+                losses.append(loss)
             times.append(time.perf_counter() - t0)
+        wire.wait_all(in_flight)
         return {"role": "worker", "index": self.index, "step_times_s": times, "losses": losses,
                 "memory_bytes": self.memory, "allreduce_members": self.members if self.local else None}
 
     # ---- one step
-    def _step(self, step: int) -> float:
-        cfg, m = self.cfg, self.cfg.model
-        batch = worker_slice(global_batch(cfg, step), [self.index], cfg.local_batch_size)
-        unique = {}
-        for p in cfg.pieces:
-            if p.sparse and p.param not in unique:
-                unique[p.param] = torch.unique(batch[p.param], return_inverse=True)
+    def _pull(self, step: int):
+        """Send the step's pull requests: (sends, counts per server, unique ids, batch)."""
+        batch, unique = worker_batch(self.cfg, self.index, step)
         sends, counts = [], {}
         for s, pieces in self.pieces.items():
-            ids = [unique[p.param][0][(unique[p.param][0] >= p.start) & (unique[p.param][0] < p.end)] - p.start
-                   for p in pieces if p.sparse]
+            ids = [requested_rows(unique, p) for p in pieces if p.sparse]
             counts[s] = [t.numel() for t in ids]
             sends += wire.send(self.pg, s, wire.Message(wire.PULL, step, ids, []), request_layout(self.cfg, s))
-        pulled = self._assemble({s: wire.receive(self.pg, s, answer_layout(self.cfg, s, counts[s])) for s in self.pieces},
-                                unique)
-        wire.wait_all(sends)
+        return sends, counts, unique, batch
 
+    def _answers(self, counts, unique) -> dict[str, nn.Parameter]:
+        answers = {s: wire.receive(self.pg, s, answer_layout(self.cfg, s, counts[s])) for s in self.pieces}
+        return assemble(self.cfg, self.pieces, {s: a.values for s, a in answers.items()}, unique)
+
+    def _step(self, step: int) -> float:
+        sends, counts, unique, batch = self._pull(step)
+        pulled = self._answers(counts, unique)
+        wire.wait_all(sends)
+        loss, pushes = self._compute_and_push(step, pulled, counts, unique, batch)
+        wire.wait_all(pushes)
+        return loss
+
+    def _step_async(self, step: int, ahead, in_flight: list):
+        """Step k's weights arrive, step k + 1's pull goes out, step k is computed and pushed; the
+        sends of step k - 1 are done by then (each server has answered the pull that followed them)."""
+        sends, counts, unique, batch = ahead
+        pulled = self._answers(counts, unique)
+        wire.wait_all(sends + in_flight)
+        following = self._pull(step + 1) if step + 1 < self.cfg.steps else None
+        loss, pushes = self._compute_and_push(step, pulled, counts, unique, batch)
+        return loss, following, pushes
+
+    def _compute_and_push(self, step: int, pulled, counts, unique, batch):
         for p in self.local.values():
             p.grad = None
-        tensors = {**pulled, **self.local}
         saved = SavedBytes()
         with saved.hooks():
-            pooled = []
-            for t in m.tables:
-                ids = unique[t.name][1] if t.name in unique else batch[t.name]
-                pooled.append(pool(t, tensors[t.name], ids, sparse=False))
-            loss = loss_of(forward(m, tensors, pooled, batch["dense"]), batch["label"])
+            loss = step_loss(self.cfg, {**pulled, **self.local}, unique, batch)
         loss.backward()
         self._measure(pulled, saved)
 
         pushes = []
         for s, pieces in self.pieces.items():
-            grads = [loss.detach().reshape(1)]
-            for p in pieces:
-                g = pulled[p.param].grad
-                grads.append(g[self._rows(unique, p)] if p.sparse else g[p.start:p.end])
+            grads = push_values(loss, pulled, pieces, unique)
             pushes += wire.send(self.pg, s, wire.Message(wire.PUSH, step, [], grads), push_layout(self.cfg, s, counts[s]))
         if self.local:
             self._update_local(batch)
-        wire.wait_all(pushes)
         self.memory["optimizer"] = max(self.memory["optimizer"], state_bytes(self.optimizers))
-        return loss.item()
-
-    @staticmethod
-    def _rows(unique, piece) -> torch.Tensor:
-        ids = unique[piece.param][0]
-        return (ids >= piece.start) & (ids < piece.end)
-
-    def _assemble(self, answers: dict[int, wire.Message], unique) -> dict[str, nn.Parameter]:
-        """The pulled tensors: a sparse table's unique rows in id order, other parameters whole."""
-        shapes = self.cfg.model.param_shapes()
-        out: dict[str, torch.Tensor] = {}
-        for s, pieces in self.pieces.items():
-            for p, values in zip(pieces, answers[s].values):
-                if p.sparse:
-                    full = out.setdefault(p.param, torch.empty(len(unique[p.param][0]), shapes[p.param][1]))
-                    full[self._rows(unique, p)] = values.reshape(-1, shapes[p.param][1])
-                else:
-                    full = out.setdefault(p.param, torch.empty(shapes[p.param]))
-                    full[p.start:p.end] = values.reshape((p.end - p.start,) + shapes[p.param][1:])
-        return {name: nn.Parameter(t) for name, t in out.items()}
+        return loss.item(), pushes
 
     def _measure(self, pulled, saved: SavedBytes) -> None:
         held = list(pulled.values()) + list(self.local.values())
