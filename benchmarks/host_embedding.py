@@ -41,7 +41,8 @@ def one_plan() -> None:
               f"{e.capacity_gib:g} ({'fits' if e.feasible else 'does not fit'})  host {e.host_embedding_gib:5.2f} GiB  "
               f"step {e.step_time_s:6.3f} s  {e.tokens_per_s:8,.0f} tokens/s  offload part {e.time_s['offload']:.3f} s")
     b = StrategyBatch.from_strategies([replace(s, host_embedding=True)], i.model.num_layers)
-    parts = host_embedding(i.model, i.hardware, i.job, b, placements(i.hardware, b, ("dp_cp",))["dp_cp"])
+    groups = placements(i.hardware, b, ("dp_cp", "pp"))
+    parts = host_embedding(i.model, i.hardware, i.job, b, groups["dp_cp"], groups["pp"])
     print(f"   host parts: {parts.micro_batch_s[0] * 1e3:.1f} ms per micro-batch (lookup, PCIe both ways, "
           f"scatter-add) x {s.num_micro_batches}; {parts.step_s[0]:.3f} s per step (gradient exchange, host Adam)")
 

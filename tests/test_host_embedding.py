@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from advisor.cost import comm
 from advisor.cost import host_embedding as he
 from advisor.cost.estimate import estimate, estimate_batch
 from advisor.cost.memory import ALLOCATOR_OVERHEAD, GIB, stage_params, state_bytes_per_param
@@ -52,7 +53,9 @@ def test_the_table_leaves_the_first_stage_only():
     assert total[0, 0] - total[1, 0] == pytest.approx(table * (wb + gb + ob) * (1 + ALLOCATOR_OVERHEAD))
     assert total[0, 1] == pytest.approx(total[1, 1])
     hosted = _estimate(replace(s, host_embedding=True))
-    assert hosted.host_embedding_gib * GIB == pytest.approx(table * (he.HOST_STATE_BYTES + he.HOST_GRAD_BYTES))
+    # fp32 weight, AdamW's two moments and the gradient
+    assert he.state_bytes(JOB) + he.HOST_GRAD_BYTES == 16.0
+    assert hosted.host_embedding_gib * GIB == pytest.approx(table * 16.0)
 
 
 def test_one_replica_pays_lookups_copies_and_the_host_adam():
@@ -68,21 +71,24 @@ def test_one_replica_pays_lookups_copies_and_the_host_adam():
     s = Strategy(dp=1, tp=1, pp=1, micro_batch_size=1, num_micro_batches=64, zero_stage=0, host_embedding=True)
     e, base = pair(s, 1)
     h, tokens = LLAMA.hidden_size, 4096.0
-    host_bw = 204.8e9 * 0.75 / 8            # the parameter server's default socket, shared by 8 processes
+    host_bw = 204.8e9 * 0.75                # the parameter server's default socket, one process on it
     pcie = ASCEND.host.pcie_bandwidth_gbps * 1e9
     per_mb = (tokens * h * 4 + tokens * h * 2) / host_bw + 2 * tokens * h * 2 / pcie + tokens * h * 10 / host_bw
     table = LLAMA.vocab_size * h
     assert he.host_bandwidth_bytes_per_s(ASCEND) == pytest.approx(host_bw)
+    assert he.update_bytes(JOB) + he.ZERO_BYTES == 32.0        # AdamW: gradient read, 3 x fp32 read + written, clear
     added_offload = e.time_s["offload"][0] - base.time_s["offload"][0]
     assert added_offload == pytest.approx(64 * per_mb + table * 32 / host_bw, rel=1e-6)
+    # 8 stages on one node: one first-stage process, so it keeps the host to itself
     e, base = pair(replace(s, pp=8), 8)
     assert e.stage_micro_batch_s[0, 0] - base.stage_micro_batch_s[0, 0] == pytest.approx(per_mb, rel=1e-9)
     assert e.stage_micro_batch_s[0, 1:] == pytest.approx(base.stage_micro_batch_s[0, 1:])
 
 
 def test_replicas_exchange_the_cheaper_of_dense_and_sparse_gradients():
-    """Few tokens per step against a huge table: the rows are gathered (and kept on the host); many
-    tokens against a small table: the dense gradient is all-reduced."""
+    """Few tokens per step against a huge table: the rows are gathered, far cheaper than the dense
+    all-reduce; many tokens against a small table: the dense gradient is all-reduced. The host memory
+    is the same either way (gathered rows are added into the dense gradient as they come back)."""
     huge = model_from_dict({"name": "wide-vocab", "source": "test", "num_layers": 2, "hidden_size": 1024,
                             "num_attention_heads": 8, "ffn_hidden_size": 4096, "vocab_size": 2_000_000,
                             "seq_length": 256}, "test")
@@ -93,11 +99,24 @@ def test_replicas_exchange_the_cheaper_of_dense_and_sparse_gradients():
     s = Strategy(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1, zero_stage=1, host_embedding=True)
     b = StrategyBatch.from_strategies([s], 2)
     from advisor.cost.placement import placements
-    group = placements(ASCEND, b, ("dp_cp",))["dp_cp"]
-    wide = he.host_embedding(huge, ASCEND, job, b, group)
-    narrow = he.host_embedding(small, ASCEND, job, b, group)
-    rows = 256 * 1024 * (he.HOST_GRAD_BYTES + he.INDEX_BYTES / 1024)
-    assert wide.host_bytes[0] == pytest.approx(huge.vocab_size * 1024 * 16 + 8 * rows)
+    groups = placements(ASCEND, b, ("dp_cp", "pp"))
+    pcie = ASCEND.host.pcie_bandwidth_gbps * 1e9
+    host_bw = 204.8e9 * 0.75 / 8                # 8 first-stage processes share the node's host
+
+    def dense_exchange(model):
+        grad = model.vocab_size * 1024 * 4.0
+        return comm.group_time_s(ASCEND, "all_reduce", grad, groups["dp_cp"])[0] + 2 * grad / pcie
+
+    def exchanged(model):
+        out = he.host_embedding(model, ASCEND, job, b, groups["dp_cp"], groups["pp"])
+        update = model.vocab_size * 1024 * 32.0 / host_bw
+        return out, out.step_s[0] - update
+
+    wide, wide_s = exchanged(huge)
+    narrow, narrow_s = exchanged(small)
+    assert wide_s < 0.05 * dense_exchange(huge)
+    assert narrow_s == pytest.approx(dense_exchange(small), rel=1e-9)
+    assert wide.host_bytes[0] == pytest.approx(huge.vocab_size * 1024 * 16)
     assert narrow.host_bytes[0] == pytest.approx(small.vocab_size * 1024 * 16)
 
 
@@ -226,3 +245,47 @@ def test_cli_estimate_and_refusal(tmp_path, monkeypatch, capsys):
     assert "+hemb" in out
     from advisor.plan import load_plan
     assert load_plan(str(tmp_path / "p.json")).strategy.host_embedding
+
+
+def test_only_first_stage_processes_hold_a_table_and_share_the_host():
+    """llama3-8b on one 8-device node, pp 8: one first-stage process, so the node holds one table and
+    that process has the host's bandwidth; dp 8: eight tables sharing it."""
+    cluster = Cluster.of(ASCEND, devices=8)
+    deep = Strategy(dp=1, tp=1, pp=8, micro_batch_size=1, num_micro_batches=64, host_embedding=True)
+    wide = replace(Z1, host_embedding=True)
+    e = estimate_batch(LLAMA, ASCEND, cluster, JOB, StrategyBatch.from_strategies([deep, wide], LLAMA.num_layers))
+    table = LLAMA.vocab_size * LLAMA.hidden_size * 16.0
+    assert e.host_node_bytes[0] == pytest.approx(table)
+    assert e.host_node_bytes[1] == pytest.approx(8 * table + 8 * (e.memory.host_total[1] - table))
+    update = LLAMA.vocab_size * LLAMA.hidden_size * 32.0 / (204.8e9 * 0.75)
+    assert update <= e.time_s["offload"][0] < 2 * update       # the host's whole bandwidth for one update
+    assert e.time_s["offload"][1] >= 8 * update                 # eight updates share it
+
+
+def test_search_keeps_plans_whose_node_holds_fewer_tables():
+    """Host memory for 4 tables of 7.8 GiB but not 8: data-parallel-only host-embedding plans (8
+    first-stage processes per node, each with the whole table) do not fit; the enumerator still finds
+    the ones with pipeline stages inside the node or the table split over tensor-parallel ranks, and
+    every plan it returns fits."""
+    raw = ASCEND.raw
+    small_host = hardware_from_dict({**raw, "host": {**raw["host"], "memory_gib": 40}}, "ascend-910b, 40 GiB host")
+    cluster = Cluster.of(small_host, devices=8)
+    assert not _estimate(replace(Z1, host_embedding=True), hw=small_host).feasible
+    out = en.search(LLAMA, small_host, cluster, JOB, Pins(host_embedding=True, offload_optimizer=False), top_k=3)
+    assert len(out.finalists)
+    for i in range(len(out.finalists)):
+        s = out.finalists.strategy(i)
+        assert s.host_embedding and s.tp * s.pp > 1 and _estimate(s, hw=small_host).feasible
+
+
+def test_leanest_pairs_keep_both_host_options():
+    from advisor.search.enumerate_bounds import leanest_options
+    options = en.zero_offload_options(Pins(), "mindspore", LLAMA)
+    assert leanest_options(options) == [(3, 4), (3, 2), (2, 4)]
+    assert leanest_options([(0, 0), (0, 3)]) == [(0, 3)]
+
+
+def test_parameter_offload_and_the_host_embedding_do_not_go_together():
+    broken = violations(LLAMA, Cluster.of(ASCEND, devices=8), JOB,
+                        replace(Z1, zero_stage=3, offload_optimizer=True, offload_params=True, host_embedding=True))
+    assert broken and "offload_params = True" in broken[0]

@@ -106,7 +106,8 @@ def from_batch(e: EstimateBatch, i: int, model: ModelSpec, hw: HardwareProfile, 
         reasons.append(f"needs {mem['total']:.1f} GiB per device on pipeline stage {int(e.memory.worst_stage[i])}, "
                        f"the device has {capacity:g} GiB")
     if not bool(e.host_fits[i]):
-        need = float(e.memory.host_total[i]) * hw.node.devices_per_node / GIB
+        node = e.host_node_bytes if e.host_node_bytes is not None else e.memory.host_total * hw.node.devices_per_node
+        need = float(node[i]) / GIB
         reasons.append(f"what lives in host memory (offloaded states, swapped activations, a host embedding) "
                        f"needs {need:.0f} GiB per "
                        f"node, the host has {hw.host.memory_gib:g} GiB")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from advisor.cost import bubble, comm, compute, contention, cuda_graphs, dataset, multi_copy, recompute, swap
-from advisor.cost.host_embedding import host_embedding
+from advisor.cost.host_embedding import host_embedding, node_host_bytes
 from advisor.cost.data_parallel import dp_time_s
 from advisor.cost.layer_comm import layer_comm
 from advisor.cost.memory import (GIB, MemoryArrays, col, linear_params, memory, stage_layer_counts, stage_masks, stage_params,
@@ -64,6 +64,9 @@ class EstimateBatch:
     # (N, P), meaningful on active stages only
     stage_micro_batch_s: np.ndarray | None = None
     stage_parts_s: dict[str, np.ndarray] | None = None
+    # host memory of the fullest node (advisor.cost.host_embedding.node_host_bytes); None: host_total
+    # times the node's devices
+    host_node_bytes: np.ndarray | None = None
 
     @property
     def feasible(self) -> np.ndarray:
@@ -209,11 +212,11 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     swap_s = (swap.exposed_s(hw, b, swapped_layer_bytes(model, job, b), fwd, bwd) if b.swap_layers.any()
               else np.zeros_like(comp))
     # the word embedding on the host: its lookups and their gradients cross PCIe on the first stage
-    host_embed_step_s = 0.0
+    host_embed_step_s, first_per_node = 0.0, None
     if b.host_embedding.any():
-        host_embed = host_embedding(model, hw, job, b, groups["dp_cp"])
+        host_embed = host_embedding(model, hw, job, b, groups["dp_cp"], placements(hw, b, ("pp",))["pp"])
         swap_s = swap_s + np.where(first, col(host_embed.micro_batch_s), 0.0)
-        host_embed_step_s = host_embed.step_s
+        host_embed_step_s, first_per_node = host_embed.step_s, host_embed.first_per_node
         mem = replace(mem, host_embedding=host_embed.host_bytes)
     stage_mb = np.where(active, comp + recompute_s + tp_s + ep_s + cp_s + host_s + swap_s, 0.0)
     stage_parts = dict(zip(STAGE_PARTS, (comp, recompute_s, tp_s, cp_s, ep_s, host_s)))
@@ -267,9 +270,10 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     local = dense_max / np.where(z >= 1, n_dp, 1) + expert_max / np.where(z >= 1, n_edp, 1)
     offload = b.offload_optimizer
     # Unfused optimizers pay a host cost per parameter tensor (profile constant; 0 on accelerators).
-    embed_tensors = 1 + (model.position_embedding == "learned")
+    # (the word embedding on the host is stepped there: advisor.cost.host_embedding)
+    embed_tensors = 1 + (model.position_embedding == "learned") - b.host_embedding.astype(np.int64)
     head_tensors = (2 if model.norm == "layernorm" else 1) + (not model.tie_embeddings)
-    ends_t = np.where(b.pp == 1, embed_tensors + head_tensors, max(embed_tensors, head_tensors))
+    ends_t = np.where(b.pp == 1, embed_tensors + head_tensors, np.maximum(embed_tensors, head_tensors))
     tensors = units * model.parameter_tensors_per_layer(job.framework == "megatron") + ends_t
     opt_host = tensors * hw.device.optimizer_overhead_us_per_tensor * 1e-6
     host_share = np.where(offload, b.offload_fraction, 0.0)
@@ -305,9 +309,10 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     # FP8: the linear layers' weights are quantized once per step (cached across micro-batches)
     weight_cast = compute.weight_cast_s(hw, job, np.max(np.where(active, sum(linear_params(model, b)), 0.0), axis=1))
 
-    # the input pipeline's host-to-device copies, where they outlast the step they run under
+    # the word embedding on the host: its gradient exchange and update, once per step
     offload_s = offload_s + host_embed_step_s
     step = pipe_s + pp_s + dp_s + contention_s + opt_s + offload_s + weight_cast
+    # the input pipeline's host-to-device copies, where they outlast the step they run under
     input_s = dataset.exposed_s(hw, job, b, step)
     time_s = {
         "compute": at_slowest(comp) * m + weight_cast,
@@ -341,10 +346,11 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     hfu_tflops = (model_flops + recompute_flops) / step / devices / 1e12
 
     capacity = hw.device.memory_gib * GIB
-    host_capacity = hw.host.memory_gib * GIB
+    host_node = node_host_bytes(mem.host_total, mem.host_embedding, hw.node.devices_per_node, first_per_node)
     return EstimateBatch(
         fits=mem.total <= capacity,
-        host_fits=mem.host_total * hw.node.devices_per_node <= host_capacity,
+        host_fits=host_node <= hw.host.memory_gib * GIB,
+        host_node_bytes=host_node,
         memory=mem,
         time_s=time_s,
         step_time_s=step,

@@ -191,7 +191,7 @@ _DETAILS: tuple[tuple[str, Callable], ...] = (
     ("virtual stages", lambda s: f"vpp{s.virtual_pipeline_stages}"),
     ("sequence parallel", lambda s: "sp" if s.sequence_parallel else "no-sp"),
     ("schedule", lambda s: s.pipeline_schedule),
-    ("offload", lambda s: ("offload" + offload_knob(s)) if s.offload_optimizer else "no-offload"),
+    ("offload", lambda s: ("offload" + offload_knob(s)) if s.offload_optimizer or s.host_embedding else "no-offload"),
     ("cp communication", lambda s: f"cp-{s.cp_comm}"),
     ("recomputed layers", lambda s: f"rc-layers {s.recompute_layers}"),
     ("stage layers", lambda s: "layers " + "/".join(map(str, s.stage_layers or ()))),

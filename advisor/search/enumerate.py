@@ -44,6 +44,7 @@ from collections import Counter
 import numpy as np
 
 from advisor.cost.estimate import estimate_batch
+from advisor.cost.host_embedding import first_stage_per_node, node_host_bytes
 from advisor.cost.memory import GIB
 from advisor.search.rank import TIE_BAND
 from advisor.search import Pins, Progress, SearchOutcome, SearchStats
@@ -245,7 +246,8 @@ class _Scoring:
         limit = self.limit
         for idx in chunks_by_pp(pairs):
             part = _take(pairs, idx)
-            e = estimate_batch(model, self.fast, cluster, job, to_batch(model, job, part))
+            batch = to_batch(model, job, part)
+            e = estimate_batch(model, self.fast, cluster, job, batch)
             self.bounded += len(idx)
             step = bound_step_s(e)
             a2a = cp_comm_options(model, part, self.pins)[:, 1]
@@ -255,7 +257,10 @@ class _Scoring:
                 ulysses = estimate_batch(model, self.fast, cluster, job, to_batch(model, job, rows))
                 step = step.copy()
                 step[a2a] = np.minimum(step[a2a], bound_step_s(ulysses))
-            host = e.memory.host_total * hw.node.devices_per_node <= hw.host.memory_gib * GIB
+            # host memory: a table per first-stage process, at the fewest per node any mesh order gives
+            fewest = first_stage_per_node(hw, batch, None) if batch.host_embedding.any() else None
+            host = node_host_bytes(e.memory.host_total, e.memory.host_embedding, hw.node.devices_per_node,
+                                   fewest) <= hw.host.memory_gib * GIB
             upper[idx] = job.tokens_per_step / step
             reach = upper[idx] >= limit
             meshes = part["meshes"]

@@ -38,7 +38,7 @@ def knob_changes(s: Strategy) -> list[tuple[str, str, Strategy]]:
         text = "--offload-optimizer" + (f" --zero {z}" if z != s.zero_stage else "")
         knob = "offload" if z == s.zero_stage else "zero"     # it sets the ZeRO stage too: not paired with one
         out.append((knob, text, replace(s, zero_stage=z, offload_optimizer=True)))
-    if not s.offload_params:
+    if not s.offload_params and not s.host_embedding:
         text = "--offload-params" + (" --zero 3" if s.zero_stage != 3 else "") + ("" if s.offload_optimizer else
                                                                                   " --offload-optimizer")
         out.append(("offload_params", text, replace(s, zero_stage=3, offload_optimizer=True, offload_params=True,

@@ -179,7 +179,7 @@ def _offload_fraction(m, c, j, b):
 def _host_embedding(m, c, j, b):
     """The word embedding on the host (advisor.cost.host_embedding): MindSpore's Host&Device switch
     (Primitive.set_device, Optimizer.target); a table tied to the output head stays on the device."""
-    return b.host_embedding & ((j.framework != "mindspore") | bool(m.tie_embeddings))
+    return b.host_embedding & ((j.framework != "mindspore") | bool(m.tie_embeddings) | b.offload_params)
 
 
 def _full_batch(m, c, j, b):
@@ -223,7 +223,8 @@ RULES: dict[str, tuple[Rule, str]] = {
     "swap layers": (_swap_layers, "swapped layers (one count per stage, at most its layers) go without "
                     "recomputation and without interleaving"),
     "host embedding": (_host_embedding, "the word embedding on the host is MindSpore's Host&Device training (give "
-                       "framework mindspore) and needs a table not tied to the output head"),
+                       "framework mindspore), needs a table not tied to the output head, and goes without parameter "
+                       "offload (which keeps every weight on the host already)"),
     "full batch": (_full_batch, "reading the full batch on every rank (full_batch) is MindSpore's: give framework "
                    "mindspore"),
 }
@@ -280,7 +281,8 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "micro-batch copies": f"copies = {s.micro_batch_copies}, micro-batch size = {s.micro_batch_size}",
         "gradient bucket": f"grad_bucket_mb = {s.grad_bucket_mb}, zero = {s.zero_stage}",
         "full batch": f"framework = {j.framework}",
-        "host embedding": f"framework = {j.framework}, tied embeddings = {m.tie_embeddings}, model {m.name}",
+        "host embedding": f"framework = {j.framework}, tied embeddings = {m.tie_embeddings}, offload_params = "
+                          f"{s.offload_params}, model {m.name}",
         "cuda graphs": f"cuda_graphs = {', '.join(j.cuda_graphs)}, recompute = {s.recompute}, dropout = {j.dropout}, "
                        f"moe_dropless = {j.moe_dropless}, model {m.name}",
         "swap layers": f"swap_layers = {list(s.swap_layers or ())}, stage_layers = "
