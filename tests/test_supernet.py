@@ -218,6 +218,18 @@ def test_checkpointing_recomputes_each_stage_and_keeps_its_input():
     switched = estimate_supernet(net, hw, job, s, SupernetRun(subnets=16, context_switch=True))
     both = estimate_supernet(net, hw, job, s, SupernetRun(subnets=16, checkpoint=True, context_switch=True))
     assert ckpt.memory_gib < plain.memory_gib and ckpt.naspipe.makespan_s > plain.naspipe.makespan_s
+    # both, on one stage: per layer, one block's weights and gradients on the device (the one
+    # computing) instead of every candidate's (checkpointing alone) or one per subnet in flight
+    # (context switching alone)
+    from advisor.cost.memory import state_bytes_per_param
+    wb, gb, _ = state_bytes_per_param(job)
+    params = [c.params(net.base) for c in net.candidates]
+    one = supernet_strategy(net, hw, job, 1, 1)
+    alone, combined = (estimate_supernet(net, hw, job, one, SupernetRun(subnets=16, checkpoint=True, **kw))
+                       for kw in ({}, {"context_switch": True}))
+    assert alone.memory_gib - combined.memory_gib == pytest.approx(
+        net.num_layers * (sum(params) - max(params)) * (wb + gb) / 2 ** 30, rel=1e-9)
+    assert both.memory_gib < min(ckpt.memory_gib, switched.memory_gib)
     # between the two: only checkpointing (and both) fit, and the faster of them is chosen
     small = hw.with_overrides(memory_gib=(switched.memory_gib + ckpt.memory_gib) / 2)
     plans = search_supernet(net, small, Cluster(1, 4), job, SupernetRun(subnets=16), pp=4)

@@ -214,7 +214,10 @@ def _memory_gib(net: SupernetSpec, job: TrainingJob, s: Strategy, window: int, t
     input, the norm's output, the 2h projection, the GLU output and the convolution's output for its
     backward: 6 h elements per token. With context switching the candidates' weights and gradients
     are on the device only for the blocks of the subnets in flight (at most one per layer each, the
-    largest candidate), their optimizer states for every candidate."""
+    largest candidate: autograd keeps the device copies a forward used until its backward), their
+    optimizer states for every candidate; with checkpointing as well, autograd keeps only the stage's
+    input, so a block's weights are on the device only while it computes (its forward, or its
+    recomputation, backward and update), one subnet's at a time."""
     b = _batch(s, net.num_layers)
     tokens = s.micro_batch_size * job.seq_length
     act = max(float(layer_activation_terms(c.layer_model(net.base), job, b, moe_layer=False).no_recompute[0])
@@ -225,7 +228,8 @@ def _memory_gib(net: SupernetSpec, job: TrainingJob, s: Strategy, window: int, t
     held = per_layer * (wb + gb + ob)
     if context_switch:
         largest = max(c.params(net.base) for c in net.candidates)
-        held = per_layer * ob + min(window, len(net.candidates)) * largest * (wb + gb)
+        resident = 1 if checkpoint else min(window, len(net.candidates))
+        held = per_layer * ob + resident * largest * (wb + gb)
     stage_input = tokens * net.base.hidden_size * job.dtype_bytes
     if checkpoint:
         # each subnet in flight keeps the stage's input and its output until its backward (NASPipe's
