@@ -34,14 +34,22 @@ class _Server:
         record = report["async"]
         self.order = [tuple(x) for x in record["applied"]]           # (worker, step, live workers)
         self.seen = {(w, k): v for w, k, v in record["pulls"]}        # (worker, step) -> version
-        self.wanted = set(self.seen.values())
+        self.readers: dict[int, int] = {}                              # version -> gradients still to compute from it
+        for v in self.seen.values():
+            self.readers[v] = self.readers.get(v, 0) + 1
         self.version, self.done = 0, 0
         self.snapshots: dict[int, list[torch.Tensor]] = {}
         self._snapshot()
 
     def _snapshot(self) -> None:
-        if self.version in self.wanted:
+        if self.readers.get(self.version):
             self.snapshots[self.version] = [d.detach().clone() for d in self.data]
+
+    def read(self, version: int) -> None:
+        """One gradient was computed from the version: drop its copy once none is left to compute."""
+        self.readers[version] -= 1
+        if not self.readers[version]:
+            del self.snapshots[version]
 
 
 def replay(cfg: PsConfig, server_reports: list[dict]) -> dict[tuple[int, int], float]:
@@ -50,6 +58,11 @@ def replay(cfg: PsConfig, server_reports: list[dict]) -> dict[tuple[int, int], f
     servers = {r["index"]: _Server(cfg, r["index"], r) for r in server_reports}
     pieces = {s: srv.pieces for s, srv in servers.items()}
     computed: dict[tuple[int, int], tuple[float, dict[int, list[torch.Tensor]], dict]] = {}
+    losses: dict[tuple[int, int], float] = {}
+    appliers: dict[tuple[int, int], int] = {}           # servers still to apply each push
+    for srv in servers.values():
+        for w, k, _ in srv.order:
+            appliers[(w, k)] = appliers.get((w, k), 0) + 1
 
     def gradient(w: int, k: int):
         """(loss, push values per server, requested rows per server), or None until every server
@@ -62,6 +75,8 @@ def replay(cfg: PsConfig, server_reports: list[dict]) -> dict[tuple[int, int], f
         for s, srv in servers.items():
             snap = srv.snapshots[versions[s]]
             values[s] = [d[requested_rows(unique, p)] if p.sparse else d for d, p in zip(snap, srv.pieces)]
+        for s, srv in servers.items():
+            srv.read(versions[s])
         pulled = assemble(cfg, pieces, values, unique)
         loss = step_loss(cfg, pulled, unique, batch)
         loss.backward()
@@ -79,8 +94,12 @@ def replay(cfg: PsConfig, server_reports: list[dict]) -> dict[tuple[int, int], f
                     if got is None:
                         break
                     computed[(w, k)] = got
+                    losses[(w, k)] = got[0]
                 _, pushes, rows = computed[(w, k)]
                 apply_update(srv.pieces, srv.data, srv.optimizers, [pushes[s]], [rows[s]], n)
+                appliers[(w, k)] -= 1
+                if not appliers[(w, k)]:
+                    del computed[(w, k)]         # every server has applied it: keep its loss only
                 srv.version += 1
                 srv.done += 1
                 srv._snapshot()
@@ -88,4 +107,4 @@ def replay(cfg: PsConfig, server_reports: list[dict]) -> dict[tuple[int, int], f
         if not progressed:
             raise RuntimeError("the servers' records of an asynchronous run cannot be replayed: a push needs "
                                "weights no server reached")
-    return {key: loss for key, (loss, _, _) in computed.items()}
+    return losses

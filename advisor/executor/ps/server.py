@@ -10,8 +10,9 @@ from every later one: the barrier shrinks and the average is over the workers th
 
 Asynchronous (Li et al. 2014 section 3.4; ``synchronous: false``): no rounds. Messages are taken
 from whichever worker sends next: a pull is answered from the weights as they are, a push is
-applied at once, alone, scaled by 1/N of the N live workers (its share of a synchronous average, so
-that N fresh pushes move the weights as one synchronous step). Each update counts one version; a
+applied at once, alone, scaled by 1/N of the N live workers (its share of a synchronous average: with
+SGD, N fresh pushes move the weights as one synchronous step would; Adam and Adagrad normalize each
+update, so there each push is close to a whole step). Each update counts one version; a
 push's staleness is the number of updates applied between the pull its gradient was computed from
 and itself. The server records the version each pull saw and the order of the pushes it applied,
 which is all a single process needs to replay the run (advisor.executor.ps.replay).
@@ -60,11 +61,12 @@ class Server:
         self.live = set(range(cfg.workers))
         self.left: list[dict] = []
         self.gradient_bytes = 0
+        self.receive_errors: dict[int, tuple[Exception, float]] = {}     # worker -> (error, when)
 
     # ---- waiting for a worker, or for the news that it is gone
     def _next(self, pending: set[int], inbox: wire.Inbox, kind: int, step: int) -> tuple[int, wire.Message] | None:
         ranks = {self.cfg.servers + w for w in pending}
-        errors: dict[int, tuple[Exception, float]] = {}
+        errors = self.receive_errors         # kept across calls: the asynchronous loop calls once per message
         while True:
             got = inbox.next_from(ranks, POLL_S)
             if got is not None:
@@ -162,8 +164,9 @@ class Server:
         counts = {w: [0, 0] for w in range(cfg.workers)}           # pulls, pushes taken
         requested, seen = {}, {}                                   # (worker, step) -> rows, version pulled
         answers: dict[int, list] = {}                              # the answer in flight to each worker
-        pulls, applied, staleness, losses, times = [], [], [], [], []
-        version, checked = 0, time.monotonic()
+        pulls, applied, staleness, losses = [], [], [], []
+        times = [0.0] * cfg.steps               # handling the messages of each step, summed
+        version, checked, reached = 0, time.monotonic(), -1
         while True:
             if time.monotonic() - checked > POLL_S:     # a worker gone no longer counts in the 1/N scaling
                 checked = time.monotonic()
@@ -183,12 +186,14 @@ class Server:
                                    f"expected kind {kind} of step {step}")
             t0 = time.perf_counter()
             if kind == wire.PULL:
-                kill_if_asked("ADVISOR_PS_TEST_KILL_SERVER", self.index, step)
-                self.store.set(f"ps/step/server{self.index}", str(step))
+                if step > reached:
+                    reached = step
+                    kill_if_asked("ADVISOR_PS_TEST_KILL_SERVER", self.index, step)
+                    self.store.set(f"ps/step/server{self.index}", str(step))
                 self._finish_answer(answers.pop(w, None))
-                rows = iter(msg.ids)
-                requested[(w, step)] = [next(rows) if p.sparse else None for p in self.pieces]
-                values = [d.detach()[r].clone() if r is not None else d.detach().clone()
+                rows = iter(msg.ids)        # copied: the message's views hold its whole receive buffer
+                requested[(w, step)] = [next(rows).clone() if p.sparse else None for p in self.pieces]
+                values = [d.detach()[r] if r is not None else d.detach()       # sending packs a copy
                           for d, r in zip(self.data, requested[(w, step)])]
                 layout = answer_layout(cfg, self.index, requested_counts(msg))
                 answers[w] = self._answer(w, wire.Message(wire.PULL, step, [], values), layout)
@@ -198,12 +203,13 @@ class Server:
             else:
                 n = len(self.live)
                 self._apply({(w, step): msg}, requested, n)
+                del requested[(w, step)]
                 staleness.append(version - seen[(w, step)])
                 applied.append([w, step, n])
                 losses.append(msg.values[0].item())
                 version += 1
                 counts[w][1] += 1
-            times.append(time.perf_counter() - t0)
+            times[step] += time.perf_counter() - t0
         for works in answers.values():
             self._finish_answer(works)
         for x in self.left:             # gone after this many of its pushes were applied
