@@ -1,0 +1,154 @@
+"""Run by an interpreter that has MindSpore (tests/test_mindspore_loader.py): check advisor's MindSpore
+exports with MindSpore's own code, print one JSON report.
+
+    python tests/_mindspore_check.py EXPORT_DIR [EXPORT_DIR ...]
+
+Per export folder, what it holds is checked:
+* strategy_ckpt.json: read by mindspore.parallel.build_searched_strategy (the loader behind
+  strategy_ckpt_config's load_file and checkpoint transformation); every parameter's layout is then
+  used the way MindSpore slices a checkpoint (mindspore.parallel._tensor._load_tensor) on every rank
+  of the stage: each slice has the shape the layout's cuts give, and the slices cover the tensor;
+* operator_strategies.py: sharded_primitives() builds every primitive with its shard() (MindSpore
+  validates each strategy's form), and auto_parallel() wraps a cell in AutoParallel and loads the
+  strategy file;
+* parallel_context.py: executed (mindspore.set_auto_parallel_context with the exported keywords);
+* host_embedding.py: place_embedding_on_host() on a small cell with a tok_embeddings Gather: the
+  Gather runs on the CPU (primitive_target) and the table is split off for an optimizer whose
+  target is set to "CPU".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def _module(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem + "_checked", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def check_strategy(path: Path) -> dict:
+    from mindspore import Tensor
+    from mindspore.parallel import build_searched_strategy
+    from mindspore.parallel._parallel_serialization import _convert_to_list
+    from mindspore.parallel._tensor import _get_tensor_strategy, _load_tensor
+
+    written = json.loads(path.read_text())["parallel_layout_item"]
+    loaded = build_searched_strategy(str(path))
+    layouts = _convert_to_list(loaded)
+    bad = []
+    for name, item in written.items():
+        dev_mat, tensor_map = layouts[name][0], layouts[name][1]
+        shape = [int(x) for x in item["tensor_shape"]]
+        splits = [int(x) for x in _get_tensor_strategy(dev_mat, tensor_map)]     # MindSpore's cut per dim
+        if any(d % c for d, c in zip(shape, splits)):
+            bad.append(f"{name}: shape {shape} is not divisible by MindSpore's cuts {splits}")
+            continue
+        # the slicing itself on a tensor of the same rank, two rows per cut
+        proxy = [2 * c for c in splits]
+        full = np.arange(int(np.prod(proxy)), dtype=np.float32).reshape(proxy)
+        seen = set()
+        for rank in range(int(np.prod(dev_mat))):
+            part = _load_tensor(Tensor(full), dev_mat, tensor_map, rank_id=rank)
+            if list(part.shape) != [2] * len(proxy):
+                bad.append(f"{name}: rank {rank} gets a slice of {list(part.shape)} of {proxy}")
+                break
+            seen.update(part.reshape(-1).astype(np.int64).tolist())
+        if len(seen) != full.size:
+            bad.append(f"{name}: the ranks' slices cover {len(seen)} of {full.size} elements")
+    return {"parameters": len(written), "loaded": len(loaded), "problems": bad}
+
+
+def check_operator_script(path: Path) -> dict:
+    import mindspore as ms
+    from mindspore import nn
+
+    mod = _module(path)
+    prims = mod.sharded_primitives()
+    count = sum(len(v) for v in prims.values())
+    shards = [p.in_strategy for v in prims.values() for p in v if getattr(p, "in_strategy", None) is not None]
+
+    class Tiny(nn.Cell):
+        def construct(self, x):
+            return x
+
+    wrapped = mod.auto_parallel(Tiny())
+    loaded = getattr(wrapped, "_load_strategy_file_path", None)       # what load_param_strategy_file set
+    return {"operators": len(prims), "primitives": count, "with_strategy": len(shards),
+            "auto_parallel": type(wrapped).__name__, "strategy_file": str(loaded) if loaded else None,
+            "ms": ms.__version__}
+
+
+def check_context(path: Path) -> dict:
+    import mindspore as ms
+
+    _module(path)
+    return {"parallel_mode": ms.get_auto_parallel_context("parallel_mode"),
+            "device_num": ms.get_auto_parallel_context("device_num"),
+            "pipeline_stages": ms.get_auto_parallel_context("pipeline_stages")}
+
+
+def check_host_embedding(path: Path) -> dict:
+    import mindspore as ms
+    from mindspore import Parameter, Tensor, nn, ops
+
+    mod = _module(path)
+
+    class Embedding(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.embedding_weight = Parameter(Tensor(np.ones((16, 4), np.float32)), name="embedding_weight")
+            self.gather = ops.Gather()
+
+        def construct(self, ids):
+            return self.gather(self.embedding_weight, ids, 0)
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.tok_embeddings = Embedding()
+            self.head = nn.Dense(4, 2)
+
+        def construct(self, ids):
+            return self.head(self.tok_embeddings(ids))
+
+    net = Net()
+    host, device = mod.place_embedding_on_host(net)
+    optimizer = nn.Adam(host, learning_rate=1e-3)
+    optimizer.target = "CPU"
+    return {"host": sorted(p.name for p in host), "device": sorted(p.name for p in device),
+            "gather_target": net.tok_embeddings.gather.primitive_target, "optimizer_target": optimizer.target,
+            "ms": ms.__version__}
+
+
+CHECKS = {"strategy_ckpt.json": check_strategy, "operator_strategies.py": check_operator_script,
+          "parallel_context.py": check_context, "host_embedding.py": check_host_embedding}
+
+
+def main(folders: list[str]) -> None:
+    import mindspore as ms
+
+    ms.set_device("CPU")
+    out = {}
+    for folder in folders:
+        report = {}
+        for name, check in CHECKS.items():
+            path = Path(folder) / name
+            if path.exists():
+                try:
+                    report[name] = check(path)
+                except Exception as exc:       # noqa: BLE001 - reported, the test decides
+                    report[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+        out[folder] = report
+    print("MINDSPORE-CHECK " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,103 @@
+"""The MindSpore exports checked with MindSpore's own code (issue 13: "checked with MindSpore's own
+loader where it installs on CPU").
+
+MindSpore installs on this platform's CPU, but it needs a newer protobuf than OR-Tools takes, so it
+lives in an environment of its own: .ci/run makes one and names its interpreter in
+ADVISOR_MINDSPORE_PYTHON (or this interpreter, where it has MindSpore). tests/_mindspore_check.py
+runs there on the exported folders: MindSpore's strategy-file loader and its checkpoint slicing on
+every parameter layout, every shard() of operator_strategies.py, the AutoParallel wrapper with the
+strategy file, set_auto_parallel_context with the exported keywords, and the host embedding's
+Primitive.set_device / optimizer target on a small cell.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from advisor.export import export_plan
+from advisor.plan import load_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+MS_PYTHON = os.environ.get("ADVISOR_MINDSPORE_PYTHON") or (
+    sys.executable if importlib.util.find_spec("mindspore") is not None else None)
+pytestmark = pytest.mark.skipif(MS_PYTHON is None, reason="no interpreter with MindSpore (.ci/run makes one)")
+
+PLANS = {
+    # operator-level strategies from the ILP searcher (strategy_ckpt.json, operator_strategies.py)
+    "operators": ["--model", "gpt3-1.3b", "--devices", "8", "--searcher", "ilp"],
+    # the word embedding on the host (host_embedding.py)
+    "host": ["--model", "llama3-8b", "--devices", "8", "--gbs", "64", "--seq-len", "4096", "--zero", "1",
+             "--recompute", "none", "--dp", "8", "--host-embedding"],
+    # pipeline stages with interleaving and the optimizer sharded (parallel_context.py's pipeline keys)
+    "pipeline": ["--model", "llama2-7b", "--devices", "16", "--gbs", "64", "--seq-len", "4096", "--pp", "2",
+                 "--vpp", "2", "--zero", "1", "--tp", "2"],
+}
+
+
+def _export(tmp_path: Path, name: str, args: list[str]) -> Path:
+    plan = tmp_path / f"{name}.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "advisor", "recommend", "--hardware", "ascend-910b", "--framework",
+                           "mindspore", "--out", str(plan), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = tmp_path / name
+    out.mkdir()
+    for file, text in export_plan(load_plan(str(plan)), "mindspore").files.items():
+        (out / file).write_text(text)
+    return out
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mindspore-exports")
+    folders = {name: _export(tmp, name, args) for name, args in PLANS.items()}
+    done = subprocess.run([MS_PYTHON, str(ROOT / "tests" / "_mindspore_check.py"), *map(str, folders.values())],
+                          capture_output=True, text=True, timeout=600)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("MINDSPORE-CHECK ")), None)
+    assert line is not None, (done.stdout + done.stderr)[-3000:]
+    report = json.loads(line[len("MINDSPORE-CHECK "):])
+    return {name: report[str(folder)] for name, folder in folders.items()}, folders
+
+
+def test_mindspores_loader_reads_the_strategy_file_and_slices_every_layout(checked):
+    report, folders = checked
+    strategy = report["operators"]["strategy_ckpt.json"]
+    written = json.loads((folders["operators"] / "strategy_ckpt.json").read_text())["parallel_layout_item"]
+    assert "error" not in strategy, strategy
+    assert strategy["parameters"] == strategy["loaded"] == len(written) > 100
+    assert strategy["problems"] == []
+
+
+def test_every_shard_and_the_auto_parallel_wrapper_are_accepted(checked):
+    report, folders = checked
+    ops = report["operators"]["operator_strategies.py"]
+    assert "error" not in ops, ops
+    assert ops["primitives"] == ops["with_strategy"] > ops["operators"] > 10
+    assert ops["auto_parallel"] == "AutoParallel"
+    assert ops["strategy_file"] == str(folders["operators"] / "strategy_ckpt.json")
+
+
+def test_set_auto_parallel_context_takes_the_exported_keywords(checked):
+    report, _ = checked
+    for name, devices, stages in (("operators", 8, 1), ("host", 8, 1), ("pipeline", 16, 2)):
+        ctx = report[name]["parallel_context.py"]
+        assert "error" not in ctx, (name, ctx)
+        assert (ctx["device_num"], ctx["pipeline_stages"]) == (devices, stages), name
+
+
+def test_the_host_embedding_runs_its_lookup_and_optimizer_on_the_cpu(checked):
+    report, _ = checked
+    host = report["host"]["host_embedding.py"]
+    assert "error" not in host, host
+    assert host["host"] == ["tok_embeddings.embedding_weight"]
+    assert host["device"] == ["head.bias", "head.weight"]
+    assert host["gather_target"] == "CPU" and host["optimizer_target"] == "CPU"
+    assert "host_embedding.py" not in report["pipeline"]
