@@ -14,7 +14,10 @@ Per export folder, what it holds is checked:
 * parallel_context.py: executed (mindspore.set_auto_parallel_context with the exported keywords);
 * host_embedding.py: place_embedding_on_host() on a small cell with a tok_embeddings Gather: the
   Gather runs on the CPU (primitive_target) and the table is split off for an optimizer whose
-  target is set to "CPU".
+  target is set to "CPU";
+* ps_context.py (parameter-server plans): set_ps_context(enable_ps=True) takes effect, and
+  place_on_servers() marks the server tensors where MindSpore has set_param_ps (<= 2.7) and stops
+  with a sentence naming the version where it does not.
 """
 
 from __future__ import annotations
@@ -128,8 +131,36 @@ def check_host_embedding(path: Path) -> dict:
             "ms": ms.__version__}
 
 
+def check_ps_context(path: Path) -> dict:
+    """A parameter-server plan's ps_context.py: set_ps_context, then place_on_servers on a cell with a
+    server tensor (MindSpore 2.8+ has no set_param_ps: the script must say so and stop)."""
+    import mindspore as ms
+    from mindspore import Parameter, Tensor, nn
+
+    mod = _module(path)
+    out = {"enable_ps": bool(ms.get_ps_context("enable_ps")), "has_set_param_ps": hasattr(Parameter, "set_param_ps")}
+
+    class Net(nn.Cell):
+        def __init__(self, names):
+            super().__init__()
+            for name in names:
+                setattr(self, name, Parameter(Tensor(np.ones((4, 2), np.float32)), name=name))
+
+        def construct(self, x):
+            return x
+
+    try:
+        mod.place_on_servers(Net(mod.SERVER_TENSORS))
+        out["placed"] = True
+    except RuntimeError as exc:
+        out["placed"] = False
+        out["refusal"] = str(exc)
+    return out
+
+
 CHECKS = {"strategy_ckpt.json": check_strategy, "operator_strategies.py": check_operator_script,
-          "parallel_context.py": check_context, "host_embedding.py": check_host_embedding}
+          "parallel_context.py": check_context, "host_embedding.py": check_host_embedding,
+          "ps_context.py": check_ps_context}
 
 
 def main(folders: list[str]) -> None:

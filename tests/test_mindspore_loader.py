@@ -38,15 +38,17 @@ PLANS = {
     # pipeline stages with interleaving and the optimizer sharded (parallel_context.py's pipeline keys)
     "pipeline": ["--model", "llama2-7b", "--devices", "16", "--gbs", "64", "--seq-len", "4096", "--pp", "2",
                  "--vpp", "2", "--zero", "1", "--tp", "2"],
+    # a hybrid parameter-server plan (ps_context.py)
+    "ps": ["--model", "wide-deep-criteo", "--devices", "2", "--ps-mode", "hybrid", "--ps-servers", "2"],
 }
 
 
 def _export(tmp_path: Path, name: str, args: list[str]) -> Path:
     plan = tmp_path / f"{name}.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "advisor", "recommend", "--hardware", "ascend-910b", "--framework",
-                           "mindspore", "--out", str(plan), *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([sys.executable, "-m", "advisor", "recommend", "--hardware", "ascend-910b",
+                           *([] if "--ps-mode" in args else ["--framework", "mindspore"]), "--out", str(plan), *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     out = tmp_path / name
     out.mkdir()
@@ -101,3 +103,16 @@ def test_the_host_embedding_runs_its_lookup_and_optimizer_on_the_cpu(checked):
     assert host["device"] == ["head.bias", "head.weight"]
     assert host["gather_target"] == "CPU" and host["optimizer_target"] == "CPU"
     assert "host_embedding.py" not in report["pipeline"]
+
+
+def test_the_parameter_server_context_and_the_mindspore_versions_that_have_it(checked):
+    """set_ps_context takes effect; place_on_servers marks the server tensors where MindSpore still has
+    set_param_ps (2.7 and older) and otherwise stops with a sentence that names the version."""
+    report, _ = checked
+    ps = report["ps"]["ps_context.py"]
+    assert "error" not in ps, ps
+    assert ps["enable_ps"] is True
+    if ps["has_set_param_ps"]:
+        assert ps["placed"] is True
+    else:
+        assert ps["placed"] is False and "needs MindSpore 2.7 or older" in ps["refusal"]

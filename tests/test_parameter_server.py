@@ -290,6 +290,12 @@ def test_mindspore_export_of_a_ps_plan(tmp_path):
             path.write_text(text)
             assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     ast.parse(export_plan(_plan("none"), "mindspore").files["ps_context.py"])
+    # MindSpore's PS API ends at 2.7 (set_param_ps is in no later wheel): said, and refused for newer targets
+    assert any("2.7 or older" in n for n in result.notes) and not result.unsupported
+    newer = export_plan(plan, "mindspore", target_version="2.10")
+    assert any(u.startswith("--target-version 2.10: MindSpore 2.8 removed") for u in newer.unsupported)
+    assert export_plan(plan, "mindspore", target_version="2.7").unsupported == ()
+    assert "hasattr(ms.Parameter, 'set_param_ps')" in result.files["ps_context.py"]
 
 
 def test_k8s_msjob_has_the_roles():

@@ -13,6 +13,12 @@ model zoo script train_and_eval_parameter_server_distribute.py; ms-operator's PS
   role environment (MS_ROLE = MS_SCHED / MS_PSERVER / MS_WORKER, MS_SERVER_NUM, MS_WORKER_NUM,
   MS_SCHED_HOST, MS_SCHED_PORT); the worker script starts one process per local device.
 
+MindSpore's parameter-server API ends at 2.7: ``Parameter.set_param_ps`` and ``Cell.set_param_ps``
+are in the released mindspore 2.7.0 wheel (mindspore/common/parameter.py, nn/cell.py) and in none
+of 2.8.0, 2.9.0 and 2.10.0 (``set_ps_context`` remains, marked for removal). The export is written
+for MindSpore <= 2.7 (LAST_PS_VERSION); a newer --target-version is reported, and
+``place_on_servers`` stops with that sentence on a MindSpore without ``set_param_ps``.
+
 A collective-only plan writes ``ps_context.py`` with the data-parallel context (replicated tables) or
 semi-auto parallel with row-sliced tables (sharded, nn.EmbeddingLookup slice_mode TABLE_ROW_SLICE);
 a host plan (Host&Device heterogeneous: tutorials/source_en/parallel/host_device_training.md) the
@@ -31,6 +37,15 @@ from advisor.export._common import display
 from advisor.plan import Plan
 
 DEFAULT_SCHED_PORT = 8081            # any free port; every role must use the same (MindSpore PS tutorial)
+LAST_PS_VERSION = (2, 7)             # the last MindSpore release with Parameter.set_param_ps (module doc)
+
+
+def _version(text: str) -> tuple[int, ...] | None:
+    parts = text.strip().split(".")
+    try:
+        return tuple(int(p) for p in parts[:2])
+    except ValueError:
+        return None
 
 
 def _header(plan: Plan) -> list[str]:
@@ -83,6 +98,9 @@ def context_script(plan: Plan) -> str:
               "def place_on_servers(network):\n",
               "    \"\"\"set_param_ps() on every parameter of the plan's server tensors; fails on a missing one.\"\"\"\n",
               "    found = set()\n",
+              "    if not hasattr(ms.Parameter, 'set_param_ps'):\n",
+              "        raise RuntimeError(f'MindSpore {ms.__version__} has no Parameter.set_param_ps: parameter-server '\n",
+              "                           'training needs MindSpore 2.7 or older')\n",
               "    for param in network.trainable_params():\n",
               "        parts = set(param.name.replace('/', '.').split('.'))\n",
               "        for tensor in SERVER_TENSORS:\n",
@@ -163,9 +181,15 @@ def export(plan: Plan, target_version: str | None = None) -> ExportResult:
     notes = ["the scripts read TRAIN_SCRIPT (your training script, default train.py) and MS_SCHED_HOST / "
              "MS_SCHED_PORT from the environment"]
     unsupported: list[str] = []
-    if target_version is not None:
-        notes.append(f"--target-version {display(target_version[:20])}: the parameter-server API used here "
-                     "(set_ps_context, set_param_ps, MS_ROLE) is the same in MindSpore 1.x and 2.x")
+    version = _version(target_version) if target_version is not None else None
+    if plan.parameter_server is not None:
+        if version is not None and version > LAST_PS_VERSION:
+            unsupported.append(f"--target-version {display(target_version[:20])}: MindSpore 2.8 removed "
+                               "Parameter.set_param_ps, so parameter-server training needs MindSpore 2.7 or older; "
+                               "ps_context.py is written for 2.7 and stops on a newer MindSpore")
+        else:
+            notes.append("written for MindSpore 2.7 or older (set_ps_context, set_param_ps, MS_ROLE: the same "
+                         "from 1.x to 2.7; 2.8 removed set_param_ps)")
     files = {"ps_context.py": context_script(plan)}
     if plan.parameter_server is not None:
         files.update(role_scripts(plan))
