@@ -94,6 +94,7 @@ def node_host_bytes(host_total: np.ndarray, hosted: np.ndarray | None, devices_p
         return host_total * devices_per_node
     return (host_total - hosted) * devices_per_node + hosted * first_per_node
 
+
 def slice_params(model: ModelSpec, b: StrategyBatch) -> np.ndarray:
     """Parameters of the table slice one process keeps on its host (vocab / tp rows), (N,)."""
     return model.vocab_size * model.hidden_size / b.tp.astype(float)
