@@ -1,16 +1,20 @@
 """Run by an interpreter that has MindSpore (tests/test_mindspore_loader.py): check advisor's MindSpore
 exports with MindSpore's own code, print one JSON report.
 
-    python tests/_mindspore_check.py EXPORT_DIR [EXPORT_DIR ...]
+    python -E tests/_mindspore_check.py EXPORT_DIR [EXPORT_DIR ...]
+
+One folder per process keeps MindSpore's global contexts apart (the test runs it so).
 
 Per export folder, what it holds is checked:
-* strategy_ckpt.json: read by mindspore.parallel.build_searched_strategy (the loader behind
-  strategy_ckpt_config's load_file and checkpoint transformation); every parameter's layout is then
-  used the way MindSpore slices a checkpoint (mindspore.parallel._tensor._load_tensor) on every rank
-  of the stage: each slice has the shape the layout's cuts give, and the slices cover the tensor;
-* operator_strategies.py: sharded_primitives() builds every primitive with its shard() (MindSpore
-  validates each strategy's form), and auto_parallel() wraps a cell in AutoParallel and loads the
-  strategy file;
+* strategy_ckpt.json: read by mindspore.parallel.build_searched_strategy (MindSpore's Python reader,
+  used for checkpoint transformation; the C++ reader behind strategy_ckpt_config's load_file needs a
+  semi-auto-parallel compile, which MindSpore does not run on CPU); each parameter's layout as
+  MindSpore reads it (its cut per dimension, _get_tensor_strategy) must be the cut the operator
+  that reads it gives that input in the same file, over the stage's devices, and MindSpore's
+  checkpoint slicing (_load_tensor) gives every rank a slice of that shape, covering the tensor;
+* operator_strategies.py: sharded_primitives() builds every primitive with its shard() (on CPU
+  MindSpore checks the strategies' form, not their sizes), and auto_parallel() wraps a cell in
+  AutoParallel with the strategy file's path;
 * parallel_context.py: executed (mindspore.set_auto_parallel_context with the exported keywords);
 * host_embedding.py: place_embedding_on_host() on a small cell with a tok_embeddings Gather: the
   Gather runs on the CPU (primitive_target) and the table is split off for an optimizer whose
@@ -43,18 +47,30 @@ def check_strategy(path: Path) -> dict:
     from mindspore.parallel._parallel_serialization import _convert_to_list
     from mindspore.parallel._tensor import _get_tensor_strategy, _load_tensor
 
-    written = json.loads(path.read_text())["parallel_layout_item"]
+    data = json.loads(path.read_text())
+    written, items = data["parallel_layout_item"], data["parallel_strategy_item"]
+    script = path.parent / "operator_strategies.py"
+    stage_devices = _module(script).STAGE_DEVICES if script.exists() else None
     loaded = build_searched_strategy(str(path))
     layouts = _convert_to_list(loaded)
-    bad = []
+    bad, cut = [], 0
     for name, item in written.items():
         dev_mat, tensor_map = layouts[name][0], layouts[name][1]
         shape = [int(x) for x in item["tensor_shape"]]
         splits = [int(x) for x in _get_tensor_strategy(dev_mat, tensor_map)]     # MindSpore's cut per dim
+        cut += any(c > 1 for c in splits)
+        if stage_devices is not None and int(np.prod(dev_mat)) != stage_devices:
+            bad.append(f"{name}: device matrix {dev_mat} is not the stage's {stage_devices} devices")
+        # the operator that reads the parameter must cut that input as the parameter is stored
+        users = [v["parallel_strategy"] for k, v in items.items() if k.endswith("_" + name)]
+        if not users:
+            bad.append(f"{name}: no operator strategy names it")
+        elif not any(splits == [int(c) for c in cuts] for strategy in users for cuts in strategy):
+            bad.append(f"{name}: stored cut {splits}, its operator cuts its inputs {users}")
         if any(d % c for d, c in zip(shape, splits)):
             bad.append(f"{name}: shape {shape} is not divisible by MindSpore's cuts {splits}")
             continue
-        # the slicing itself on a tensor of the same rank, two rows per cut
+        # MindSpore's checkpoint slicing on a tensor of the same rank, two rows per cut
         proxy = [2 * c for c in splits]
         full = np.arange(int(np.prod(proxy)), dtype=np.float32).reshape(proxy)
         seen = set()
@@ -66,7 +82,7 @@ def check_strategy(path: Path) -> dict:
             seen.update(part.reshape(-1).astype(np.int64).tolist())
         if len(seen) != full.size:
             bad.append(f"{name}: the ranks' slices cover {len(seen)} of {full.size} elements")
-    return {"parameters": len(written), "loaded": len(loaded), "problems": bad}
+    return {"parameters": len(written), "loaded": len(loaded), "cut": cut, "problems": bad}
 
 
 def check_operator_script(path: Path) -> dict:
@@ -124,11 +140,9 @@ def check_host_embedding(path: Path) -> dict:
 
     net = Net()
     host, device = mod.place_embedding_on_host(net)
-    optimizer = nn.Adam(host, learning_rate=1e-3)
-    optimizer.target = "CPU"
+    nn.Adam(host, learning_rate=1e-3).target = "CPU"          # the split feeds an optimizer with a CPU target
     return {"host": sorted(p.name for p in host), "device": sorted(p.name for p in device),
-            "gather_target": net.tok_embeddings.gather.primitive_target, "optimizer_target": optimizer.target,
-            "ms": ms.__version__}
+            "gather_target": net.tok_embeddings.gather.primitive_target, "ms": ms.__version__}
 
 
 def check_ps_context(path: Path) -> dict:
@@ -178,7 +192,7 @@ def main(folders: list[str]) -> None:
                 except Exception as exc:       # noqa: BLE001 - reported, the test decides
                     report[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
         out[folder] = report
-    print("MINDSPORE-CHECK " + json.dumps(out))
+    print("MINDSPORE-CHECK " + json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":

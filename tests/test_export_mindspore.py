@@ -208,7 +208,7 @@ def test_mindspore_accepts_the_export(exported, tmp_path):
         ctx_path, yaml_path = tmp_path / f"{name}_ctx.py", tmp_path / f"{name}.yaml"
         ctx_path.write_text(result.files["parallel_context.py"])
         yaml_path.write_text(result.files["mindformers_parallel.yaml"])
-        proc = subprocess.run([python, str(script), str(ctx_path), str(yaml_path)], capture_output=True, text=True,
+        proc = subprocess.run([python, "-E", str(script), str(ctx_path), str(yaml_path)], capture_output=True, text=True,
                               timeout=300, cwd=tmp_path)
         assert proc.returncode == 0, f"{name}: {proc.stderr[-2000:]}"
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]

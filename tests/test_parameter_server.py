@@ -295,6 +295,8 @@ def test_mindspore_export_of_a_ps_plan(tmp_path):
     newer = export_plan(plan, "mindspore", target_version="2.10")
     assert any(u.startswith("--target-version 2.10: MindSpore 2.8 removed") for u in newer.unsupported)
     assert export_plan(plan, "mindspore", target_version="2.7").unsupported == ()
+    for spelled in ("v2.8.0", "r2.8", "2.8rc1"):
+        assert export_plan(plan, "mindspore", target_version=spelled).unsupported, spelled
     assert "hasattr(ms.Parameter, 'set_param_ps')" in result.files["ps_context.py"]
 
 

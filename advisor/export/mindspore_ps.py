@@ -32,6 +32,8 @@ environment, never from the plan.
 
 from __future__ import annotations
 
+import re
+
 from advisor.export import ExportResult
 from advisor.export._common import display
 from advisor.plan import Plan
@@ -41,11 +43,9 @@ LAST_PS_VERSION = (2, 7)             # the last MindSpore release with Parameter
 
 
 def _version(text: str) -> tuple[int, ...] | None:
-    parts = text.strip().split(".")
-    try:
-        return tuple(int(p) for p in parts[:2])
-    except ValueError:
-        return None
+    """(major, minor) of a version such as 2.8, v2.8.0, r2.8 or 2.8rc1; None when there is none."""
+    found = re.search(r"(\d+)\.(\d+)", text)
+    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 def _header(plan: Plan) -> list[str]:
