@@ -132,7 +132,7 @@ class MemoryArrays:
     stage_total: np.ndarray | None = None      # (N, P): every stage's total (-1 where a stage is inactive)
     host_activations: np.ndarray | None = None  # (N,): activations swapped to the host per device (advisor.cost.swap)
     host_params: np.ndarray | None = None       # (N,): offloaded weight and gradient shards per device
-    host_embedding: np.ndarray | None = None    # (N,): the word-embedding table slice on the host (advisor.cost.host_embedding)
+    host_embedding: np.ndarray | None = None    # (N,): the word-embedding slice on the host (cost.host_embedding)
 
     @property
     def host_total(self) -> np.ndarray:

@@ -16,7 +16,8 @@ from advisor.errors import AdvisorError
 from advisor.cost.comm import slowest_tier
 from advisor.search import Pins
 from advisor.search.enumerate_rows import (
-    _IS_REPRESENTATIVE, HOST_EMBEDDING, MESH_ORDERS, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS, Rows, _active_code, _add, _concat, _count, _cross, _options, _take,
+    _IS_REPRESENTATIVE, HOST_EMBEDDING, MESH_ORDERS, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS, Rows, _active_code, _add,
+    _concat, _count, _cross, _options, _take,
     chunks_by_pp, divisors, mesh_strides, to_batch,
 )
 from advisor.space.rules import illegal_masks
@@ -149,7 +150,8 @@ def skeleton_rows(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
     return _apply_rules(model, cluster, job, rows, pruned)
 
 
-def zero_offload_options(pins: Pins, framework: str | None = None, model: ModelSpec | None = None) -> list[tuple[int, int]]:
+def zero_offload_options(pins: Pins, framework: str | None = None,
+                         model: ModelSpec | None = None) -> list[tuple[int, int]]:
     """(ZeRO stage, offload) pairs allowed by the pins. Offload 1: the optimizer states, which needs
     ZeRO >= 1 (rule "offload needs zero"); 2: the weights and gradients too, with ZeRO-3 and a
     framework that has it (rule "parameter offload": not Megatron-LM); 3 and 4: 0 and 1 with the word

@@ -33,7 +33,8 @@ def simplicity_key(b: StrategyBatch, hw: HardwareProfile) -> np.ndarray:
     moved = ((b.tp_stride != default["tp"]) | (b.dp_stride != default["dp"])
              | (b.cp_stride != default["cp"]) | (b.pp_stride != default["pp"]))
     columns = (
-        active, b.offload_params, b.host_embedding, b.offload_optimizer, tp_across_nodes, b.zero_stage, b.virtual_pipeline_stages > 1,
+        active, b.offload_params, b.host_embedding, b.offload_optimizer, tp_across_nodes, b.zero_stage,
+        b.virtual_pipeline_stages > 1,
         b.recompute, moved, b.pipeline_schedule != ONE_F_ONE_B, b.sequence_parallel,
     )
     return np.stack([np.asarray(c, dtype=np.int64) for c in columns], axis=1)
