@@ -14,6 +14,7 @@ import pytest
 from advisor.cost import comm
 from advisor.cost import host_embedding as he
 from advisor.cost.estimate import estimate, estimate_batch
+from advisor.cost.parameter_server import host_memory_bytes_per_s
 from advisor.cost.memory import ALLOCATOR_OVERHEAD, GIB, stage_params, state_bytes_per_param
 from advisor.errors import AdvisorError
 from advisor.export import export_plan
@@ -75,7 +76,7 @@ def test_one_replica_pays_lookups_copies_and_the_host_adam():
     pcie = ASCEND.host.pcie_bandwidth_gbps * 1e9
     per_mb = (tokens * h * 4 + tokens * h * 2) / host_bw + 2 * tokens * h * 2 / pcie + tokens * h * 10 / host_bw
     table = LLAMA.vocab_size * h
-    assert he.host_bandwidth_bytes_per_s(ASCEND) == pytest.approx(host_bw)
+    assert host_memory_bytes_per_s(ASCEND) == pytest.approx(host_bw)
     assert he.update_bytes(JOB) + he.ZERO_BYTES == 32.0        # AdamW: gradient read, 3 x fp32 read + written, clear
     added_offload = e.time_s["offload"][0] - base.time_s["offload"][0]
     assert added_offload == pytest.approx(64 * per_mb + table * 32 / host_bw, rel=1e-6)

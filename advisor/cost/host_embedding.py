@@ -40,30 +40,32 @@ from dataclasses import dataclass
 import numpy as np
 
 from advisor.cost import comm
-from advisor.cost.parameter_server import DEFAULT_HOST_MEMORY_GBPS, HOST_MEMORY_EFFICIENCY
+from advisor.cost.parameter_server import host_memory_bytes_per_s
 from advisor.cost.placement import GroupPlacement
+from advisor.cost.recsys import OPTIMIZER_BYTES, STATE_BYTES
 from advisor.space.strategy import StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
+from advisor.specs.recommendation import INDEX_BYTES, PARAM_BYTES
 
-FP32 = 4.0                    # the host keeps the table, its states and its gradient in fp32
-HOST_GRAD_BYTES = FP32        # fp32 gradient of the slice (and of each exchanged row element)
-INDEX_BYTES = 4.0             # a row index beside each exchanged row
-ROW_UPDATE_BYTES = 2 * FP32   # per gradient element added in: the fp32 gradient row read and written
-ZERO_BYTES = FP32             # per parameter: the gradient cleared for the next step
-STATES = {"adam": 2, "adamw": 2, "adagrad": 1, "sgd": 0}     # fp32 states per parameter (torch.optim)
+# The host keeps the table, its states and its gradient in fp32 (PARAM_BYTES, as the recommendation
+# models' host tables), with the recommendation models' optimizer figures (advisor.cost.recsys:
+# STATE_BYTES per parameter, OPTIMIZER_BYTES of traffic per update) and row ids (INDEX_BYTES).
+HOST_GRAD_BYTES = PARAM_BYTES        # fp32 gradient of the slice (and of each exchanged row element)
+ROW_UPDATE_BYTES = 2 * PARAM_BYTES   # per gradient element added in: the fp32 gradient row read and written
+ZERO_BYTES = PARAM_BYTES             # per parameter: the gradient cleared for the next step
 
 
 def state_bytes(job: TrainingJob) -> float:
     """Host bytes per table parameter besides its gradient: the fp32 weight and the optimizer's states."""
-    return FP32 * (1 + STATES.get(job.optimizer, 2))
+    return PARAM_BYTES + STATE_BYTES[job.optimizer]
 
 
 def update_bytes(job: TrainingJob) -> float:
     """Host traffic of the optimizer per parameter: the gradient read, the weight and each state read
-    and written."""
-    return FP32 + 2.0 * state_bytes(job)
+    and written (advisor.cost.recsys.OPTIMIZER_BYTES)."""
+    return OPTIMIZER_BYTES[job.optimizer]
 
 
 @dataclass(frozen=True)
@@ -100,11 +102,6 @@ def slice_params(model: ModelSpec, b: StrategyBatch) -> np.ndarray:
     return model.vocab_size * model.hidden_size / b.tp.astype(float)
 
 
-def host_bandwidth_bytes_per_s(hw: HardwareProfile) -> float:
-    """A host's achievable memory bandwidth (the profile's, or a parameter server's default socket)."""
-    return (hw.host.memory_bandwidth_gbps or DEFAULT_HOST_MEMORY_GBPS) * 1e9 * HOST_MEMORY_EFFICIENCY
-
-
 def host_embedding(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch,
                    dp_group: GroupPlacement, pp_group: GroupPlacement) -> HostEmbedding:
     """What placing the word embedding on the host costs each candidate (zero where it is not)."""
@@ -112,13 +109,13 @@ def host_embedding(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: S
     h = float(model.hidden_size)
     t = b.tp.astype(float)
     first = first_stage_per_node(hw, b, pp_group)
-    host_bw = host_bandwidth_bytes_per_s(hw) / first         # one first-stage process's share
+    host_bw = host_memory_bytes_per_s(hw) / first         # one first-stage process's share
     pcie = hw.host.pcie_bandwidth_gbps * 1e9
     act_bytes = job.dtype_bytes
 
     tokens_mb = b.micro_batch_size * job.seq_length / b.cp            # looked up per micro-batch on this rank
     own_mb = tokens_mb / t                                             # of those, rows of this slice
-    forward = (own_mb * h * FP32 + tokens_mb * h * act_bytes) / host_bw + tokens_mb * h * act_bytes / pcie
+    forward = (own_mb * h * PARAM_BYTES + tokens_mb * h * act_bytes) / host_bw + tokens_mb * h * act_bytes / pcie
     backward = tokens_mb * h * act_bytes / pcie + own_mb * h * (act_bytes + ROW_UPDATE_BYTES) / host_bw
     micro_batch_s = forward + backward
 

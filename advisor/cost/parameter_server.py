@@ -59,6 +59,11 @@ DEFAULT_HOST_MEMORY_GBPS = 204.8
 # STREAM triad on such sockets reaches about three quarters of the DDR peak (McCalpin's STREAM results
 # for 2nd-generation EPYC, ~150 GB/s per socket).
 HOST_MEMORY_EFFICIENCY = 0.75
+
+
+def host_memory_bytes_per_s(hw: HardwareProfile) -> float:
+    """A host's achievable memory bandwidth: the profile's (or the default socket's) at STREAM efficiency."""
+    return (hw.host.memory_bandwidth_gbps or DEFAULT_HOST_MEMORY_GBPS) * 1e9 * HOST_MEMORY_EFFICIENCY
 # Messages per step between a worker and a server: the pull request, its answer, the push (Li et al.
 # 2014 section 3: push and pull are the interface; a pull is a request and a response).
 MESSAGES_PER_STEP = 3
@@ -170,7 +175,7 @@ def estimate_parameter_server(model: RecModelSpec, hw: HardwareProfile, cluster:
             s_out[s] += n * in_b * share
             s_work[s] += work * share
             s_params[s] += sizes[name] * share
-    host_bw = (hw.host.memory_bandwidth_gbps or DEFAULT_HOST_MEMORY_GBPS) * 1e9 * HOST_MEMORY_EFFICIENCY
+    host_bw = host_memory_bytes_per_s(hw)
     nic = hw.inter.effective_bandwidth_bytes_per_s
     per_node = min(hw.node.devices_per_node, n)
     if config.server_placement == "colocated":

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from advisor.cost.compute import memory_time_s
 from advisor.cost.memory import GIB
-from advisor.cost.parameter_server import DEFAULT_HOST_MEMORY_GBPS, HOST_MEMORY_EFFICIENCY
+from advisor.cost.parameter_server import host_memory_bytes_per_s
 from advisor.cost.recsys import (
     BOTTLENECK_NAMES, OPTIMIZER_BYTES, STATE_BYTES, RecEstimate, RecsysConfig, WorkerMemory, _unique_rows_of,
     activation_gib, dense_exchange, exposed_after_backward, finish, largest_part, per_device_batch, step_parts,
@@ -49,8 +49,7 @@ def processes_per_node(hw: HardwareProfile, cluster: Cluster) -> int:
 def host_bandwidth_bytes_per_s(hw: HardwareProfile, cluster: Cluster) -> float:
     """One process's share of its host's achievable memory bandwidth (as a parameter server's:
     advisor.cost.parameter_server's default socket and STREAM efficiency where the profile has none)."""
-    total = (hw.host.memory_bandwidth_gbps or DEFAULT_HOST_MEMORY_GBPS) * 1e9 * HOST_MEMORY_EFFICIENCY
-    return total / processes_per_node(hw, cluster)
+    return host_memory_bytes_per_s(hw) / processes_per_node(hw, cluster)
 
 
 def _split(model: RecModelSpec, config: RecsysConfig):
