@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from advisor.cost.activations import layer_activation_terms, loss_bytes_per_logit
+from advisor.cost.attention import head_width_factor
 from advisor.cost.compute import layer_compute
 from advisor.cost.estimate import estimate
 from advisor.cost.memory import memory
@@ -162,6 +163,26 @@ def test_attention_share_grows_with_the_sequence():
     assert shares[0] < shares[1] < shares[2]
 
 
+def test_narrow_heads_run_fused_attention_slower_per_kernel():
+    raw = {"name": "t", "source": "test", "num_layers": 2, "hidden_size": 4096, "num_attention_heads": 32,
+           "vocab_size": 32000, "seq_length": 8192}
+    wide, narrow = model_from_dict(raw, "t"), model_from_dict({**raw, "num_attention_heads": 64}, "t")
+    assert (wide.head_dim, narrow.head_dim) == (128, 64)
+    s = Strategy(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1)
+    for framework, kernel, ratio in (("megatron", None, 1 / 0.69), ("torchtitan", None, 1 / 0.875),
+                                     ("pytorch", "triton", 1.0)):
+        job = TrainingJob(global_batch_size=8, seq_length=8192, framework=framework, attention_kernel=kernel)
+        w, n = _layer(wide, H100, job, s), _layer(narrow, H100, job, s)
+        # the same FLOPs (heads x width), the narrow heads at the kernel's measured fraction of d = 128
+        assert n.attention_core_flops[0] == pytest.approx(w.attention_core_flops[0])
+        assert n.core_forward_s[0] / w.core_forward_s[0] == pytest.approx(ratio, rel=1e-9)
+    # DeepSeek-V3's MLA (192-wide queries and keys, 128-wide values): the mean, 160, between 128 and 256
+    mla = model_from_dict({**raw, "num_attention_heads": 128, "mla": {
+        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}}, "t")
+    assert head_width_factor(mla, "te") == pytest.approx(1 - 0.05 * np.log2(160 / 128))
+    assert head_width_factor(narrow, "npu") == 1.0
+
+
 def test_ulysses_and_ring_context_parallelism_are_both_priced():
     model = load_model("llama3-8b")
     job = TrainingJob(global_batch_size=16, seq_length=131072)
@@ -237,6 +258,18 @@ def test_torchtitan_keeps_fsdp_weights_gathered_under_pipelining():
     t_mg = _run(model, H100, 256, mg, s).time_s["dp_comm"]
     t_tt = _run(model, H100, 256, tt, s).time_s["dp_comm"]
     assert t_tt <= t_mg
+
+
+def test_mindspore_gathers_the_sharded_weights_under_the_next_forward():
+    # MindSpore's optimizer parallel runs the weights' AllGathers interleaved with the next iteration's
+    # forward, as Megatron's --overlap-param-gather; a framework without it waits for the gather
+    model = load_model("llama2-13b")
+    s = Strategy(dp=32, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1, zero_stage=1)
+    ms = TrainingJob(global_batch_size=32, seq_length=4096, framework="mindspore")
+    times = {f: _run(model, A100, 32, replace(ms, framework=f), s).time_s["dp_comm"]
+             for f in ("mindspore", "megatron", "pytorch")}
+    assert times["mindspore"] == pytest.approx(times["megatron"], rel=1e-9)
+    assert times["mindspore"] < times["pytorch"]
 
 
 def test_backward_post_prefetch_exposes_the_gathers():

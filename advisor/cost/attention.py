@@ -15,6 +15,19 @@
 * Unfused ("math") attention (Megatron-LM 2021-22, Korthikanti et al. 2022): two batched GEMMs over
   the whole s x s product (the causal mask is applied to computed scores), backward twice the
   forward; softmax, mask and dropout are memory-bound passes over the scores.
+* Head width: the curves hold for the usual head width d = 128. A fused kernel's softmax work is
+  per score and its matmul work per score grows with d, and each kernel's tiles suit some widths
+  better than others, so the achievable fraction moves with d, differently per kernel
+  (HEAD_WIDTH_EFFICIENCY, relative to d = 128; the median over sequence lengths 512-16k, causal and
+  not, of the FlashAttention repository's figures, Dao-AILab/flash-attention assets/):
+  cuDNN (Transformer Engine's fused attention; H100 forward, flash3_fp16_fwd.png, the FlashAttention-3
+  paper's Fig. 5-6): 0.69 at d = 64, 0.95 at d = 256; FlashAttention-2 (PyTorch SDPA's flash
+  backend; A100 and H100 forward + backward, flash2_{a100,h100}_fwd_bwd_benchmark.png): 0.875 at
+  d = 64, and 0.89 at d = 256 (forward, flash3_fp16_fwd.png); flash-attn 1.x's Triton kernel: no
+  loss at d = 64 in either figure (1.0-1.2 of d = 128), so 1.0. Ascend's FlashAttentionScore has
+  no published figure by head width: 1.0. Between the listed widths the factor is interpolated in
+  log2(d) and held beyond them; MLA's 192-wide query/key heads and 128-wide values count as their
+  mean.
 * Context parallelism splits the queries of a sequence over cp ranks; with Megatron's load-balanced
   causal split (2 x cp chunks) every rank does the same share, s/2 keys per query.
 """
@@ -31,6 +44,11 @@ from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
 
 FLASH_BACKWARD_FLOPS = 2.5     # FlashAttention-2 section 3.1: 5 matmuls backward vs 2 forward
+# Achievable efficiency at a head width relative to d = 128, per fused kernel (module docstring)
+HEAD_WIDTH_EFFICIENCY = {
+    "te": ((64, 0.69), (128, 1.0), (256, 0.95)),
+    "sdpa": ((64, 0.875), (128, 1.0), (256, 0.89)),
+}
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,17 @@ def attention_efficiency(hw: HardwareProfile, job: TrainingJob) -> float:
     return float(interpolate_efficiency(curve, job.seq_length))
 
 
+def head_width_factor(model: ModelSpec, kernel: str) -> float:
+    """The kernel's achievable efficiency at the model's head width relative to d = 128 (1.0 for a
+    kernel without figures)."""
+    table = HEAD_WIDTH_EFFICIENCY.get(kernel)
+    if table is None:
+        return 1.0
+    d = (model.head_dim + model.v_head_dim) / 2.0
+    widths, factors = zip(*table)
+    return float(np.interp(np.log2(d), np.log2(widths), factors))
+
+
 def attention_core(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, gemm_time_s) -> AttentionCore:
     """`gemm_time_s(flops, dtype)` prices unfused matmuls (and fused ones where the profile has no
     attention curve)."""
@@ -70,7 +99,7 @@ def attention_core(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: S
             per_call = fwd / calls
             return AttentionCore(calls * gemm_time_s(per_call, job.compute_dtype),
                                  FLASH_BACKWARD_FLOPS * calls * gemm_time_s(per_call, job.compute_dtype), fwd)
-        peak = hw.device.peak_flops(job.compute_dtype) * eff
+        peak = hw.device.peak_flops(job.compute_dtype) * eff * head_width_factor(model, job.kernel)
         return AttentionCore(fwd / peak, FLASH_BACKWARD_FLOPS * fwd / peak, fwd)
     fwd = core_flops(model, job, b, causal_skip=False)
     # two batched GEMMs (scores, context), each half of the FLOPs, sized as Megatron's baddbmm calls

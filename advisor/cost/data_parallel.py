@@ -7,11 +7,15 @@ data-parallel group (advisor.cost.placement), each priced where its members actu
   bucketed and overlapped with the last micro-batch's backward (DDP buckets; Megatron-Core
   --overlap-grad-reduce).
 * ZeRO-1 (Megatron's distributed optimizer, MindSpore's optimizer parallel): a reduce-scatter
-  overlapped the same way, then an all-gather of the updated weights; Megatron overlaps that gather
-  with the next step's first forward (--overlap-param-gather), other frameworks wait for it.
-* ZeRO-2 (DeepSpeed stage 2, FSDP SHARD_GRAD_OP): every micro-batch's backward reduce-scatters its
-  gradients unit by unit, hidden behind that backward where collectives overlap; the updated
-  weights are gathered once per step.
+  overlapped the same way, then an all-gather of the updated weights. Megatron overlaps that gather
+  with the next step's first forward (--overlap-param-gather); so does MindSpore, whose optimizer
+  parallel inserts each weight's AllGather before its use in the forward and runs the fused groups
+  interleaved with the next iteration's forward ("communication cross-iteration execution",
+  MindSpore docs, features/parallel/optimizer_parallel.md). Other frameworks wait for it.
+* ZeRO-2 (DeepSpeed stage 2, FSDP SHARD_GRAD_OP, MindSpore optimizer_level level2): every
+  micro-batch's backward reduce-scatters its gradients unit by unit, hidden behind that backward
+  where collectives overlap; the updated weights are gathered once per step (under the next
+  forward in MindSpore, as above).
 * ZeRO-3 (FSDP FULL_SHARD, FSDP2 fully_shard, Megatron-FSDP optim_grads_params, DeepSpeed stage 3):
   one unit (a layer) at a time. Forward: each unit's all-gather is prefetched during the previous
   unit's compute (FSDP2 and FSDP1 prefetch one unit ahead; PyTorch fully_shard docs), so a unit
@@ -46,6 +50,12 @@ from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import TrainingJob
 
 
+def gathers_under_next_forward(job: TrainingJob) -> bool:
+    """Whether the framework gathers the updated weights under the next step's first forward
+    (Megatron's --overlap-param-gather; MindSpore's optimizer parallel; see the module docstring)."""
+    return job.framework in ("megatron", "mindspore")
+
+
 def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_params, expert_params,
               dp_group: GroupPlacement, edp_group: GroupPlacement, units, mb_forward_s, mb_backward_s,
               weight_bytes: float) -> np.ndarray:
@@ -68,14 +78,15 @@ def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_par
     z = b.zero_stage
     zero0 = np.maximum(coll("all_reduce", grad_bytes) - hide_last, 0.0)
     gather = coll("all_gather", weight_bytes)
-    first_forward = mb_forward_s if (job.framework == "megatron" and overlap) else 0.0
-    zero1 = np.maximum(coll("reduce_scatter", grad_bytes) - hide_last, 0.0) + np.maximum(gather - first_forward, 0.0)
+    first_forward = mb_forward_s if (gathers_under_next_forward(job) and overlap) else 0.0
+    exposed_gather = np.maximum(gather - first_forward, 0.0)
+    zero1 = np.maximum(coll("reduce_scatter", grad_bytes) - hide_last, 0.0) + exposed_gather
     rs_unit = per_unit("reduce_scatter", grad_bytes)
     ag_unit = per_unit("all_gather", weight_bytes)
     fwd_unit, bwd_unit = mb_forward_s / units, mb_backward_s / units
     reshard = resharding(job, b)
     if overlap:
-        zero2 = m * (np.maximum(rs_unit - bwd_unit, 0.0) * units) + gather
+        zero2 = m * (np.maximum(rs_unit - bwd_unit, 0.0) * units) + exposed_gather
         forward = ag_unit + np.maximum(ag_unit - fwd_unit, 0.0) * (units - 1.0)
         if job.fsdp_backward_prefetch == "post":
             # the next unit's gather is issued after this unit's gradients: it waits for it
@@ -93,7 +104,7 @@ def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_par
         zero3 = np.where(reshard, m * (2.0 * ag_unit + rs_unit) * units, (ag_unit + rs_unit) * units)
     if np.any(fusion.explicit(b)):
         legacy = {"all_reduce": zero0, "reduce_scatter": np.maximum(coll("reduce_scatter", grad_bytes) - hide_last, 0.0),
-                  "all_gather": np.maximum(gather - first_forward, 0.0)}
+                  "all_gather": exposed_gather}
         zero0, zero1 = _bucketed(job, b, coll, dense_params + expert_params, grad_bytes, weight_bytes, mb_forward_s,
                                  mb_backward_s, dp_group.n, legacy, (zero0, zero1), overlap)
     return np.select([z == 0, z == 1, z == 2], [zero0, zero1, zero2], zero3)
@@ -109,9 +120,9 @@ def _bucketed(job, b, coll, params, grad_bytes, weight_bytes, mb_forward_s, mb_b
     default_mb = fusion.default_bucket_bytes(job, dp_members) / fusion.MIB
     overlaps = {"all_reduce": bool(job.overlap_grad_reduce and overlap),
                 "reduce_scatter": bool(job.overlap_grad_reduce and overlap),
-                # the updated weights come back in buckets of the same size; Megatron overlaps them with
-                # the next step's first forward (--overlap-param-gather), others wait for them
-                "all_gather": bool(job.framework == "megatron" and overlap)}
+                # the updated weights come back in buckets of the same size; Megatron and MindSpore
+                # overlap them with the next step's first forward, others wait for them
+                "all_gather": bool(gathers_under_next_forward(job) and overlap)}
     window = {"all_reduce": mb_backward_s, "reduce_scatter": mb_backward_s, "all_gather": mb_forward_s}
     per_param = {"all_reduce": grad_bytes, "reduce_scatter": grad_bytes, "all_gather": weight_bytes}
 
