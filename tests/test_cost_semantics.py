@@ -17,7 +17,7 @@ from advisor.cost.memory import memory
 from advisor.cost.recompute import kept_bytes
 from advisor.errors import AdvisorError
 from advisor.space.strategy import Strategy, StrategyBatch
-from advisor.specs.hardware import load_hardware
+from advisor.specs.hardware import interpolate_efficiency, load_hardware
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import load_model, model_from_dict
 
@@ -181,6 +181,20 @@ def test_narrow_heads_run_fused_attention_slower_per_kernel():
         "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}}, "t")
     assert head_width_factor(mla, "te") == pytest.approx(1 - 0.05 * np.log2(160 / 128))
     assert head_width_factor(narrow, "npu") == 1.0
+
+
+def test_ring_context_parallel_attention_runs_short_kernels():
+    # each ring step is a kernel over s/cp queries and an s/cp block of keys; Ulysses keeps whole
+    # sequences (over heads / cp), so the same FLOPs run at the full length's efficiency
+    model = load_model("llama3-8b")
+    job = TrainingJob(global_batch_size=8, seq_length=8192)
+    ring = Strategy(dp=1, tp=1, pp=1, cp=8, micro_batch_size=1, num_micro_batches=8)
+    ring_l, a2a_l = _layer(model, A100, job, ring), _layer(model, A100, job, replace(ring, cp_comm="a2a"))
+    assert ring_l.attention_core_flops[0] == pytest.approx(a2a_l.attention_core_flops[0])
+    curve = A100.device.attention_curve("te")
+    expected = interpolate_efficiency(curve, 8192) / interpolate_efficiency(curve, 1024)
+    assert ring_l.core_forward_s[0] / a2a_l.core_forward_s[0] == pytest.approx(expected, rel=1e-9)
+    assert expected > 1.2
 
 
 def test_ulysses_and_ring_context_parallelism_are_both_priced():

@@ -29,7 +29,12 @@
   log2(d) and held beyond them; MLA's 192-wide query/key heads and 128-wide values count as their
   mean.
 * Context parallelism splits the queries of a sequence over cp ranks; with Megatron's load-balanced
-  causal split (2 x cp chunks) every rank does the same share, s/2 keys per query.
+  causal split (2 x cp chunks) every rank does the same share, s/2 keys per query. The ring (p2p,
+  Transformer Engine's and torch's context parallelism) runs the work as cp kernel calls per pass,
+  each over the local s/cp queries and one s/cp block of keys (or half of either), so the kernel
+  runs at the efficiency of an s/cp-long attention (the curve read at s/cp; the blocks off the
+  diagonal are unmasked, which a causal curve read at their length prices conservatively).
+  Ulysses (a2a) trades heads for the whole sequence: full-length kernels over heads/cp.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.space.strategy import StrategyBatch
+from advisor.space.strategy import CP_COMM, StrategyBatch
 from advisor.specs.hardware import HardwareProfile, interpolate_efficiency
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
@@ -76,6 +81,12 @@ def attention_efficiency(hw: HardwareProfile, job: TrainingJob) -> float:
     return float(interpolate_efficiency(curve, job.seq_length))
 
 
+def kernel_length(job: TrainingJob, b: StrategyBatch) -> np.ndarray:
+    """The sequence length each fused-attention call covers: s/cp per ring step, s otherwise."""
+    ring = (b.cp > 1) & (b.cp_comm != CP_COMM.index("a2a"))
+    return np.where(ring, job.seq_length / np.maximum(b.cp, 1), float(job.seq_length))
+
+
 def head_width_factor(model: ModelSpec, kernel: str) -> float:
     """The kernel's achievable efficiency at the model's head width relative to d = 128 (1.0 for a
     kernel without figures)."""
@@ -99,6 +110,7 @@ def attention_core(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: S
             per_call = fwd / calls
             return AttentionCore(calls * gemm_time_s(per_call, job.compute_dtype),
                                  FLASH_BACKWARD_FLOPS * calls * gemm_time_s(per_call, job.compute_dtype), fwd)
+        eff = interpolate_efficiency(hw.device.attention_curve(job.kernel), kernel_length(job, b))
         peak = hw.device.peak_flops(job.compute_dtype) * eff * head_width_factor(model, job.kernel)
         return AttentionCore(fwd / peak, FLASH_BACKWARD_FLOPS * fwd / peak, fwd)
     fwd = core_flops(model, job, b, causal_skip=False)

@@ -14,7 +14,8 @@ import numpy as np
 from advisor.cost.estimate import estimate_batch
 from advisor.cost.memory import GIB, memory
 from advisor.search.enumerate_rows import Rows, _count, _take, chunks_by_pp, to_batch
-from advisor.search.enumerate_space import _lone_options
+from advisor.search import Pins
+from advisor.search.enumerate_space import _lone_options, cp_comm_options
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
@@ -91,11 +92,24 @@ def _with_lean_memory(rows: Rows, options: list[tuple[int, int]], pair: tuple[in
     return {**rows, "zero": np.where(solo, lone[0], pair[0]), "offload": np.where(solo, lone[1], pair[1])}
 
 
+def _cheaper_cp_kind(model: ModelSpec, free: HardwareProfile, cluster: Cluster, job: TrainingJob, rows: Rows,
+                     step: np.ndarray) -> np.ndarray:
+    """The bound over both context-parallel kinds: rows that can use Ulysses are priced with it too
+    and keep the faster (a ring runs its attention as s/cp-long kernels, advisor.cost.attention)."""
+    a2a = cp_comm_options(model, rows, Pins())[:, 1]
+    if not a2a.any():
+        return step
+    ulysses = {**_take(rows, a2a), "cp_comm": np.ones(int(a2a.sum()), dtype=np.int64)}
+    step = step.copy()
+    step[a2a] = np.minimum(step[a2a], bound_step_s(estimate_batch(model, free, cluster, job, to_batch(model, job, ulysses))))
+    return step
+
+
 def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, rows: Rows,
                     options: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """(lower bound on step time, may fit) per skeleton, over all its ZeRO/offload/mesh variants:
-    priced on free_hardware with the leanest ZeRO/offload pair; "may fit" is false only when no
-    pair can fit in device memory."""
+    """(lower bound on step time, may fit) per skeleton, over all its ZeRO/offload/mesh and
+    context-parallel variants: priced on free_hardware with the leanest ZeRO/offload pair and the
+    faster context-parallel kind; "may fit" is false only when no pair can fit in device memory."""
     free = free_hardware(hw)
     n = _count(rows)
     lower = np.full(n, np.inf)
@@ -104,7 +118,8 @@ def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job
     lean = leanest_options(options)
     for idx in chunks_by_pp(rows):
         part = _take(rows, idx)
-        e = estimate_batch(model, free, cluster, job, to_batch(model, job, _with_lean_memory(part, options, lean[0])))
+        leanest = _with_lean_memory(part, options, lean[0])
+        e = estimate_batch(model, free, cluster, job, to_batch(model, job, leanest))
         fits = e.fits.copy()
         for pair in lean[1:]:
             todo = ~fits & (part["dp"] * part["cp"] > 1)
@@ -120,7 +135,7 @@ def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job
                 other["zero"] = np.full(int(todo.sum()), z, dtype=np.int64)
                 other["offload"] = np.full(int(todo.sum()), o, dtype=np.int64)
                 fits[todo] = memory(model, job, to_batch(model, job, other)).total <= capacity
-        lower[idx] = bound_step_s(e)
+        lower[idx] = _cheaper_cp_kind(model, free, cluster, job, leanest, bound_step_s(e))
         may_fit[idx] = fits
     return lower, may_fit
 
@@ -142,5 +157,7 @@ def family_bounds(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
     reps = _with_lean_memory(_take(rows, fastest), options, leanest_options(options)[0])
     free = free_hardware(hw)
     for idx in chunks_by_pp(reps):
-        lower[idx] = bound_step_s(estimate_batch(model, free, cluster, job, to_batch(model, job, _take(reps, idx))))
+        part = _take(reps, idx)
+        step = bound_step_s(estimate_batch(model, free, cluster, job, to_batch(model, job, part)))
+        lower[idx] = _cheaper_cp_kind(model, free, cluster, job, part, step)
     return starts, lower
