@@ -16,7 +16,7 @@ from advisor.errors import AdvisorError
 from advisor.space.strategy import Strategy
 from advisor.specs.hardware import PROFILES_DIR, hardware_from_dict, load_hardware
 from advisor.specs.job import Cluster, TrainingJob
-from advisor.specs.model import load_model
+from advisor.specs.model import load_model, model_from_dict
 from advisor.validation.fit import profile_raw
 from advisor.validation.runs import load_runs
 from advisor.validation.targets import TARGETS, fitted_runs
@@ -93,6 +93,23 @@ def test_estimates_say_where_they_extrapolate():
     assert graphed.extrapolated == ("cuda-graphs on dgx-h100: no calibration run uses it",)
     b200 = load_hardware("dgx-b200")
     assert "cuda-graphs" in b200.raw["calibration"]["parallelism"]
+
+
+def test_attention_beyond_its_measurements_is_flagged():
+    hw = load_hardware("dgx-h100")
+    job = TrainingJob(global_batch_size=16, seq_length=4096)
+    narrow = model_from_dict({"name": "t", "source": "test", "num_layers": 2, "hidden_size": 4096,
+                              "num_attention_heads": 128, "vocab_size": 32000, "seq_length": 4096}, "t")  # head width 32
+    s = Strategy(dp=16, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1)
+    notes = confidence(narrow, hw, Cluster.of(hw, devices=16), job, s).extrapolated
+    assert "head width 32 outside the 64-256 measured for te" in notes
+    # a ring of 16 over 4,096 tokens runs 256-token kernels, below the curve's first point (512)
+    ring = Strategy(dp=1, tp=1, pp=1, cp=16, micro_batch_size=1, num_micro_batches=16)
+    notes = confidence(load_model("llama3-8b"), hw, Cluster.of(hw, devices=16), job, ring).extrapolated
+    assert any("ring attention steps of 256 tokens" in n for n in notes)
+    ulysses = confidence(load_model("llama3-8b"), hw, Cluster.of(hw, devices=16), job,
+                         replace(ring, cp_comm="a2a", cp=8, dp=2)).extrapolated
+    assert not any("ring attention" in n for n in ulysses)
 
 
 def test_recommend_json_and_table_carry_the_calibration():

@@ -133,6 +133,15 @@ def test_mixed_cluster_beats_either_half_and_the_faster_type_gets_more_work():
     assert estimate_plan(result.best).tokens_per_s == pytest.approx(best.tokens_per_s, rel=1e-9)
 
 
+def test_mixed_search_offers_both_context_parallel_kinds():
+    from advisor.search.mixed import _rows
+    mixed, inputs = mixed_inputs("llama3-8b", "dgx-a100-80g:2,dgx-h100:2", None, None, global_batch=256)
+    rows = _rows(inputs.model, mixed, inputs.job, Pins(cp=4))
+    assert set(rows["cp_comm"].tolist()) == {0, 1}
+    only_ring = _rows(inputs.model, mixed, inputs.job, Pins(cp=4, cp_comm="p2p"))
+    assert set(only_ring["cp_comm"].tolist()) == {0}
+
+
 def test_pinned_pipeline_sizes_stages_by_type():
     mixed, inputs = mixed_inputs("llama3-70b", "dgx-a100-80g:4,dgx-h100:4", None, None, global_batch=128)
     result = recommend_mixed(inputs, mixed, Pins(dp=1, pp=4, tp=4), top_k=1)

@@ -72,19 +72,15 @@ def core_flops(model: ModelSpec, job: TrainingJob, b: StrategyBatch, causal_skip
     return 2.0 * tokens * keys * (model.q_size + model.attention_out_size) / b.tp.astype(float)
 
 
-def attention_efficiency(hw: HardwareProfile, job: TrainingJob) -> float:
-    """Achievable fraction of peak of the job's fused attention kernel at its sequence length (NaN
-    when the profile has no attention curve)."""
-    curve = hw.device.attention_curve(job.kernel)
-    if not curve:
-        return float("nan")
-    return float(interpolate_efficiency(curve, job.seq_length))
+def ring_steps(b: StrategyBatch) -> np.ndarray:
+    """Kernel calls per head a fused attention makes: cp for a p2p ring, one otherwise."""
+    ring = (b.cp > 1) & (b.cp_comm != CP_COMM.index("a2a"))
+    return np.where(ring, np.maximum(b.cp, 1), 1).astype(float)
 
 
 def kernel_length(job: TrainingJob, b: StrategyBatch) -> np.ndarray:
     """The sequence length each fused-attention call covers: s/cp per ring step, s otherwise."""
-    ring = (b.cp > 1) & (b.cp_comm != CP_COMM.index("a2a"))
-    return np.where(ring, job.seq_length / np.maximum(b.cp, 1), float(job.seq_length))
+    return job.seq_length / ring_steps(b)
 
 
 def head_width_factor(model: ModelSpec, kernel: str) -> float:
@@ -103,14 +99,15 @@ def attention_core(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: S
     attention curve)."""
     if job.attention == "flash":
         fwd = core_flops(model, job, b, causal_skip=True)
-        eff = attention_efficiency(hw, job)
-        if np.isnan(eff):
-            # no attention curve: per-head-and-sequence work on the GEMM curve (flagged by confidence)
-            calls = b.micro_batch_size * model.num_attention_heads / b.tp.astype(float)
+        curve = hw.device.attention_curve(job.kernel)
+        if not curve:
+            # no attention curve: per-head-and-sequence work (per ring step) on the GEMM curve
+            # (flagged by confidence)
+            calls = b.micro_batch_size * model.num_attention_heads / b.tp.astype(float) * ring_steps(b)
             per_call = fwd / calls
             return AttentionCore(calls * gemm_time_s(per_call, job.compute_dtype),
                                  FLASH_BACKWARD_FLOPS * calls * gemm_time_s(per_call, job.compute_dtype), fwd)
-        eff = interpolate_efficiency(hw.device.attention_curve(job.kernel), kernel_length(job, b))
+        eff = interpolate_efficiency(curve, kernel_length(job, b))
         peak = hw.device.peak_flops(job.compute_dtype) * eff * head_width_factor(model, job.kernel)
         return AttentionCore(fwd / peak, FLASH_BACKWARD_FLOPS * fwd / peak, fwd)
     fwd = core_flops(model, job, b, causal_skip=False)

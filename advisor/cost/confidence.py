@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from advisor.cost.attention import HEAD_WIDTH_EFFICIENCY
 from advisor.space.strategy import Strategy
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
@@ -55,6 +56,23 @@ def features(strategy: Strategy, job: TrainingJob | None = None, moe: bool = Fal
     return out
 
 
+def _attention_kernel_notes(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strategy: Strategy) -> list[str]:
+    """Where the fused attention's pricing holds a measured value beyond its range: a head width
+    outside the kernel's measured widths (advisor.cost.attention.HEAD_WIDTH_EFFICIENCY), ring steps
+    shorter than the attention curve's first point."""
+    out = []
+    table = HEAD_WIDTH_EFFICIENCY.get(job.kernel)
+    width = (model.head_dim + model.v_head_dim) / 2.0
+    if table is not None and not table[0][0] <= width <= table[-1][0]:
+        out.append(f"head width {width:g} outside the {table[0][0]}-{table[-1][0]} measured for {job.kernel}")
+    curve = hw.device.attention_curve(job.kernel)
+    step = job.seq_length / strategy.cp
+    if curve and strategy.cp > 1 and strategy.cp_comm != "a2a" and step < curve[0][0]:
+        out.append(f"ring attention steps of {step:g} tokens, shorter than the attention curve's first "
+                   f"point ({curve[0][0]:g})")
+    return out
+
+
 def confidence(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, strategy: Strategy) -> Confidence:
     cal = (hw.raw or {}).get("calibration")      # validated at load (advisor.specs.calibration)
     if cal is None:
@@ -69,6 +87,8 @@ def confidence(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tra
         curves = dict(hw.device.attention_efficiency)
         note = "" if job.kernel in curves else ", priced with another kernel's curve"
         out.append(f"attention kernel {job.kernel} on {hw.name}{note}")
+    if job.attention == "flash":
+        out.extend(_attention_kernel_notes(model, hw, job, strategy))
     low, high = cal.get("seq_length", (0, 0))
     if not low <= job.seq_length <= high:
         out.append(f"sequence {job.seq_length} outside the calibrated {low}-{high}")

@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from advisor.cost import comm
+from advisor.cost.data_parallel import gathers_under_next_forward
 from advisor.cost.layer_comm import CP_A2A, ep_message_bytes, tp_message_bytes
 from advisor.cost.memory import resharding
 from advisor.cost.placement import GroupPlacement
@@ -116,9 +117,12 @@ def contention_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, critic
     overlapped_reduce = job.overlap_grad_reduce
     zero0 = _window(bwd_crit, ar, ar_s, mb_backward_s, priority) if overlapped_reduce else zero
     zero1 = _window(bwd_crit, rs, rs_s, mb_backward_s, priority) if overlapped_reduce else zero
-    if job.framework == "megatron":   # the updated weights gathered under the next step's first forward
-        zero1 = zero1 + _window(fwd_crit, ag, ag_s, mb_forward_s, priority)
     zero2 = m * _window(bwd_crit, rs, rs_s, mb_backward_s, priority)
+    if gathers_under_next_forward(job):   # the updated weights gathered under the next step's first forward
+        under_forward = _window(fwd_crit, ag, ag_s, mb_forward_s, priority)
+        zero1 = zero1 + under_forward
+        if job.framework == "mindspore":  # and ZeRO-2's (advisor.cost.data_parallel)
+            zero2 = zero2 + under_forward
     both, both_s = _add(ag, rs), ag_s + rs_s
     per_mb = _window(fwd_crit, ag, ag_s, mb_forward_s, priority) + _window(bwd_crit, both, both_s, mb_backward_s, priority)
     once = (_window(_scale(fwd_crit, m), ag, ag_s, m * mb_forward_s, priority)

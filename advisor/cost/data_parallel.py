@@ -80,13 +80,16 @@ def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_par
     gather = coll("all_gather", weight_bytes)
     first_forward = mb_forward_s if (gathers_under_next_forward(job) and overlap) else 0.0
     exposed_gather = np.maximum(gather - first_forward, 0.0)
+    # ZeRO-2's once-per-step gather: under the next forward in MindSpore (optimizer_level level2); the
+    # frameworks that run ZeRO-2 as DeepSpeed stage 2 or FSDP SHARD_GRAD_OP are priced waiting for it
+    zero2_gather = exposed_gather if job.framework == "mindspore" else gather
     zero1 = np.maximum(coll("reduce_scatter", grad_bytes) - hide_last, 0.0) + exposed_gather
     rs_unit = per_unit("reduce_scatter", grad_bytes)
     ag_unit = per_unit("all_gather", weight_bytes)
     fwd_unit, bwd_unit = mb_forward_s / units, mb_backward_s / units
     reshard = resharding(job, b)
     if overlap:
-        zero2 = m * (np.maximum(rs_unit - bwd_unit, 0.0) * units) + exposed_gather
+        zero2 = m * (np.maximum(rs_unit - bwd_unit, 0.0) * units) + zero2_gather
         forward = ag_unit + np.maximum(ag_unit - fwd_unit, 0.0) * (units - 1.0)
         if job.fsdp_backward_prefetch == "post":
             # the next unit's gather is issued after this unit's gradients: it waits for it

@@ -12,8 +12,9 @@ counted under the first rule that rejects it. On nodes whose fast links join onl
 Combinations provably equivalent to a kept one are not generated and are counted separately
 (``deduplicated``): a schedule when pp = 1, sequence parallelism when tp = 1, a ZeRO stage without
 data parallelism, and mesh orders that give every stride that matters the same value. The rows
-("skeletons") are then crossed with the ZeRO stage / optimizer offload pairs and the mesh orders,
-which change memory and communication only.
+("skeletons") are then crossed with the ZeRO stage / optimizer offload pairs, the mesh orders and
+the context-parallel kind (ring or Ulysses), which change memory and communication, and for the
+context-parallel kind also the attention kernels' length (advisor.cost.attention).
 
 Scoring is best-first branch and bound over exact cost-model calls (estimate_batch), with bounds
 that are themselves estimate_batch calls on modified hardware profiles:
@@ -24,6 +25,7 @@ that are themselves estimate_batch calls on modified hardware profiles:
   proves that no variant fits when even that one does not;
 * pair: each ZeRO/offload pair on fastest_link_hardware (every placement as fast as the fastest
   link): exact memory, and a bound on every mesh order;
+  each of these three is the faster of ring and Ulysses pricing where Ulysses is possible;
 * exact: every mesh order of the surviving pairs on the real hardware.
 
 Items are expanded in order of their bound until it cannot reach ``1 - TIE_BAND`` of the K-th best
@@ -107,7 +109,7 @@ def search(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Trainin
     pruned: Counter = Counter()
     dedup: Counter = Counter()
     skel, variants, options = _space(model, hw, cluster, job, pins, pruned, dedup)
-    starts, lower = family_bounds(model, hw, cluster, job, skel, options)
+    starts, lower = family_bounds(model, hw, cluster, job, skel, options, pins)
     ends = np.r_[starts[1:], _count(skel)].astype(np.int64)
     family_variants = np.add.reduceat(variants, starts) if len(starts) else np.zeros(0, dtype=np.int64)
     family_cells = np.add.reduceat(skel["pp"], starts) if len(starts) else np.zeros(0, dtype=np.int64)
@@ -209,7 +211,7 @@ class _Scoring:
         if _count(skeletons) == 0:
             return
         model, hw, cluster, job = self.args
-        lower, may_fit = bound_skeletons(model, hw, cluster, job, skeletons, self.options)
+        lower, may_fit = bound_skeletons(model, hw, cluster, job, skeletons, self.options, self.pins)
         _add(self.pruned, DEVICE_MEMORY_REASON, int(variants[~may_fit].sum()))
         fits = _take(skeletons, may_fit)
         pairs_each = np.where(fits["dp"] * fits["cp"] == 1, len(_lone_options(self.options)), len(self.options))

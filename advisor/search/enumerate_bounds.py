@@ -93,20 +93,22 @@ def _with_lean_memory(rows: Rows, options: list[tuple[int, int]], pair: tuple[in
 
 
 def _cheaper_cp_kind(model: ModelSpec, free: HardwareProfile, cluster: Cluster, job: TrainingJob, rows: Rows,
-                     step: np.ndarray) -> np.ndarray:
-    """The bound over both context-parallel kinds: rows that can use Ulysses are priced with it too
-    and keep the faster (a ring runs its attention as s/cp-long kernels, advisor.cost.attention)."""
-    a2a = cp_comm_options(model, rows, Pins())[:, 1]
+                     step: np.ndarray, pins: Pins) -> np.ndarray:
+    """The bound over both context-parallel kinds: rows that can use Ulysses (under the pins) are
+    priced with it too and keep the faster (a ring runs its attention as s/cp-long kernels,
+    advisor.cost.attention)."""
+    a2a = cp_comm_options(model, rows, pins)[:, 1]
     if not a2a.any():
         return step
     ulysses = {**_take(rows, a2a), "cp_comm": np.ones(int(a2a.sum()), dtype=np.int64)}
     step = step.copy()
-    step[a2a] = np.minimum(step[a2a], bound_step_s(estimate_batch(model, free, cluster, job, to_batch(model, job, ulysses))))
+    priced = estimate_batch(model, free, cluster, job, to_batch(model, job, ulysses))
+    step[a2a] = np.minimum(step[a2a], bound_step_s(priced))
     return step
 
 
 def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, rows: Rows,
-                    options: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+                    options: list[tuple[int, int]], pins: Pins = Pins()) -> tuple[np.ndarray, np.ndarray]:
     """(lower bound on step time, may fit) per skeleton, over all its ZeRO/offload/mesh and
     context-parallel variants: priced on free_hardware with the leanest ZeRO/offload pair and the
     faster context-parallel kind; "may fit" is false only when no pair can fit in device memory."""
@@ -135,13 +137,13 @@ def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job
                 other["zero"] = np.full(int(todo.sum()), z, dtype=np.int64)
                 other["offload"] = np.full(int(todo.sum()), o, dtype=np.int64)
                 fits[todo] = memory(model, job, to_batch(model, job, other)).total <= capacity
-        lower[idx] = _cheaper_cp_kind(model, free, cluster, job, leanest, bound_step_s(e))
+        lower[idx] = _cheaper_cp_kind(model, free, cluster, job, leanest, bound_step_s(e), pins)
         may_fit[idx] = fits
     return lower, may_fit
 
 
 def family_bounds(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, rows: Rows,
-                  options: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+                  options: list[tuple[int, int]], pins: Pins = Pins()) -> tuple[np.ndarray, np.ndarray]:
     """(first row, lower bound on step time) per family of skeletons (rows that differ only in
     sequence parallelism and recomputation), over all its members and their variants. On
     free_hardware a family's fastest member is the one with sequence parallelism (it only shrinks
@@ -159,5 +161,5 @@ def family_bounds(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
     for idx in chunks_by_pp(reps):
         part = _take(reps, idx)
         step = bound_step_s(estimate_batch(model, free, cluster, job, to_batch(model, job, part)))
-        lower[idx] = _cheaper_cp_kind(model, free, cluster, job, part, step)
+        lower[idx] = _cheaper_cp_kind(model, free, cluster, job, part, step, pins)
     return starts, lower
