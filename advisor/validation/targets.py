@@ -43,6 +43,13 @@ def _c(name, start, low, high, log=True):
 GEMM = (_c("gemm_scale.bf16", 0.86, 0.4, 1.25), _c("gemm_size_factor", 1.0, 0.5, 2.0))
 
 
+def size_factor_for(peak_ratio: float):
+    """The size factor of a device whose curves start from another device's measured shape: the same
+    fixed microseconds per GEMM are peak_ratio times the work on a device peak_ratio times faster, so
+    its start and both bounds scale by the ratio of the BF16 peaks."""
+    return _c("gemm_size_factor", peak_ratio, 0.5 * peak_ratio, 2.0 * peak_ratio)
+
+
 def h100_bf16_scale() -> float:
     """Blackwell's BF16 runs are two gpt-oss MoE rows per system, which cannot fix a GEMM curve: BF16
     takes the H100 fit's scale (read from the bundled dgx-h100 profile), and the confidence report
@@ -72,17 +79,20 @@ TARGETS = {
         fp8=True,
     ),
     # Blackwell: Transformer Engine's cuDNN attention (te) starts from the H100 cuDNN shape; the GEMM
-    # curves from the H100 shape, stretched along the size axis by the fitted size factor (2.3-2.5x the H100 peak).
+    # curves from the H100 shape, stretched along the size axis by the fitted size factor, which starts
+    # at the BF16 peak ratio to H100 (2.27 for B200, 2.53 for GB200) and stays within 2x of it.
     "B200": Target(
         device="B200", profiles=("dgx-b200",), gemm_shape="gemm_h100", attention_shapes={"te": "cudnn_h100"},
-        constants=GEMM[1:] + (_c("gemm_scale.fp8", 0.86, 0.3, 1.25), _c("attention_scale.te", 1.0, 0.3, 1.5),
-                          _c("memory_efficiency", 0.80, 0.55, 0.95), _c("launch_overhead_us", 30.0, 2.0, 120.0)),
+        constants=(size_factor_for(2250 / 989.4), _c("gemm_scale.fp8", 0.86, 0.3, 1.25),
+                   _c("attention_scale.te", 1.0, 0.3, 1.5), _c("memory_efficiency", 0.80, 0.55, 0.95),
+                   _c("launch_overhead_us", 30.0, 2.0, 120.0)),
         fp8=True, fixed={"gemm_scale.bf16": h100_bf16_scale},
     ),
     "GB200": Target(
         device="GB200", profiles=("gb200-nvl72",), gemm_shape="gemm_h100", attention_shapes={"te": "cudnn_h100"},
-        constants=GEMM[1:] + (_c("gemm_scale.fp8", 0.86, 0.3, 1.25), _c("attention_scale.te", 1.0, 0.3, 1.5),
-                          _c("memory_efficiency", 0.80, 0.55, 0.95), _c("launch_overhead_us", 30.0, 2.0, 120.0)),
+        constants=(size_factor_for(2500 / 989.4), _c("gemm_scale.fp8", 0.86, 0.3, 1.25),
+                   _c("attention_scale.te", 1.0, 0.3, 1.5), _c("memory_efficiency", 0.80, 0.55, 0.95),
+                   _c("launch_overhead_us", 30.0, 2.0, 120.0)),
         fp8=True, fixed={"gemm_scale.bf16": h100_bf16_scale},
     ),
     # the largest BF16 GEMMs reach at least 0.6 of peak inside a framework, as for H100 (0.6 / the
