@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from advisor.validation.published import load_published_runs, measured_step_time_s, paper_source, predict as predict_published
 from advisor.space.strategy import Strategy
+from advisor.specs.hardware import load_hardware
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
 from advisor.validation.accuracy import predict, usable_runs
@@ -43,11 +44,12 @@ def _c(name, start, low, high, log=True):
 GEMM = (_c("gemm_scale.bf16", 0.86, 0.4, 1.25), _c("gemm_size_factor", 1.0, 0.5, 2.0))
 
 
-def size_factor_for(peak_ratio: float):
-    """The size factor of a device whose curves start from another device's measured shape: the same
-    fixed microseconds per GEMM are peak_ratio times the work on a device peak_ratio times faster, so
-    its start and both bounds scale by the ratio of the BF16 peaks."""
-    return _c("gemm_size_factor", peak_ratio, 0.5 * peak_ratio, 2.0 * peak_ratio)
+def size_factor_for(profile: str, shape_profile: str = "dgx-h100"):
+    """The size factor of a device whose GEMM curves start from another device's measured shape: the
+    same fixed microseconds per GEMM are r times the work on a device r times faster, so the start
+    and both bounds scale by r, the ratio of the profiles' BF16 peaks (datasheet figures, not fitted)."""
+    r = load_hardware(profile).device.peak_flops("bf16") / load_hardware(shape_profile).device.peak_flops("bf16")
+    return _c("gemm_size_factor", r, 0.5 * r, 2.0 * r)
 
 
 def h100_bf16_scale() -> float:
@@ -83,14 +85,14 @@ TARGETS = {
     # at the BF16 peak ratio to H100 (2.27 for B200, 2.53 for GB200) and stays within 2x of it.
     "B200": Target(
         device="B200", profiles=("dgx-b200",), gemm_shape="gemm_h100", attention_shapes={"te": "cudnn_h100"},
-        constants=(size_factor_for(2250 / 989.4), _c("gemm_scale.fp8", 0.86, 0.3, 1.25),
+        constants=(size_factor_for("dgx-b200"), _c("gemm_scale.fp8", 0.86, 0.3, 1.25),
                    _c("attention_scale.te", 1.0, 0.3, 1.5), _c("memory_efficiency", 0.80, 0.55, 0.95),
                    _c("launch_overhead_us", 30.0, 2.0, 120.0)),
         fp8=True, fixed={"gemm_scale.bf16": h100_bf16_scale},
     ),
     "GB200": Target(
         device="GB200", profiles=("gb200-nvl72",), gemm_shape="gemm_h100", attention_shapes={"te": "cudnn_h100"},
-        constants=(size_factor_for(2500 / 989.4), _c("gemm_scale.fp8", 0.86, 0.3, 1.25),
+        constants=(size_factor_for("gb200-nvl72"), _c("gemm_scale.fp8", 0.86, 0.3, 1.25),
                    _c("attention_scale.te", 1.0, 0.3, 1.5), _c("memory_efficiency", 0.80, 0.55, 0.95),
                    _c("launch_overhead_us", 30.0, 2.0, 120.0)),
         fp8=True, fixed={"gemm_scale.bf16": h100_bf16_scale},
