@@ -83,15 +83,19 @@ def kernel_length(job: TrainingJob, b: StrategyBatch) -> np.ndarray:
     return job.seq_length / ring_steps(b)
 
 
+def head_width(model: ModelSpec) -> float:
+    """The width a fused kernel's work per score follows: the mean of the query/key and value heads."""
+    return (model.head_dim + model.v_head_dim) / 2.0
+
+
 def head_width_factor(model: ModelSpec, kernel: str) -> float:
     """The kernel's achievable efficiency at the model's head width relative to d = 128 (1.0 for a
     kernel without figures)."""
     table = HEAD_WIDTH_EFFICIENCY.get(kernel)
     if table is None:
         return 1.0
-    d = (model.head_dim + model.v_head_dim) / 2.0
     widths, factors = zip(*table)
-    return float(np.interp(np.log2(d), np.log2(widths), factors))
+    return float(np.interp(np.log2(head_width(model)), np.log2(widths), factors))
 
 
 def attention_core(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, gemm_time_s) -> AttentionCore:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.cost.attention import HEAD_WIDTH_EFFICIENCY
+from advisor.cost.attention import HEAD_WIDTH_EFFICIENCY, head_width
 from advisor.space.strategy import Strategy
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
@@ -62,7 +62,7 @@ def _attention_kernel_notes(model: ModelSpec, hw: HardwareProfile, job: Training
     shorter than the attention curve's first point."""
     out = []
     table = HEAD_WIDTH_EFFICIENCY.get(job.kernel)
-    width = (model.head_dim + model.v_head_dim) / 2.0
+    width = head_width(model)
     if table is not None and not table[0][0] <= width <= table[-1][0]:
         out.append(f"head width {width:g} outside the {table[0][0]}-{table[-1][0]} measured for {job.kernel}")
     curve = hw.device.attention_curve(job.kernel)

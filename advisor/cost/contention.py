@@ -118,10 +118,12 @@ def contention_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, critic
     zero0 = _window(bwd_crit, ar, ar_s, mb_backward_s, priority) if overlapped_reduce else zero
     zero1 = _window(bwd_crit, rs, rs_s, mb_backward_s, priority) if overlapped_reduce else zero
     zero2 = m * _window(bwd_crit, rs, rs_s, mb_backward_s, priority)
-    if gathers_under_next_forward(job):   # the updated weights gathered under the next step's first forward
+    # the updated weights gathered under the next step's first forward (advisor.cost.data_parallel)
+    # (the ZeRO-2 frameworks are among the ZeRO-1 ones)
+    if gathers_under_next_forward(job, 1):
         under_forward = _window(fwd_crit, ag, ag_s, mb_forward_s, priority)
         zero1 = zero1 + under_forward
-        if job.framework == "mindspore":  # and ZeRO-2's (advisor.cost.data_parallel)
+        if gathers_under_next_forward(job, 2):
             zero2 = zero2 + under_forward
     both, both_s = _add(ag, rs), ag_s + rs_s
     per_mb = _window(fwd_crit, ag, ag_s, mb_forward_s, priority) + _window(bwd_crit, both, both_s, mb_backward_s, priority)

@@ -50,10 +50,15 @@ from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import TrainingJob
 
 
-def gathers_under_next_forward(job: TrainingJob) -> bool:
-    """Whether the framework gathers the updated weights under the next step's first forward
-    (Megatron's --overlap-param-gather; MindSpore's optimizer parallel; see the module docstring)."""
-    return job.framework in ("megatron", "mindspore")
+# Frameworks that gather the updated weights under the next step's first forward, per ZeRO stage
+# (module docstring): Megatron's --overlap-param-gather and MindSpore's optimizer parallel for ZeRO-1;
+# for ZeRO-2 only MindSpore (optimizer_level level2): DeepSpeed stage 2 and FSDP SHARD_GRAD_OP wait
+GATHER_UNDER_NEXT_FORWARD = {1: ("megatron", "mindspore"), 2: ("mindspore",)}
+
+
+def gathers_under_next_forward(job: TrainingJob, zero_stage: int) -> bool:
+    """Whether the framework gathers a ZeRO stage's updated weights under the next step's first forward."""
+    return job.framework in GATHER_UNDER_NEXT_FORWARD.get(zero_stage, ())
 
 
 def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_params, expert_params,
@@ -78,18 +83,19 @@ def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_par
     z = b.zero_stage
     zero0 = np.maximum(coll("all_reduce", grad_bytes) - hide_last, 0.0)
     gather = coll("all_gather", weight_bytes)
-    first_forward = mb_forward_s if (gathers_under_next_forward(job) and overlap) else 0.0
-    exposed_gather = np.maximum(gather - first_forward, 0.0)
-    # ZeRO-2's once-per-step gather: under the next forward in MindSpore (optimizer_level level2); the
-    # frameworks that run ZeRO-2 as DeepSpeed stage 2 or FSDP SHARD_GRAD_OP are priced waiting for it
-    zero2_gather = exposed_gather if job.framework == "mindspore" else gather
-    zero1 = np.maximum(coll("reduce_scatter", grad_bytes) - hide_last, 0.0) + exposed_gather
+
+    def exposed_gather(zero_stage):
+        hidden = overlap and gathers_under_next_forward(job, zero_stage)
+        return np.maximum(gather - mb_forward_s, 0.0) if hidden else gather
+
+    zero1_gather = exposed_gather(1)
+    zero1 = np.maximum(coll("reduce_scatter", grad_bytes) - hide_last, 0.0) + zero1_gather
     rs_unit = per_unit("reduce_scatter", grad_bytes)
     ag_unit = per_unit("all_gather", weight_bytes)
     fwd_unit, bwd_unit = mb_forward_s / units, mb_backward_s / units
     reshard = resharding(job, b)
     if overlap:
-        zero2 = m * (np.maximum(rs_unit - bwd_unit, 0.0) * units) + zero2_gather
+        zero2 = m * (np.maximum(rs_unit - bwd_unit, 0.0) * units) + exposed_gather(2)
         forward = ag_unit + np.maximum(ag_unit - fwd_unit, 0.0) * (units - 1.0)
         if job.fsdp_backward_prefetch == "post":
             # the next unit's gather is issued after this unit's gradients: it waits for it
@@ -107,7 +113,7 @@ def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_par
         zero3 = np.where(reshard, m * (2.0 * ag_unit + rs_unit) * units, (ag_unit + rs_unit) * units)
     if np.any(fusion.explicit(b)):
         legacy = {"all_reduce": zero0, "reduce_scatter": np.maximum(coll("reduce_scatter", grad_bytes) - hide_last, 0.0),
-                  "all_gather": exposed_gather}
+                  "all_gather": zero1_gather}
         zero0, zero1 = _bucketed(job, b, coll, dense_params + expert_params, grad_bytes, weight_bytes, mb_forward_s,
                                  mb_backward_s, dp_group.n, legacy, (zero0, zero1), overlap)
     return np.select([z == 0, z == 1, z == 2], [zero0, zero1, zero2], zero3)
@@ -125,7 +131,7 @@ def _bucketed(job, b, coll, params, grad_bytes, weight_bytes, mb_forward_s, mb_b
                 "reduce_scatter": bool(job.overlap_grad_reduce and overlap),
                 # the updated weights come back in buckets of the same size; Megatron and MindSpore
                 # overlap them with the next step's first forward, others wait for them
-                "all_gather": bool(gathers_under_next_forward(job) and overlap)}
+                "all_gather": bool(gathers_under_next_forward(job, 1) and overlap)}
     window = {"all_reduce": mb_backward_s, "reduce_scatter": mb_backward_s, "all_gather": mb_forward_s}
     per_param = {"all_reduce": grad_bytes, "reduce_scatter": grad_bytes, "all_gather": weight_bytes}
 

@@ -59,15 +59,15 @@ DEFAULT_HOST_MEMORY_GBPS = 204.8
 # STREAM triad on such sockets reaches about three quarters of the DDR peak (McCalpin's STREAM results
 # for 2nd-generation EPYC, ~150 GB/s per socket).
 HOST_MEMORY_EFFICIENCY = 0.75
+# Messages per step between a worker and a server: the pull request, its answer, the push (Li et al.
+# 2014 section 3: push and pull are the interface; a pull is a request and a response).
+MESSAGES_PER_STEP = 3
+ROUND_TRIPS = 2          # push (request + acknowledgement) and pull (request + response) per step
 
 
 def host_memory_bytes_per_s(hw: HardwareProfile) -> float:
     """A host's achievable memory bandwidth: the profile's (or the default socket's) at STREAM efficiency."""
     return (hw.host.memory_bandwidth_gbps or DEFAULT_HOST_MEMORY_GBPS) * 1e9 * HOST_MEMORY_EFFICIENCY
-# Messages per step between a worker and a server: the pull request, its answer, the push (Li et al.
-# 2014 section 3: push and pull are the interface; a pull is a request and a response).
-MESSAGES_PER_STEP = 3
-ROUND_TRIPS = 2          # push (request + acknowledgement) and pull (request + response) per step
 
 
 def server_shards(model: RecModelSpec, tensors: tuple[str, ...], servers: int, optimizer: str,

@@ -51,7 +51,8 @@ from advisor.cost.memory import GIB
 from advisor.search.rank import TIE_BAND
 from advisor.search import Pins, Progress, SearchOutcome, SearchStats
 from advisor.search.enumerate_bounds import (
-    UNBOUNDED_GBPS, bound_skeletons, bound_step_s, family_bounds, fastest_link_hardware, free_hardware, leanest_options,
+    UNBOUNDED_GBPS, bound_skeletons, bound_step_s, cheaper_cp_kind, family_bounds, fastest_link_hardware, free_hardware,
+    leanest_options,
 )
 from advisor.search.enumerate_rows import (
     DEFAULT_ORDER_INDEX, MESH_ORDERS, PRICE_CELLS, Rows, _DEFAULTS, _add, _concat, _count, _cross, _take, chunks_by_pp,
@@ -251,14 +252,7 @@ class _Scoring:
             batch = to_batch(model, job, part)
             e = estimate_batch(model, self.fast, cluster, job, batch)
             self.bounded += len(idx)
-            step = bound_step_s(e)
-            a2a = cp_comm_options(model, part, self.pins)[:, 1]
-            if a2a.any():   # the bound covers both context-parallel kinds: the faster of the two
-                rows = _take(part, a2a)
-                rows = {**rows, "cp_comm": np.ones(_count(rows), dtype=np.int64)}
-                ulysses = estimate_batch(model, self.fast, cluster, job, to_batch(model, job, rows))
-                step = step.copy()
-                step[a2a] = np.minimum(step[a2a], bound_step_s(ulysses))
+            step = cheaper_cp_kind(model, self.fast, cluster, job, part, bound_step_s(e), self.pins)
             # host memory: a table per first-stage process, at the fewest per node any mesh order gives
             fewest = first_stage_per_node(hw, batch, None) if batch.host_embedding.any() else None
             host = node_host_bytes(e.memory.host_total, e.memory.host_embedding, hw.node.devices_per_node,

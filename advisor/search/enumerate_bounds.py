@@ -92,17 +92,17 @@ def _with_lean_memory(rows: Rows, options: list[tuple[int, int]], pair: tuple[in
     return {**rows, "zero": np.where(solo, lone[0], pair[0]), "offload": np.where(solo, lone[1], pair[1])}
 
 
-def _cheaper_cp_kind(model: ModelSpec, free: HardwareProfile, cluster: Cluster, job: TrainingJob, rows: Rows,
-                     step: np.ndarray, pins: Pins) -> np.ndarray:
-    """The bound over both context-parallel kinds: rows that can use Ulysses (under the pins) are
-    priced with it too and keep the faster (a ring runs its attention as s/cp-long kernels,
-    advisor.cost.attention)."""
+def cheaper_cp_kind(model: ModelSpec, bound_hw: HardwareProfile, cluster: Cluster, job: TrainingJob, rows: Rows,
+                    step: np.ndarray, pins: Pins) -> np.ndarray:
+    """A bound's step time over both context-parallel kinds: rows that can use Ulysses (under the
+    pins) are priced with it too on the bound's profile and keep the faster (a ring runs its
+    attention as s/cp-long kernels, advisor.cost.attention)."""
     a2a = cp_comm_options(model, rows, pins)[:, 1]
     if not a2a.any():
         return step
     ulysses = {**_take(rows, a2a), "cp_comm": np.ones(int(a2a.sum()), dtype=np.int64)}
     step = step.copy()
-    priced = estimate_batch(model, free, cluster, job, to_batch(model, job, ulysses))
+    priced = estimate_batch(model, bound_hw, cluster, job, to_batch(model, job, ulysses))
     step[a2a] = np.minimum(step[a2a], bound_step_s(priced))
     return step
 
@@ -137,7 +137,7 @@ def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job
                 other["zero"] = np.full(int(todo.sum()), z, dtype=np.int64)
                 other["offload"] = np.full(int(todo.sum()), o, dtype=np.int64)
                 fits[todo] = memory(model, job, to_batch(model, job, other)).total <= capacity
-        lower[idx] = _cheaper_cp_kind(model, free, cluster, job, leanest, bound_step_s(e), pins)
+        lower[idx] = cheaper_cp_kind(model, free, cluster, job, leanest, bound_step_s(e), pins)
         may_fit[idx] = fits
     return lower, may_fit
 
@@ -161,5 +161,5 @@ def family_bounds(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
     for idx in chunks_by_pp(reps):
         part = _take(reps, idx)
         step = bound_step_s(estimate_batch(model, free, cluster, job, to_batch(model, job, part)))
-        lower[idx] = _cheaper_cp_kind(model, free, cluster, job, part, step, pins)
+        lower[idx] = cheaper_cp_kind(model, free, cluster, job, part, step, pins)
     return starts, lower

@@ -225,11 +225,16 @@ def order_variants(rows: Rows, hw: HardwareProfile, pins: Pins) -> Rows:
     return _take(out, keep)
 
 
-def mesh_variants(rows: Rows, hw: HardwareProfile, pins: Pins, model: ModelSpec) -> Rows:
-    """order_variants, each with each context-parallel communication it can use."""
-    out = _cross(order_variants(rows, hw, pins), {"cp_comm": [0, 1]})
+def cp_kind_variants(rows: Rows, model: ModelSpec, pins: Pins) -> Rows:
+    """Each row with each context-parallel communication it can use (cp_comm_options)."""
+    out = _cross(rows, {"cp_comm": [0, 1]})
     allowed = cp_comm_options(model, out, pins)
     return _take(out, allowed[np.arange(_count(out)), out["cp_comm"]])
+
+
+def mesh_variants(rows: Rows, hw: HardwareProfile, pins: Pins, model: ModelSpec) -> Rows:
+    """order_variants, each with each context-parallel communication it can use."""
+    return cp_kind_variants(order_variants(rows, hw, pins), model, pins)
 
 
 def mesh_counts(skel: Rows, hw: HardwareProfile, pins: Pins, options, pruned: Counter, dedup: Counter,

@@ -24,8 +24,8 @@ import numpy as np
 from advisor.cost.memory import stage_masks
 from advisor.cost.mixed import DATA, DATA_MESH, PIPELINE, PIPELINE_MESH, price_data, price_pipeline, type_views, views
 from advisor.search import Pins
-from advisor.search.enumerate_rows import MESH_ORDERS, Rows, _count, _cross, _take, chunks_by_pp, to_batch
-from advisor.search.enumerate_space import cp_comm_options, skeleton_rows, zero_offload_options, zero_variants
+from advisor.search.enumerate_rows import MESH_ORDERS, Rows, _count, _take, chunks_by_pp, to_batch
+from advisor.search.enumerate_space import cp_kind_variants, skeleton_rows, zero_offload_options, zero_variants
 from advisor.search.mixed_split import micro_batches_by_speed, stage_layers_by_speed
 from advisor.search.rank import rank, simplicity_key
 from advisor.space.strategy import Strategy, StrategyBatch
@@ -56,10 +56,7 @@ class MixedStats:
 def _rows(model: ModelSpec, mixed: MixedHardware, job: TrainingJob, pins: Pins) -> Rows:
     rows = skeleton_rows(model, mixed.parts[0].profile, mixed.cluster, job, pins, Counter(), Counter())
     rows = zero_variants(rows, zero_offload_options(pins, job.framework))
-    # each row with each context-parallel kind it can use (ring and Ulysses price differently)
-    rows = _cross(rows, {"cp_comm": [0, 1]})
-    allowed = cp_comm_options(model, rows, pins)
-    return _take(rows, allowed[np.arange(_count(rows)), rows["cp_comm"]])
+    return cp_kind_variants(rows, model, pins)     # ring and Ulysses price differently
 
 
 def _part_devices(mixed: MixedHardware) -> np.ndarray:
