@@ -6,8 +6,8 @@ Sections (each source named where its data lie; benchmarks/data/README.md lists 
   1. Megatron-LM papers on A100: Korthikanti et al. 2022 Table 5 (iteration time), Narayanan et al.
      SC'21 Table 1 (TFLOP/s per GPU on the paper's own count), vTrain (Bang et al., MICRO'24) ranking.
   2. The calibration set (benchmarks/data/calibration_runs.yaml, 338 runs): throughput MAPE per source
-     and device, with and without the runs left out as implausible, per feature, and the runs left out
-     with their reasons.
+     and device, with and without the runs left out as implausible or as preset conflicts, per feature,
+     and the runs left out with their reasons.
   3. torchtitan's published tables (held out: no constant is fitted on them): throughput and peak
      memory (max reserved) MAPE.
   4. Ranking: Kendall tau of throughput inside each llm-foundry table (same model and GPU count).
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from advisor.validation.published import published_errors, vtrain_ranking  # noqa: E402
 from advisor.validation.accuracy import by_feature, by_group, predict, predictions  # noqa: E402
 from advisor.validation.ranking import foundry_rankings  # noqa: E402
-from advisor.validation.runs import load_runs  # noqa: E402
+from advisor.validation.runs import PRESET_CONFLICT, load_runs  # noqa: E402
 from advisor.validation.torchtitan import load_torchtitan_runs  # noqa: E402
 
 
@@ -64,14 +64,17 @@ def papers() -> None:
 def calibration(show_runs: bool) -> list:
     preds = predictions()
     runs = load_runs()
-    implausible = [r for r in runs if r.excluded and r.excluded.startswith("implausible")]
-    with_them = preds + [predict(r) for r in implausible]
+    # runs left out whose inputs are all there: shown with their group too
+    priced_anyway = {label: [predict(r) for r in runs if r.excluded and r.excluded.startswith(reason)]
+                     for reason, label in (("implausible", "with the implausible"),
+                                           (PRESET_CONFLICT, "with preset conflicts"))}
     print("\n== 2. Calibration set: throughput error per source and device (goal: MAPE <= 10% each)")
     for group, ps in by_group(preds).items():
         print(f"   {group:26s} {_stats([p.error for p in ps])}")
-        extra = [p for p in with_them if p.run.group == group and p not in ps]
-        if extra:
-            print(f"   {'  with the implausible':26s} {_stats([p.error for p in ps + extra])}")
+        for label, left_out in priced_anyway.items():
+            extra = [p for p in left_out if p.run.group == group]
+            if extra:
+                print(f"     {label:24s} {_stats([p.error for p in ps + extra])}")
     print(f"   {'all':26s} {_stats([p.error for p in preds])}")
     print("   per feature (calibration set):")
     for feature, ps in by_feature(preds).items():

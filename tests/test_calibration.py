@@ -14,7 +14,7 @@ import pytest
 from advisor.specs.hardware import load_hardware
 from advisor.validation.accuracy import by_group, mape, predict, predictions
 from advisor.validation.ranking import foundry_rankings
-from advisor.validation.runs import load_runs
+from advisor.validation.runs import PRESET_CONFLICT, load_runs
 from advisor.validation.torchtitan import load_torchtitan_runs
 
 
@@ -35,21 +35,32 @@ def test_every_run_is_read_and_each_left_out_run_says_why():
     assert all(len(r.excluded) > 10 for r in left_out)
     reasons = {r.excluded.split(":")[0].split(" of ")[0] for r in left_out}
     assert reasons == {"doubtful", "no bundled profile for dgx-b300", "no bundled profile for dgx-gb300", "NVFP4",
-                       "implausible", "CPU activation offload"}
+                       "implausible", "CPU activation offload", PRESET_CONFLICT}
     # the only implausible run: 340 tokens/s/NPU for a 7B model, a twelfth of its 7B sibling
     assert [r.id for r in left_out if r.excluded.startswith("implausible")] == \
         ["mindformers-deepseek-coder1.5-7b-atlas-900-a2-podc"]
-    assert len(runs) - len(left_out) == 295
+    assert len(runs) - len(left_out) == 287
+
+
+def test_each_preset_conflict_names_the_table_value_and_the_preset_it_disagrees_with():
+    conflicts = [r for r in load_runs() if r.excluded and r.excluded.startswith(PRESET_CONFLICT)]
+    assert len(conflicts) == 8
+    for r in conflicts:
+        assert r.source == "Megatron-Bridge"
+        text = r.excluded
+        assert "table " in text and ("_CONFIG" in text or "perf_matrix" in text), text
+        release_commit = {"25.09": "@684a68616", "25.11": "@7af9601c9"}[r.id.split("-")[1]]
+        assert release_commit in text, text
 
 
 # measured at the last fit (benchmarks/fit_profiles.py --write), MAPE of tokens/s per device
 GOALS = {
     "llm-foundry A100": 0.10,
     "llm-foundry H100": 0.10,
-    "Megatron-Bridge GB200": 0.14,
+    "Megatron-Bridge GB200": 0.10,
     "MindFormers 910B": 0.14,
-    "Megatron-Bridge B200": 0.24,
-    "Megatron-Bridge H100": 0.27,
+    "Megatron-Bridge B200": 0.10,
+    "Megatron-Bridge H100": 0.10,
 }
 
 
@@ -95,3 +106,12 @@ def test_fp8_predictions_stay_in_the_published_range(preds):
     fp8 = [p for p in preds if p.run.job.dtype == "fp8" and p.run.profile == "dgx-h100"]
     assert len(fp8) >= 15
     assert max(p.mfu for p in fp8) <= 0.45
+
+
+def test_mindformers_rows_follow_their_yamls_flash_attention_and_dropout():
+    """GPT-2 13B's and GLM3-6B's linked yamls turn flash attention off (GPT-2's keeps dropout 0.1);
+    every other MindFormers row runs flash attention without dropout."""
+    jobs = {r.id: r.job for r in load_runs() if r.source == "MindFormers"}
+    math = {i for i, j in jobs.items() if j.attention == "math"}
+    assert math == {"mindformers-gpt2-13b-atlas-800t-a2", "mindformers-glm3-6b-atlas-800t-a2"}
+    assert {i for i, j in jobs.items() if j.dropout} == {"mindformers-gpt2-13b-atlas-800t-a2"}

@@ -19,12 +19,15 @@ Sources and how their runs are read (every choice a source does not state is nam
   default recipe).
 * MindFormers (MindSpore on Ascend 910B): the parallel settings of the linked yaml (dp, tp, pp,
   micro-batches, sequence parallelism, the parallel optimizer = ZeRO-2, or ZeRO-1 with gradient accumulation
-  (see _strategy), recomputation with its per-stage layer counts); flash attention.
-Runs are excluded, with the reason, when they are marked doubtful, need a device without a bundled
-profile (B300, GB300), use NVFP4 (no FP4 GEMMs in the cost model) or CPU activation offload (four
-GB200 FSDP rows: priced as activation swapping their memory comes out over the device, see _run), or
-are implausible: a measured
-MFU below a third of their source's median on the same device (_implausible).
+  (see _strategy), recomputation with its per-stage layer counts); flash attention and no dropout,
+  except where the yaml says otherwise (MINDFORMERS_YAML_SETTINGS).
+Runs are excluded, with the reason, when they are marked doubtful, when their published parallel
+layout matches no performance preset of their release (eight Megatron-Bridge rows, each with the
+disagreement and the preset in mbridge_settings.yaml's preset_conflicts), need a device without a
+bundled profile (B300, GB300), use NVFP4 (no FP4 GEMMs in the cost model) or CPU activation offload
+(four GB200 FSDP rows: priced as activation swapping their memory comes out over the device, see
+_run), or are implausible: a measured MFU below a third of their source's median on the same device
+(_implausible).
 """
 
 from __future__ import annotations
@@ -53,7 +56,10 @@ PROFILES = {
     "a100-80g-mosaicml": "dgx-a100-80g",      # 8x A100 SXM4 80GB, 200 Gb/s per GPU (README)
     "a100-40g-mosaicml": "dgx-a100-40g",
     "atlas-800t-a2": "ascend-910b",
-    "atlas-900-a2-podc": "ascend-910b",       # built from Atlas 800T A2-class servers (run notes)
+    # built from Atlas 800T A2-class servers (run notes); MindFormers' v1.3.0 model cards measure four
+    # yamls on both machines with the PoDc 12-20% faster per NPU and one 7% slower (docs/model_cards/
+    # llama2.md, baichuan2.md, codellama.md, gpt2.md) and say nothing of why, so it shares the profile
+    "atlas-900-a2-podc": "ascend-910b",
     "dgx-b200": "dgx-b200",
     "dgx-gb200": "gb200-nvl72",
     "dgx-b300": None,
@@ -65,6 +71,9 @@ SOURCES = {"mbridge": "Megatron-Bridge", "foundry": "llm-foundry", "mindformers"
 # A judgment, checked on the set: every other run measures at least 0.35 of its source-and-device
 # median MFU (Megatron-Bridge B200's MoE rows are the lowest); the one below is at 0.11 of it
 IMPLAUSIBLE_FRACTION = 1.0 / 3.0
+# Megatron-Bridge rows whose published layout matches no preset of their release (mbridge_settings.yaml
+# preset_conflicts): left out as doubtful, under this reason
+PRESET_CONFLICT = "preset conflict"
 FP8_RECIPES = {"fp8": None, "fp8_cs": "tensorwise", "mxfp8": "mxfp8", "fp8_blockwise": "blockwise"}
 
 # Architecture details the transcription keeps in free-text notes, per model name (values from
@@ -88,6 +97,14 @@ FAMILY = {
     "mindformers": {"norm": "rmsnorm", "use_bias": False, "position_embedding": "rotary", "tie_embeddings": False},
 }
 FRAMEWORK = {"mbridge": "megatron", "foundry": "pytorch", "mindformers": "mindspore"}
+# MindFormers rows whose linked yaml (tag v1.3.0) turns flash attention off (use_flash_attention: False:
+# the score matmul, softmax and context matmul run as separate operators, "math" attention) and, for
+# GPT-2 13B, keeps dropout on (hidden_dropout_rate / attention_dropout_rate 0.1): configs/gpt2/run_gpt2_13b.yaml,
+# configs/glm3/finetune_glm3_6b_bf16.yaml. Every other linked yaml has flash attention on and no dropout.
+MINDFORMERS_YAML_SETTINGS: dict[str, dict[str, Any]] = {
+    "mindformers-gpt2-13b-atlas-800t-a2": {"attention": "math", "dropout": True},
+    "mindformers-glm3-6b-atlas-800t-a2": {"attention": "math"},
+}
 _MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
                "ffn_activation", "vocab_size", "moe")
 
@@ -208,6 +225,8 @@ def _job_settings(raw: dict[str, Any], kind: str, settings: dict[str, Any]) -> d
     """TrainingJob keyword arguments beyond the table's own columns."""
     if kind == "foundry":
         return _foundry_job_settings(raw)
+    if kind == "mindformers":
+        return dict(MINDFORMERS_YAML_SETTINGS.get(raw["id"], {}))
     if kind == "mbridge":
         base = dict(_settings().get("defaults", {}))
         base.update({k: settings[k] for k in ("tp_comm_overlap", "ep_comm_overlap", "overlap_grad_reduce", "moe_dropless")
@@ -235,8 +254,11 @@ def _run(raw: dict[str, Any]) -> CalibrationRun:
     model = _model(model_raw, kind, t["seq"])
     dtype = t["dtype"]
     excluded = None
+    conflict = _settings().get("preset_conflicts", {}).get(raw["id"]) if kind == "mbridge" else None
     if raw.get("doubtful"):
         excluded = f"doubtful: {raw.get('notes', 'marked doubtful in the calibration set')}"
+    elif conflict:
+        excluded = f"{PRESET_CONFLICT}: {conflict}"
     elif PROFILES.get(raw["hardware"]) is None:
         excluded = f"no bundled profile for {raw['hardware']}"
     elif dtype == "nvfp4":
@@ -254,7 +276,7 @@ def _run(raw: dict[str, Any]) -> CalibrationRun:
         global_batch_size=t["gbs"], seq_length=t["seq"],
         dtype="fp8" if dtype in FP8_RECIPES else ("bf16" if dtype == "nvfp4" else dtype),
         fp8_recipe=recipe if dtype in FP8_RECIPES else None,
-        attention="flash", dropout=False, framework=FRAMEWORK[kind], **_job_settings(raw, kind, settings),
+        framework=FRAMEWORK[kind], **{"attention": "flash", "dropout": False, **_job_settings(raw, kind, settings)},
     )
     strategy = _strategy(raw, kind, model, settings)
     measured = raw["measured"].get("tokens_per_s_per_device")
