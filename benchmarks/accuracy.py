@@ -143,7 +143,7 @@ def leave_one_out() -> None:
     print("\n== 6. Leave one source out: the source's error when its device is refitted without it")
     for device, target in TARGETS.items():
         for source, errors in leave_one_source_out(target).items():
-            print(f"   {device:6s} without {source:24s} {_stats(errors)}")
+            print(f"   {device:9s} without {source:24s} {_stats(errors)}")
 
 
 def recommend_examples() -> None:

@@ -2,14 +2,16 @@
 
     python benchmarks/fit_profiles.py [--device H100 ...] [--write] [--leave-one-out]
 
-For every device (advisor/validation/targets.py: A100, H100, B200, GB200, 910B) the constants
-(GEMM efficiency scale per dtype and size shift, attention efficiency per kernel, memory-bound
-efficiency, launch overhead, link efficiency, as the target lists them) are fitted by least squares
-on every usable run of that device (advisor/validation/fit.py explains the objective). --write puts
-the fitted curves and constants into the bundled profiles that share the device (H100's also into
-dgx-h200: the same GH100 silicon). --leave-one-out refits each device once per source without that
-source and prints the source's error under the refit: how well the model predicts a source it was
-not fitted on.
+For every device (advisor/validation/targets.py: A100, H100, Blackwell = B200 and GB200 together,
+910B) the constants (GEMM efficiency scale per dtype and size shift, attention efficiency per
+kernel, memory-bound efficiency, launch overhead, link efficiency, as the target lists them) are
+fitted by least squares on every usable run of that device (advisor/validation/fit.py explains the
+objective). --write puts the fitted curves and constants into the bundled profiles that share the
+device (H100's also into dgx-h200: the same GH100 silicon; Blackwell's into dgx-b200 and
+gb200-nvl72, each with its own host launch overhead). --leave-one-out refits each device once per
+source without that source and prints the source's error under the refit: how well the model
+predicts a source it was not fitted on (for Blackwell: each system from the other's runs, its own
+launch overhead then at the starting value).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import statistics
 import time
 
 from advisor.specs.hardware import PROFILES_DIR, load_hardware
-from advisor.validation.fit import fit, profile_raw
+from advisor.validation.fit import PROFILE_SEPARATOR, fit, profile_raw, profile_values
 from advisor.cost.confidence import summarize
 from advisor.validation.targets import TARGETS, fitted_runs, leave_one_source_out, observations
 from advisor.validation.write import fitted_text, with_calibration, write_atomic
@@ -28,6 +30,20 @@ from advisor.validation.write import fitted_text, with_calibration, write_atomic
 def _summary(errors: list[float]) -> str:
     return (f"n={len(errors):3d}  MAPE {statistics.mean(abs(e) for e in errors):6.1%}  "
             f"bias {statistics.mean(errors):+6.1%}  max {max(abs(e) for e in errors):6.1%}")
+
+
+def _constants_of(target, profile: str, result) -> list[str]:
+    """The fitted constants as one profile carries them (profile_values): its own and the shared ones,
+    a relative size factor with what it is relative to."""
+    values = profile_values(target, profile, result.values, result.fixed)
+    out = []
+    for name, fitted in result.values.items():
+        key, _, owner = name.partition(PROFILE_SEPARATOR)
+        if owner not in ("", profile):
+            continue
+        relative = key == "gemm_size_factor" and profile in target.size_base
+        out.append(f"{key} {values[key]:.3g}" + (f" ({fitted:.3g} x the BF16 peak ratio to H100)" if relative else ""))
+    return out
 
 
 def main() -> None:
@@ -44,16 +60,16 @@ def main() -> None:
         result = fit(target, obs, args.evaluations)
         print(f"== {device}: {len(obs)} runs, {result.evaluations} evaluations, {time.perf_counter() - start:.0f} s")
         for name, value in result.values.items():
-            print(f"   {name:26s} {value:.4g}")
+            print(f"   {name:30s} {value:.4g}")
         for source, errors in result.errors.items():
             print(f"   {source:28s} {_summary(errors)}")
         if args.write:
             held = "".join(f"; held: {k} {v:.3g}" for k, v in result.fixed.items())
-            note = (f"{len(obs)} runs ({', '.join(sorted(result.errors))}); "
-                    + ", ".join(f"{k} {v:.3g}" for k, v in result.values.items()) + held)
             for name in target.profiles:
+                note = (f"{len(obs)} runs ({', '.join(sorted(result.errors))}); "
+                        + ", ".join(_constants_of(target, name, result)) + held)
                 path = PROFILES_DIR / f"{name}.yaml"
-                raw = profile_raw(target, load_hardware(name).raw, result.values, result.fixed)
+                raw = profile_raw(target, name, load_hardware(name).raw, result.values, result.fixed)
                 text = with_calibration(fitted_text(path.read_text(), raw, note), summarize(fitted_runs(target)))
                 write_atomic(path, text)
                 print(f"   wrote {path}")

@@ -14,6 +14,8 @@ import pytest
 from advisor.specs.hardware import load_hardware
 from advisor.validation.accuracy import by_group, mape, predict, predictions
 from advisor.validation.ranking import foundry_rankings
+from advisor.errors import AdvisorError
+from advisor.validation import runs as runs_module
 from advisor.validation.runs import PRESET_CONFLICT, load_runs
 from advisor.validation.torchtitan import load_torchtitan_runs
 
@@ -115,3 +117,14 @@ def test_mindformers_rows_follow_their_yamls_flash_attention_and_dropout():
     math = {i for i, j in jobs.items() if j.attention == "math"}
     assert math == {"mindformers-gpt2-13b-atlas-800t-a2", "mindformers-glm3-6b-atlas-800t-a2"}
     assert {i for i, j in jobs.items() if j.dropout} == {"mindformers-gpt2-13b-atlas-800t-a2"}
+
+
+def test_a_settings_entry_for_a_run_the_set_does_not_have_is_refused(monkeypatch):
+    monkeypatch.setitem(runs_module.MINDFORMERS_YAML_SETTINGS, "mindformers-no-such-run", {"attention": "math"})
+    runs_module.load_runs.cache_clear()
+    try:
+        with pytest.raises(AdvisorError, match="MINDFORMERS_YAML_SETTINGS: run 'mindformers-no-such-run'"):
+            runs_module.load_runs()
+    finally:
+        monkeypatch.undo()
+        runs_module.load_runs.cache_clear()

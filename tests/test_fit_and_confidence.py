@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -17,7 +18,7 @@ from advisor.space.strategy import Strategy
 from advisor.specs.hardware import PROFILES_DIR, hardware_from_dict, load_hardware
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import load_model, model_from_dict
-from advisor.validation.fit import profile_raw
+from advisor.validation.fit import Constant, profile_raw
 from advisor.validation.runs import load_runs
 from advisor.validation.targets import TARGETS, fitted_runs
 from advisor.validation.torchtitan import load_torchtitan_runs
@@ -58,7 +59,7 @@ def test_fit_round_trips_through_the_profile_text():
     path = PROFILES_DIR / "dgx-h100.yaml"
     values = {"gemm_scale.bf16": 0.7, "gemm_scale.fp8": 0.6, "memory_efficiency": 0.66, "launch_overhead_us": 21.0,
               "inter_efficiency": 0.7}
-    raw = profile_raw(target, load_hardware("dgx-h100").raw, values)
+    raw = profile_raw(target, "dgx-h100", load_hardware("dgx-h100").raw, values)
     text = with_calibration(fitted_text(path.read_text(), raw, "test note"), summarize(fitted_runs(target)))
     again = hardware_from_dict(yaml.safe_load(text), "round trip")
     assert again.device.memory_efficiency == 0.66
@@ -71,6 +72,26 @@ def test_fit_round_trips_through_the_profile_text():
     # the comments outside the rewritten keys survive
     assert text.count("# ") >= path.read_text().count("# ") - 2
     assert "test note" in text
+
+
+def test_blackwell_systems_share_the_gpus_constants_and_keep_their_hosts():
+    """DGX B200 and GB200 NVL72 are fitted together: one value of the GPU's constants, each system's
+    own launch overhead ("key@profile"), and a size factor relative to each system's peak ratio to H100."""
+    target = TARGETS["Blackwell"]
+    assert target.profiles == ("dgx-b200", "gb200-nvl72")
+    values = {"gemm_size_factor": 1.5, "gemm_scale.fp8": 0.6, "attention_scale.te": 0.9, "memory_efficiency": 0.7,
+              "launch_overhead_us@dgx-b200": 50.0, "launch_overhead_us@gb200-nvl72": 20.0}
+    b200, gb200 = (profile_raw(target, p, load_hardware(p).raw, values)["device"] for p in target.profiles)
+    assert (b200["launch_overhead_us"], gb200["launch_overhead_us"]) == (50.0, 20.0)
+    assert b200["memory_efficiency"] == gb200["memory_efficiency"] == 0.7
+    assert b200["attention_efficiency"] == gb200["attention_efficiency"]
+    h100 = load_hardware("dgx-h100").device.peak_flops("bf16")
+    for dev, profile in ((b200, "dgx-b200"), (gb200, "gb200-nvl72")):
+        ratio = load_hardware(profile).device.peak_flops("bf16") / h100       # 2.27 and 2.53
+        assert abs(dev["matmul_efficiency"]["bf16"][0][0] / 0.01 - 1.5 * ratio) < 1e-6   # the shape starts at 0.01 GFLOP
+    # a constant of a profile the target does not fit is refused
+    with pytest.raises(ValueError, match="dgx-b300"):
+        replace(target, constants=target.constants + (Constant("launch_overhead_us@dgx-b300", 30.0, 2.0, 120.0),))
 
 
 # ---- confidence ------------------------------------------------------------------------------------------

@@ -12,6 +12,10 @@ correction (benchmarks/fit_profiles.py prints the fits and the profiles carry th
 * ``launch_overhead_us``: the host's time per kernel launch;
 * ``inter_efficiency`` / ``intra_efficiency``: the fraction of link bandwidth collectives reach.
 
+Profiles of one GPU in different systems (B200 in DGX B200 and in GB200 NVL72) are fitted together
+on all their runs: the GPU's constants are shared, a constant named ``key@profile`` is one system's
+own (its host's launch overhead), and the size factor is relative to each profile's ``size_base``.
+
 The curves' shapes are the starting values of benchmarks/data/starting_curves.yaml. The objective is
 the log of predicted over measured throughput (or iteration time), each run weighted by
 1/sqrt(runs of its source) so that every source counts about the same, with a soft-L1 loss (runs
@@ -42,6 +46,8 @@ SHAPES_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "sta
 # soft-L1 loss turns linear (10%, the issue's accuracy goal), and the finite-difference step relative
 # to each constant (0.1%: well above the model's float noise, well below any constant's effect).
 PRIOR_WEIGHT = 0.05
+# "launch_overhead_us@dgx-b200": a constant of one profile of a target that fits several together
+PROFILE_SEPARATOR = "@"
 LOSS_SCALE = 0.10
 DIFF_STEP = 1e-3
 
@@ -59,7 +65,8 @@ class Constant:
 
 @dataclass(frozen=True)
 class Target:
-    """A device to fit: the profiles that share its constants, its curve shapes and constants."""
+    """A device to fit: its profiles (sharing its constants, but for those named "key@profile"), its
+    curve shapes and constants."""
 
     device: str
     profiles: tuple[str, ...]
@@ -69,6 +76,15 @@ class Target:
     fp8: bool = False
     # constants held, not fitted: a value, or a function giving it from another fitted profile
     fixed: dict[str, float | Callable[[], float]] = field(default_factory=dict)
+    # profile -> the value its gemm_size_factor is relative to (profiles of one GPU whose peaks differ,
+    # fitted together); a profile not named takes the factor as it is
+    size_base: dict[str, Callable[[], float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        owners = {c.name.partition(PROFILE_SEPARATOR)[2] for c in self.constants} - {""}
+        for name in sorted((owners | set(self.size_base)) - set(self.profiles)):
+            raise ValueError(f"fit target {self.device}: a constant or size base names profile {name!r}, "
+                             f"which is not one of its profiles {self.profiles}")
 
 
 def resolve_fixed(target: Target) -> dict[str, float]:
@@ -94,13 +110,29 @@ def shape_scale(profile_name: str, dtype: str, shape: str) -> float:
     return max(y for _, y in curve) / max(y for _, y in shapes()[shape])
 
 
-def profile_raw(target: Target, base_raw: dict[str, Any], values: dict[str, float],
-                fixed: dict[str, float] | None = None) -> dict[str, Any]:
-    """The profile mapping with the device's constants set to `values` (missing ones: start) and
-    its held ones to `fixed` (None: resolved now)."""
+def profile_values(target: Target, profile: str, values: dict[str, float],
+                   fixed: dict[str, float] | None = None) -> dict[str, float]:
+    """The constants one of the target's profiles takes: the starting values, the held ones (`fixed`;
+    None: resolved now) and `values`, the profile's own ("key@profile") over the shared ones, and the
+    size factor times the profile's size base."""
     v = {c.name: c.start for c in target.constants}
     v.update(resolve_fixed(target) if fixed is None else fixed)
     v.update(values)
+    out = {k: x for k, x in v.items() if PROFILE_SEPARATOR not in k}
+    for k, x in v.items():
+        key, separator, owner = k.partition(PROFILE_SEPARATOR)
+        if separator and owner == profile:
+            out[key] = x
+    base = target.size_base.get(profile)
+    if base is not None:
+        out["gemm_size_factor"] = out.get("gemm_size_factor", 1.0) * base()
+    return out
+
+
+def profile_raw(target: Target, profile: str, base_raw: dict[str, Any], values: dict[str, float],
+                fixed: dict[str, float] | None = None) -> dict[str, Any]:
+    """The mapping of the target's profile `profile` with its constants set (profile_values)."""
+    v = profile_values(target, profile, values, fixed)
     raw = copy.deepcopy(base_raw)
     dev = raw["device"]
     size = v.get("gemm_size_factor", 1.0)
@@ -124,7 +156,7 @@ def profile_raw(target: Target, base_raw: dict[str, Any], values: dict[str, floa
 
 def _profiles(target: Target, names, values: dict[str, float], fixed: dict[str, float],
               bases: dict[str, dict[str, Any]]) -> dict[str, HardwareProfile]:
-    return {name: hardware_from_dict(profile_raw(target, bases[name], values, fixed), f"{name} (fit)") for name in names}
+    return {name: hardware_from_dict(profile_raw(target, name, bases[name], values, fixed), f"{name} (fit)") for name in names}
 
 
 def _bases(observations) -> dict[str, dict[str, Any]]:

@@ -26,7 +26,7 @@ from advisor.specs.hardware import load_hardware
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
 from advisor.validation.accuracy import predict, usable_runs
-from advisor.validation.fit import Constant, Observation, Target, evaluate, fit, shape_scale
+from advisor.validation.fit import PROFILE_SEPARATOR, Constant, Observation, Target, evaluate, fit, shape_scale
 from advisor.validation.runs import CalibrationRun
 
 
@@ -44,18 +44,20 @@ def _c(name, start, low, high, log=True):
 GEMM = (_c("gemm_scale.bf16", 0.86, 0.4, 1.25), _c("gemm_size_factor", 1.0, 0.5, 2.0))
 
 
-def size_factor_for(profile: str, shape_profile: str = "dgx-h100"):
-    """The size factor of a device whose GEMM curves start from another device's measured shape: the
-    same fixed microseconds per GEMM are r times the work on a device r times faster, so the start
-    and both bounds scale by r, the ratio of the profiles' BF16 peaks (datasheet figures, not fitted)."""
-    r = load_hardware(profile).device.peak_flops("bf16") / load_hardware(shape_profile).device.peak_flops("bf16")
-    return _c("gemm_size_factor", r, 0.5 * r, 2.0 * r)
+def peak_ratio(profile: str, shape_profile: str = "dgx-h100") -> float:
+    """What the size factor of a device whose GEMM curves start from another device's measured shape
+    is relative to: the same fixed microseconds per GEMM are r times the work on a device r times
+    faster, r the ratio of the profiles' BF16 peaks (datasheet figures, not fitted)."""
+    return load_hardware(profile).device.peak_flops("bf16") / load_hardware(shape_profile).device.peak_flops("bf16")
+
+
+BLACKWELL = ("dgx-b200", "gb200-nvl72")
 
 
 def h100_bf16_scale() -> float:
-    """Blackwell's BF16 runs are two gpt-oss MoE rows per system, which cannot fix a GEMM curve: BF16
-    takes the H100 fit's scale (read from the bundled dgx-h100 profile), and the confidence report
-    says so."""
+    """Blackwell's BF16 runs are three MoE rows (gpt-oss-120B on both systems, DeepSeek-V3 on GB200),
+    which cannot fix a GEMM curve: BF16 takes the H100 fit's scale (read from the bundled dgx-h100
+    profile), and the confidence report says so."""
     return shape_scale("dgx-h100", "bf16", "gemm_h100")
 
 
@@ -80,22 +82,19 @@ TARGETS = {
                           _c("inter_efficiency", 0.85, 0.3, 1.0)),
         fp8=True,
     ),
-    # Blackwell: Transformer Engine's cuDNN attention (te) starts from the H100 cuDNN shape; the GEMM
-    # curves from the H100 shape, stretched along the size axis by the fitted size factor, which starts
-    # at the BF16 peak ratio to H100 (2.27 for B200, 2.53 for GB200) and stays within 2x of it.
-    "B200": Target(
-        device="B200", profiles=("dgx-b200",), gemm_shape="gemm_h100", attention_shapes={"te": "cudnn_h100"},
-        constants=(size_factor_for("dgx-b200"), _c("gemm_scale.fp8", 0.86, 0.3, 1.25),
-                   _c("attention_scale.te", 1.0, 0.3, 1.5), _c("memory_efficiency", 0.80, 0.55, 0.95),
-                   _c("launch_overhead_us", 30.0, 2.0, 120.0)),
+    # Blackwell: DGX B200 and GB200 NVL72 carry the same B200 GPU (GB200: two of them with a Grace CPU,
+    # at a higher power limit, which their datasheet peaks hold), so the GPU's constants are fitted on
+    # both systems' runs together, and each system keeps its own host launch overhead (x86 host in DGX
+    # B200, Grace in GB200). Transformer Engine's cuDNN attention (te) starts from the H100 cuDNN shape;
+    # the GEMM curves from the H100 shape, stretched along the size axis by the fitted factor times each
+    # system's BF16 peak ratio to H100 (2.27 for B200, 2.53 for GB200; peak_ratio), within 2x of it.
+    "Blackwell": Target(
+        device="Blackwell", profiles=BLACKWELL, gemm_shape="gemm_h100", attention_shapes={"te": "cudnn_h100"},
+        constants=(_c("gemm_size_factor", 1.0, 0.5, 2.0), _c("gemm_scale.fp8", 0.86, 0.3, 1.25),
+                   _c("attention_scale.te", 1.0, 0.3, 1.5), _c("memory_efficiency", 0.80, 0.55, 0.95))
+        + tuple(_c(f"launch_overhead_us{PROFILE_SEPARATOR}{p}", 30.0, 2.0, 120.0) for p in BLACKWELL),
         fp8=True, fixed={"gemm_scale.bf16": h100_bf16_scale},
-    ),
-    "GB200": Target(
-        device="GB200", profiles=("gb200-nvl72",), gemm_shape="gemm_h100", attention_shapes={"te": "cudnn_h100"},
-        constants=(size_factor_for("gb200-nvl72"), _c("gemm_scale.fp8", 0.86, 0.3, 1.25),
-                   _c("attention_scale.te", 1.0, 0.3, 1.5), _c("memory_efficiency", 0.80, 0.55, 0.95),
-                   _c("launch_overhead_us", 30.0, 2.0, 120.0)),
-        fp8=True, fixed={"gemm_scale.bf16": h100_bf16_scale},
+        size_base={p: (lambda p=p: peak_ratio(p)) for p in BLACKWELL},
     ),
     # the largest BF16 GEMMs reach at least 0.6 of peak inside a framework, as for H100 (0.6 / the
     # gemm_910b shape's 0.85 = 0.706)
