@@ -53,11 +53,11 @@ def plans_table(result: RecommendResult) -> Table:
     moe = first.model.moe is not None
     title = (f"{first.model.name} on {first.cluster.devices} x {first.hardware.device.name} ({first.hardware.name}), "
              f"batch {first.training.global_batch_size} x {first.training.seq_length}, {first.training.dtype}")
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
-                  collapse_padding=True)
+    # one space between columns (the box's divider), so that the table fits an 80-column terminal
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
     degrees = "dp.tp.pp.cp" + (".ep" if moe else "")
-    for name in ("#", degrees, "mbs x m", "knobs", "GiB", "step s", "tokens/s", "MFU", "limit", "calibrated"):
-        table.add_column(name, justify="left" if name in (degrees, "knobs", "limit", "calibrated") else "right",
+    for name in ("#", degrees, "mbs x m", "knobs", "GiB", "step s", "tokens/s", "MFU", "limit", "calib."):
+        table.add_column(name, justify="left" if name in (degrees, "knobs", "limit", "calib.") else "right",
                          no_wrap=name != "knobs", min_width=10 if name == "knobs" else None)
     for rank, (plan, e) in enumerate(zip(result.plans, result.estimates), start=1):
         s = plan.strategy
@@ -106,7 +106,8 @@ def render_recommendation(console: Console, result: RecommendResult, saved_to: s
                   "z = ZeRO stage (+off: optimizer offload, +off50%: half of it, +offp: parameters too, +hemb: the "
                   "word embedding on the host), rc = recomputation, pipeline schedule, mesh order "
                   "innermost (fastest links) first (t = tp, c = cp, d = dp, p = pp); limit: the largest part of "
-                  "the step time, or memory when over 95% is used", highlight=False)
+                  "the step time, or memory when over 95% is used; calib.: inside the profile's calibrated region "
+                  "(no (n): n parts outside it)", highlight=False)
     for line in search_lines(result.search):
         console.print(line, highlight=False)
     first = result.estimates[0].confidence
