@@ -1,6 +1,6 @@
 """Fit each device's physical constants to its measured runs (prints the fit; --write stores it).
 
-    python benchmarks/fit_profiles.py [--device H100 ...] [--write] [--leave-one-out]
+    python benchmarks/fit_profiles.py [--device H100 ...] [--write] [--leave-one-out] [--per-machine]
 
 For every device (advisor/validation/targets.py: A100, H100, Blackwell = B200 and GB200 together,
 910B) the constants (GEMM efficiency scale per dtype and size shift, attention efficiency per
@@ -11,7 +11,8 @@ device (H100's also into dgx-h200: the same GH100 silicon; Blackwell's into dgx-
 gb200-nvl72, each with its own host launch overhead). --leave-one-out refits each device once per
 source without that source and prints the source's error under the refit: how well the model
 predicts a source it was not fitted on (for Blackwell: each system from the other's runs, its own
-launch overhead then at the starting value).
+launch overhead then at the starting value). --per-machine fits each machine a device's runs name
+(910B: Atlas 800T A2 and Atlas 900 A2 PoDc) on its own runs and prints its error and constants.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from advisor.specs.hardware import PROFILES_DIR, load_hardware
 from advisor.validation.fit import PROFILE_SEPARATOR, fit, profile_raw, profile_values
 from advisor.cost.confidence import summarize
-from advisor.validation.targets import TARGETS, fitted_runs, leave_one_source_out, observations
+from advisor.validation.targets import TARGETS, fit_per_machine, fitted_runs, leave_one_source_out, observations
 from advisor.validation.write import fitted_text, with_calibration, write_atomic
 
 
@@ -51,6 +52,8 @@ def main() -> None:
     parser.add_argument("--device", nargs="*", default=list(TARGETS), choices=list(TARGETS))
     parser.add_argument("--write", action="store_true", help="write the fits into the bundled profiles")
     parser.add_argument("--leave-one-out", action="store_true", help="refit without each source in turn")
+    parser.add_argument("--per-machine", action="store_true",
+                        help="refit on each machine's runs alone where a device's runs come from several")
     parser.add_argument("--evaluations", type=int, default=60, help="least-squares function evaluations per fit")
     args = parser.parse_args()
     for device in args.device:
@@ -73,6 +76,10 @@ def main() -> None:
                 text = with_calibration(fitted_text(path.read_text(), raw, note), summarize(fitted_runs(target)))
                 write_atomic(path, text)
                 print(f"   wrote {path}")
+        if args.per_machine:
+            for machine, (values, errors) in fit_per_machine(target, args.evaluations).items():
+                print(f"   only {machine:30s} -> {_summary(errors)}; "
+                      + ", ".join(f"{k} {v:.3g}" for k, v in values.items()))
         if args.leave_one_out:
             for source, errors in leave_one_source_out(target, args.evaluations).items():
                 print(f"   without {source:28s} -> {_summary(errors)}")

@@ -20,7 +20,7 @@ from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import load_model, model_from_dict
 from advisor.validation.fit import Constant, profile_raw
 from advisor.validation.runs import load_runs
-from advisor.validation.targets import TARGETS, fitted_runs
+from advisor.validation.targets import TARGETS, fit_per_machine, fitted_runs
 from advisor.validation.torchtitan import load_torchtitan_runs
 from advisor.validation.write import fitted_text, with_calibration
 
@@ -92,6 +92,12 @@ def test_blackwell_systems_share_the_gpus_constants_and_keep_their_hosts():
     # a constant of a profile the target does not fit is refused
     with pytest.raises(ValueError, match="dgx-b300"):
         replace(target, constants=target.constants + (Constant("launch_overhead_us@dgx-b300", 30.0, 2.0, 120.0),))
+
+
+def test_a_device_fitted_per_machine_keeps_each_machines_runs_apart():
+    per_machine = fit_per_machine(TARGETS["910B"], evaluations=3)
+    assert {m: len(errors) for m, (_, errors) in per_machine.items()} == {"atlas-800t-a2": 12, "atlas-900-a2-podc": 5}
+    assert all(set(values) == {c.name for c in TARGETS["910B"].constants} for values, _ in per_machine.values())
 
 
 # ---- confidence ------------------------------------------------------------------------------------------

@@ -128,6 +128,7 @@ class CalibrationRun:
     excluded: str | None = None      # why the run is left out (printed by the benchmark)
     measured_peak_memory_gib: float | None = None     # where published (torchtitan: max reserved)
     hardware_overrides: tuple[tuple[str, float], ...] = ()   # device fields the run's machine differs in
+    machine: str = ""                # the machine the source names ("atlas-900-a2-podc"), which PROFILES maps
 
     @property
     def group(self) -> str:
@@ -288,7 +289,7 @@ def _run(raw: dict[str, Any]) -> CalibrationRun:
     return CalibrationRun(
         id=raw["id"], source=SOURCES[kind], profile=PROFILES.get(raw["hardware"]), devices=raw["devices"],
         model=model, job=job, strategy=strategy, measured_tokens_per_s_per_device=float(measured),
-        features=_features(raw, model, job, strategy), excluded=excluded,
+        features=_features(raw, model, job, strategy), excluded=excluded, machine=raw["hardware"],
     )
 
 

@@ -149,6 +149,21 @@ def observations(target: Target, leave_out: str | None = None) -> list[Observati
     return [o for o in obs if o.source != leave_out]
 
 
+def fit_per_machine(target: Target, evaluations: int = 60) -> dict[str, tuple[dict[str, float], list[float]]]:
+    """Where the target's calibration runs come from machines its profiles do not tell apart (910B:
+    Atlas 800T A2 and Atlas 900 A2 PoDc), the target fitted on each machine's runs alone: machine ->
+    (fitted constants, errors). How much of a device's error is the machines differing."""
+    runs = [r for r in usable_runs() if r.profile in target.profiles]
+    by_machine: dict[str, list[CalibrationRun]] = {}
+    for r in runs:
+        by_machine.setdefault(r.machine, []).append(r)
+    out = {}
+    for machine, members in sorted(by_machine.items()):
+        result = fit(target, [calibration_observation(r) for r in members], evaluations)
+        out[machine] = (result.values, [e for errors in result.errors.values() for e in errors])
+    return out
+
+
 def leave_one_source_out(target: Target, evaluations: int = 60) -> dict[str, list[float]]:
     """Each source's errors (pred / meas - 1) under a refit of the target without that source; a
     source that is the device's only one is predicted from the starting constants."""
