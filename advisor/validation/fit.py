@@ -46,10 +46,10 @@ SHAPES_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "sta
 # soft-L1 loss turns linear (10%, the issue's accuracy goal), and the finite-difference step relative
 # to each constant (0.1%: well above the model's float noise, well below any constant's effect).
 PRIOR_WEIGHT = 0.05
-# "launch_overhead_us@dgx-b200": a constant of one profile of a target that fits several together
-PROFILE_SEPARATOR = "@"
 LOSS_SCALE = 0.10
 DIFF_STEP = 1e-3
+# "launch_overhead_us@dgx-b200": a constant of one profile of a target that fits several together
+PROFILE_SEPARATOR = "@"
 
 
 @dataclass(frozen=True)

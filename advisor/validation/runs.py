@@ -337,7 +337,8 @@ def _implausible(runs: tuple[CalibrationRun, ...]) -> tuple[CalibrationRun, ...]
 
 def _check_ids(ids: set[str]) -> None:
     """Every run the settings name is in the calibration set (a stale id would silently do nothing)."""
-    named = {f"{SETTINGS_FILE.name} {key}": set(_settings().get(key, {})) for key in ("runs", "cuda_graphs", "preset_conflicts")}
+    named = {f"{SETTINGS_FILE.name} {key}": set(_settings().get(key, {}))
+             for key in ("runs", "cuda_graphs", "preset_conflicts")}
     named["runs.py MINDFORMERS_YAML_SETTINGS"] = set(MINDFORMERS_YAML_SETTINGS)
     for where, names in named.items():
         for unknown in sorted(names - ids):
