@@ -88,8 +88,8 @@ def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_par
         hidden = overlap and gathers_under_next_forward(job, zero_stage)
         return np.maximum(gather - mb_forward_s, 0.0) if hidden else gather
 
-    zero1_gather = exposed_gather(1)
-    zero1 = np.maximum(coll("reduce_scatter", grad_bytes) - hide_last, 0.0) + zero1_gather
+    zero1_reduce, zero1_gather = np.maximum(coll("reduce_scatter", grad_bytes) - hide_last, 0.0), exposed_gather(1)
+    zero1 = zero1_reduce + zero1_gather
     rs_unit = per_unit("reduce_scatter", grad_bytes)
     ag_unit = per_unit("all_gather", weight_bytes)
     fwd_unit, bwd_unit = mb_forward_s / units, mb_backward_s / units
@@ -112,8 +112,7 @@ def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_par
         zero2 = m * rs_unit * units + gather
         zero3 = np.where(reshard, m * (2.0 * ag_unit + rs_unit) * units, (ag_unit + rs_unit) * units)
     if np.any(fusion.explicit(b)):
-        legacy = {"all_reduce": zero0, "reduce_scatter": np.maximum(coll("reduce_scatter", grad_bytes) - hide_last, 0.0),
-                  "all_gather": zero1_gather}
+        legacy = {"all_reduce": zero0, "reduce_scatter": zero1_reduce, "all_gather": zero1_gather}
         zero0, zero1 = _bucketed(job, b, coll, dense_params + expert_params, grad_bytes, weight_bytes, mb_forward_s,
                                  mb_backward_s, dp_group.n, legacy, (zero0, zero1), overlap)
     return np.select([z == 0, z == 1, z == 2], [zero0, zero1, zero2], zero3)
