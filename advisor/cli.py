@@ -13,7 +13,7 @@ import typer
 
 from advisor.commands.cli_options import (
     CRITICAL_HELP, DEVICES_HELP, FP8_HELP, FRAMEWORK_HELP, GRAPHS_HELP, GRID_HELP, HARDWARE_HELP, HOST_EMBEDDING_HELP,
-    MODULES_HELP, NODES_HELP, OBJECTIVE_HELP,
+    MODULES_HELP, NODES_HELP, OBJECTIVE_HELP, OPTIMIZER_IMPL_HELP,
     OPSTRAT_HELP, PRIORITY_HELP, PS_MODE_HELP, PUE_HELP, SEQ_HELP, TARGET_LOSS_HELP, TARGET_TOKENS_HELP, TOKEN_DROP_HELP, console,
     err_console,
     print_json, print_warnings,
@@ -99,6 +99,7 @@ def estimate_cmd(
     grid: Optional[str] = typer.Option(None, "--grid-intensity", help=GRID_HELP),
     pue: Optional[float] = typer.Option(None, "--pue", help=PUE_HELP),
     priority: bool = typer.Option(False, "--comm-priority", help=PRIORITY_HELP),
+    optimizer_impl: Optional[str] = typer.Option(None, "--optimizer-impl", help=OPTIMIZER_IMPL_HELP),
     as_json: bool = typer.Option(False, "--json", help="print only JSON"),
 ) -> None:
     """Score one given strategy, with the full breakdown of memory and time."""
@@ -131,7 +132,7 @@ def estimate_cmd(
         plan=plan, framework=framework, fp8_recipe=fp8_recipe, cp_comm=cp_comm, recompute_modules=recompute_modules,
         cuda_graphs=cuda_graphs, token_drop=token_drop, bucket_mb=bucket_mb, copies=copies, operator_strategies=operator_strategies, grid_intensity=grid, pue=pue,
         comm_priority=priority, full_batch=full_batch, offload_params=offload_params, offload_fraction=offload_fraction,
-        host_embedding=host_embedding,
+        host_embedding=host_embedding, optimizer_impl=optimizer_impl,
     )
     warnings = input_warnings(result.inputs.hardware, result.inputs.cluster)
     if as_json:
@@ -195,6 +196,7 @@ def recommend_cmd(
     grid: Optional[str] = typer.Option(None, "--grid-intensity", help=GRID_HELP),
     pue: Optional[float] = typer.Option(None, "--pue", help=PUE_HELP),
     priority: bool = typer.Option(False, "--comm-priority", help=PRIORITY_HELP),
+    optimizer_impl: Optional[str] = typer.Option(None, "--optimizer-impl", help=OPTIMIZER_IMPL_HELP),
     as_json: bool = typer.Option(False, "--json", help="print only JSON: {plans, search}"),
 ) -> None:
     """Search the strategy space and rank the plans; the best is saved with --out."""
@@ -218,7 +220,8 @@ def recommend_cmd(
     inputs = resolve_inputs(model, hardware, nodes=nodes, devices=devices, global_batch=gbs, seq_len=seq_len,
                             dtype=dtype, tokens=tokens, attention=attention, framework=framework, fp8_recipe=fp8_recipe,
                             recompute_modules=recompute_modules, grid_intensity=grid, pue=pue,
-                            comm_priority=priority, cuda_graphs=cuda_graphs, token_drop=token_drop)
+                            comm_priority=priority, cuda_graphs=cuda_graphs, token_drop=token_drop,
+                            optimizer_impl=optimizer_impl)
     warnings = input_warnings(inputs.hardware, inputs.cluster)
     if not as_json:   # before the search: a mistaken cluster size is seen at once
         print_warnings(warnings)

@@ -19,8 +19,8 @@ from advisor.specs import _fields as f
 from advisor.specs import limits
 from advisor.specs.untrusted import check_tree, load_tree, prefix
 from advisor.specs.hardware import HardwareProfile, hardware_from_dict
-from advisor.specs.job import (DEFAULT_PUE, FP8_RECIPES, FRAMEWORKS, OPTIMIZERS, TRANSFORMER_OPTIMIZERS, Cluster,
-                               TrainingJob)
+from advisor.specs.job import (DEFAULT_PUE, FP8_RECIPES, FRAMEWORKS, OPTIMIZER_IMPLS, OPTIMIZERS, TRANSFORMER_OPTIMIZERS,
+                               Cluster, TrainingJob)
 from advisor.specs.model import ModelSpec, model_from_dict, model_to_dict
 from advisor.specs.recommendation import RecModelSpec
 from advisor.specs.mixed import MixedHardware, MixedLayout, mixed_from_list
@@ -115,6 +115,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         training["cuda_graphs"] = list(plan.training.cuda_graphs)
     if not plan.training.moe_dropless:
         training["moe_dropless"] = False
+    if plan.training.optimizer_impl is not None:
+        training["optimizer_impl"] = plan.training.optimizer_impl
     if plan.target is not None:
         training["target"] = dict(plan.target)
     if plan.training.grid_gco2e_per_kwh is not None or plan.training.pue != DEFAULT_PUE:
@@ -205,7 +207,7 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
     f.check_keys(data, o, ("global_batch_size", "seq_length"), ("dtype", "optimizer", "train_tokens", "attention", "dropout", "framework",
                                                                 "overlap_grad_reduce", "fp8_recipe", "recompute_modules", "target",
                                                                 "pue", "grid_gco2e_per_kwh", "comm_priority", "cuda_graphs",
-                                                                "moe_dropless"))
+                                                                "moe_dropless", "optimizer_impl"))
     tokens = data.get("train_tokens")
     modules = data.get("recompute_modules")
     if modules is not None and (not isinstance(modules, list) or not all(isinstance(m, str) for m in modules)):
@@ -232,6 +234,7 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
         comm_priority=f.boolean(data, "comm_priority", o, default=False),
         cuda_graphs=tuple(graphs),
         moe_dropless=f.boolean(data, "moe_dropless", o, default=True),
+        optimizer_impl=None if data.get("optimizer_impl") is None else f.choice(data, "optimizer_impl", o, OPTIMIZER_IMPLS),
         pue=f.positive_float(data, "pue", o, default=DEFAULT_PUE),
         grid_gco2e_per_kwh=(None if data.get("grid_gco2e_per_kwh") is None
                             else f.non_negative_float(data, "grid_gco2e_per_kwh", o)),

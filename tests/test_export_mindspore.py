@@ -64,6 +64,9 @@ LLAMA_CONFIG_ARGS = {  # llama_config.py LlamaConfig.__init__ (the ones the expo
 }
 TOP_SECTIONS = {"use_legacy", "train_dataset", "parallel", "parallel_config", "recompute_config", "runner_config",
                 "model"}
+# mindformers/core/optim/__init__.py (2.1.0 wheel): AdamW.__new__ takes use_fused (FusedAdamW when True);
+# build_optim's get_tft_wrapped_cls pops it from the optimizer section
+ADAMW_ARGS = {"type", "learning_rate", "betas", "eps", "weight_decay", "use_fused", "amsgrad", "maximize", "swap"}
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +113,11 @@ def test_context_keywords_are_documented(exported):
 def test_mindformers_keys_are_documented(exported):
     for name, (plan, _, _, doc) in exported.items():
         # MoE plans add the experts (moe_config); dense plans must not have one
-        assert set(doc) == TOP_SECTIONS | ({"moe_config"} if plan.model.moe is not None else set()), name
+        adam = plan.training.optimizer in ("adam", "adamw")
+        assert set(doc) == (TOP_SECTIONS | ({"moe_config"} if plan.model.moe is not None else set())
+                            | ({"optimizer"} if adam else set())), name
+        if adam:
+            assert set(doc["optimizer"]) <= ADAMW_ARGS and doc["optimizer"]["type"] == "AdamW", name
         assert doc["use_legacy"] is True, name
         assert set(doc["parallel_config"]) <= MINDFORMERS_PARALLEL_CONFIG, name
         assert set(doc["recompute_config"]) <= MINDFORMERS_RECOMPUTE_CONFIG, name
@@ -220,3 +227,14 @@ def test_mindspore_accepts_the_export(exported, tmp_path):
             assert (mf["dp"], mf["mp"], mf["pp"]) == (s.dp, s.tp, s.pp), name
             per_stage = [sum(row[p] for row in mf["layer_list"]) for p in range(s.pp)]
             assert per_stage == list(s.resolved_stage_layers(plan.model.num_layers)), name
+
+
+def test_optimizer_section_is_the_priced_step():
+    """The fused or per-operation AdamW the plan was priced with (advisor.cost.optimizer_step)."""
+    from dataclasses import replace
+
+    plan = next(p for p in plans().values() if p.training.optimizer == "adamw")
+    for impl, fused in ((None, True), ("fused", True), ("unfused", False)):
+        job = replace(plan.training, framework="mindspore", optimizer_impl=impl)
+        doc = yaml.safe_load(export_plan(replace(plan, training=job), "mindspore").files["mindformers_parallel.yaml"])
+        assert doc["optimizer"] == {"type": "AdamW", "use_fused": fused}, impl

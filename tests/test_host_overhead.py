@@ -86,7 +86,7 @@ def test_pipeline_actions_cost_per_chunk_and_micro_batch_on_cpu_ranks():
 
 
 def test_unfused_optimizer_traffic_comes_from_the_profile():
-    from advisor.cost.compute import ADAM_BYTES_PER_PARAM
+    from advisor.cost.optimizer_step import ADAM_BYTES_PER_PARAM
 
     base = _hw()
     heavy = _hw(optimizer_bytes_per_param=2.0 * ADAM_BYTES_PER_PARAM)

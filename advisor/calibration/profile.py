@@ -57,7 +57,7 @@ def _measured_profile(ranks: list[dict], nproc: int, name: str | None = None) ->
     collectives = fit_per_op(comm_points, bandwidth)
     actions = _action_overheads(ranks[0].get("pipeline"), collectives.get("p2p"), latency_us, bandwidth_gbps)
     per_op = fit_alpha_beta(comm_points)
-    from advisor.cost.compute import ADAM_BYTES_PER_PARAM
+    from advisor.cost.optimizer_step import ADAM_BYTES_PER_PARAM
     from advisor.cost.estimate import KERNELS_BACKWARD, KERNELS_FORWARD
 
     layer_us = statistics.median(r["memory"]["layer_host_us"] for r in ranks)

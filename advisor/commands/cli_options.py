@@ -17,6 +17,9 @@ err_console = Console(stderr=True)
 
 FRAMEWORK_HELP = ("megatron | pytorch | torchtitan | mindspore: whose implementation runs the plan (what "
                   "selective recomputation means, fused kernels, the attention kernel)")
+OPTIMIZER_IMPL_HELP = ("fused | unfused: the optimizer step as one fused kernel (the default; Megatron's only choice) or "
+                      "one kernel per operation (torch.optim foreach / for-loop, torchtitan implementation foreach, "
+                      "MindFormers AdamW use_fused False)")
 FP8_HELP = "with --dtype fp8: delayed | tensorwise | mxfp8 | blockwise (default delayed)"
 OPSTRAT_HELP = ("YAML/JSON: operator name -> cuts per input (MindSpore shard() form), kept fixed; the other operators "
                 "are searched around them (drec | ilp)")

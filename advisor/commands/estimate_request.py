@@ -14,7 +14,7 @@ from advisor.search.neighbours import closest_fit
 from advisor.space.rules import violations
 from advisor.space.strategy import CP_COMM, RECOMPUTE, SCHEDULES, Strategy
 from advisor.specs import limits
-from advisor.specs.job import parse_token_count
+from advisor.specs.job import check_optimizer_impl, parse_token_count
 from advisor.specs.operator_strategies import load_operator_strategies
 from advisor.specs.untrusted import prefix
 
@@ -121,7 +121,8 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
                      operator_strategies: str | None = None, grid_intensity: str | None = None,
                      pue: float | None = None, comm_priority: bool = False,
                      full_batch: bool = False, offload_params: bool = False,
-                     offload_fraction: float = 1.0, host_embedding: bool = False) -> EstimateResult:
+                     offload_fraction: float = 1.0, host_embedding: bool = False,
+                     optimizer_impl: str | None = None) -> EstimateResult:
     layout = None
     if plan is not None:
         p = load_plan(plan)
@@ -131,6 +132,9 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
             site = site_settings(grid_intensity, pue if pue is not None else p.training.pue, job.train_tokens)
             job = replace(job, **({"pue": site["pue"]} if grid_intensity is None else site))
         job = replace(job, **graph_settings(p.model, job.framework, cuda_graphs, token_drop, job.moe_dropless))
+        if optimizer_impl is not None:
+            check_optimizer_impl(optimizer_impl, job.framework, "--optimizer-impl")
+            job = replace(job, optimizer_impl=optimizer_impl)
         inputs = Inputs(p.model, p.hardware, p.cluster, replace(job, comm_priority=job.comm_priority or comm_priority))
         strategy = replace(p.strategy, full_batch=True) if full_batch else p.strategy
         strategy = replace(strategy, host_embedding=True) if host_embedding else strategy
@@ -146,7 +150,8 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
                                 seq_len=seq_len, dtype=dtype, tokens=tokens, attention=attention,
                                 dropout=dropout, framework=framework, fp8_recipe=fp8_recipe,
                                 recompute_modules=recompute_modules, grid_intensity=grid_intensity, pue=pue,
-                                comm_priority=comm_priority, cuda_graphs=cuda_graphs, token_drop=token_drop)
+                                comm_priority=comm_priority, cuda_graphs=cuda_graphs, token_drop=token_drop,
+                                optimizer_impl=optimizer_impl)
         strategy = strategy_from_flags(
             inputs, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, vpp=vpp, zero=zero, recompute=recompute,
             recompute_layers=recompute_layers, sequence_parallel=sequence_parallel, schedule=schedule,

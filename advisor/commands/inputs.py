@@ -11,7 +11,7 @@ from advisor.errors import AdvisorError
 from advisor.specs import limits
 from advisor.specs.hardware import HardwareProfile, load_hardware
 from advisor.specs.job import (ATTENTION, CUDA_GRAPH_MODULES, FP8_RECIPES, FRAMEWORKS, Cluster, TrainingJob, check_cuda_graphs,
-                               check_recompute_modules, parse_token_count)
+                               check_optimizer_impl, check_recompute_modules, parse_token_count)
 from advisor.specs.model import ModelSpec, load_model
 from advisor.specs.recommendation import RecModelSpec
 from advisor.specs.untrusted import prefix
@@ -73,6 +73,7 @@ def resolve_inputs(
     comm_priority: bool = False,
     cuda_graphs: str | None = None,
     token_drop: bool = False,
+    optimizer_impl: str | None = None,
 ) -> Inputs:
     spec = load_model(model)
     if getattr(spec, "family", None) == "supernet":
@@ -99,6 +100,8 @@ def resolve_inputs(
     if fp8_recipe is not None and (dt != "fp8" or fp8_recipe not in FP8_RECIPES):
         raise AdvisorError(f"--fp8-recipe must be one of {', '.join(FP8_RECIPES)} and goes with --dtype fp8 "
                            f"(got --fp8-recipe {prefix(fp8_recipe)} with --dtype {dt})")
+    if optimizer_impl is not None:
+        check_optimizer_impl(optimizer_impl, framework, "--optimizer-impl")
     train_tokens = parse_token_count(tokens) if isinstance(tokens, str) else tokens
     modules = None
     if recompute_modules is not None:
@@ -107,7 +110,7 @@ def resolve_inputs(
     return Inputs(spec, hw, cluster, TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens,
                                                   attention=attention, dropout=dropout, framework=framework,
                                                   fp8_recipe=fp8_recipe, recompute_modules=modules,
-                                                  comm_priority=comm_priority,
+                                                  comm_priority=comm_priority, optimizer_impl=optimizer_impl,
                                                   **graph_settings(spec, framework, cuda_graphs, token_drop),
                                                   **site_settings(grid_intensity, pue, train_tokens)))
 

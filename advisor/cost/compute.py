@@ -26,15 +26,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from advisor.cost import fp8, kernels
+from advisor.cost import fp8, kernels, optimizer_step
 from advisor.cost.attention import attention_core
 from advisor.cost.activations import layer_activation_terms
 from advisor.space.strategy import StrategyBatch
 from advisor.specs.hardware import HardwareProfile, interpolate_efficiency
 from advisor.specs.job import EAGER_FRAMEWORKS, TrainingJob
 from advisor.specs.model import ModelSpec
-
-ADAM_BYTES_PER_PARAM = 2 + 8 + 8 + 8 + 2  # grad read, master r/w, m r/w, v r/w, weight write
 
 
 # Operators one transformer layer's forward + backward dispatches in eager PyTorch, by feature,
@@ -220,8 +218,9 @@ def head_compute_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: S
     return gemm_time_s(hw, job.compute_dtype, flops) + memory_time_s(hw, loss_bytes), flops
 
 
-def optimizer_step_s(hw: HardwareProfile, local_params):
-    """Adam on the device's (possibly ZeRO-sharded) parameters, memory-bound: a fused kernel's one
-    pass unless the profile gives the measured traffic of its optimizer."""
-    per_param = hw.device.optimizer_bytes_per_param or ADAM_BYTES_PER_PARAM
+def optimizer_step_s(hw: HardwareProfile, local_params, job: TrainingJob | None = None):
+    """The optimizer step on the device's (possibly ZeRO-sharded) parameters, memory-bound: the traffic
+    of the job's implementation (advisor.cost.optimizer_step; no job: a fused Adam's one pass, or the
+    profile's measured traffic of its optimizer)."""
+    per_param = optimizer_step.bytes_per_param(hw, job)
     return memory_time_s(hw, per_param * np.asarray(local_params, dtype=float))

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from advisor.cost import bubble, comm, compute, contention, cuda_graphs, dataset, multi_copy, recompute, swap
+from advisor.cost import (bubble, comm, compute, contention, cuda_graphs, dataset, multi_copy, optimizer_step, recompute,
+                          swap)
 from advisor.cost.host_embedding import host_embedding, node_host_bytes
 from advisor.cost.data_parallel import dp_time_s
 from advisor.cost.layer_comm import layer_comm
@@ -277,7 +278,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     tensors = units * model.parameter_tensors_per_layer(job.framework == "megatron") + ends_t
     opt_host = tensors * hw.device.optimizer_overhead_us_per_tensor * 1e-6
     host_share = np.where(offload, b.offload_fraction, 0.0)
-    opt_s = np.where(host_share < 1.0, (1.0 - host_share) * compute.optimizer_step_s(hw, local) + opt_host, 0.0)
+    opt_s = np.where(host_share < 1.0, (1.0 - host_share) * compute.optimizer_step_s(hw, local, job) + opt_host, 0.0)
     pcie = hw.host.pcie_bandwidth_gbps * 1e9
     host_bw = (hw.host.memory_bandwidth_gbps or hw.host.pcie_bandwidth_gbps * hw.node.devices_per_node) * 1e9
     # Offload: gradients to the host, updated 16-bit weights back (unless they live there: parameter
@@ -292,7 +293,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     # weights go back after the host's step in both.
     down = local * gb / pcie
     grads_s = np.where(job.framework == "megatron", down, m * np.maximum(down - at_slowest(bwd), 0.0))
-    host_part = host_share * (local * compute.ADAM_BYTES_PER_PARAM * hw.node.devices_per_node / host_bw
+    host_part = host_share * (local * optimizer_step.ADAM_BYTES_PER_PARAM * hw.node.devices_per_node / host_bw
                               + np.where(b.offload_params, 0.0, grads_s + local * wb / pcie))
     offload_s = np.maximum(host_part - opt_s, 0.0)
     # Parameter offload (ZeRO-Infinity, Rajbhandari et al. SC'21, sec. 5-6; FSDP2's CPUOffloadPolicy):

@@ -8,7 +8,8 @@ enable_alltoall).
 The MindFormers sections follow mindformers/tools/register/template.py (ParallelConfig,
 RecomputeConfig, RunnerConfig, MsParallelConfig: the ``parallel`` section is passed to
 set_auto_parallel_context) and the LayerSetting of mindformers (layers of stage (v, p) =
-num_layers // (pp x pp_interleave_num) + offset[v][p]; recompute as a per-stage list of layer counts).
+num_layers // (pp x pp_interleave_num) + offset[v][p]; recompute as a per-stage list of layer counts); an
+Adam plan's optimizer section is MindFormers' AdamW with use_fused as priced (advisor.cost.optimizer_step).
 Plans found by the D-Rec searcher map to MindSpore's own recursive-programming search
 (parallel_mode auto_parallel, search_mode recursive_programming); all others are explicit
 (semi_auto_parallel) with MindFormers' data_parallel / model_parallel / pipeline_stage degrees.
@@ -202,6 +203,10 @@ def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> 
         out["moe_config"] = moe_config(plan, unsupported)
     if s.micro_batch_copies > 1:
         out["micro_batch_interleave_num"] = s.micro_batch_copies   # multi-copy parallelism
+    if j.optimizer in ("adam", "adamw"):
+        # the optimizer step priced (advisor.cost.optimizer_step): MindFormers' AdamW picks FusedAdamW with
+        # use_fused True, its per-operation AdamW otherwise (mindformers/core/optim/__init__.py, 1.7.0 and 2.1.0)
+        out["optimizer"] = {"type": "AdamW", "use_fused": j.optimizer_kernels == "fused"}
     return out
 
 

@@ -157,6 +157,9 @@ def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, 
     if j.framework != "torchtitan":
         notes.append(f"the plan was priced for framework {j.framework}; torchtitan runs eager PyTorch kernels and its "
                      "own checkpointing policies, so re-price with --framework torchtitan")
+    if j.optimizer_kernels == "unfused":
+        notes.append('the plan was priced with an unfused optimizer step: set implementation = "foreach" in your '
+                     '[optimizer] section (torchtitan\'s default is "fused")')
     if s.cp > 1 and s.cp_comm == "a2a":
         unsupported.append("parallel.cp_comm = a2a: torchtitan's context parallelism is ring attention "
                            "(context_parallel_rotate_method allgather or alltoall), not Ulysses")

@@ -92,7 +92,7 @@ class DeviceSpec:
     # collectives and its compute in turn: nothing hides (``advisor calibrate`` writes false for gloo).
     overlaps_communication: bool = True
     # Memory traffic of the optimizer step per parameter; None = a fused Adam's one pass
-    # (advisor.cost.compute.ADAM_BYTES_PER_PARAM). PyTorch's multi-tensor AdamW on a CPU makes
+    # (advisor.cost.optimizer_step.ADAM_BYTES_PER_PARAM). PyTorch's multi-tensor AdamW on a CPU makes
     # several passes; ``advisor calibrate`` measures it.
     optimizer_bytes_per_param: float | None = None
     # Host time per pipeline-schedule action (one chunk's forward or backward of one micro-batch)

@@ -15,6 +15,13 @@ from advisor.specs.untrusted import prefix
 # Micikevicius et al. 2022, "FP8 Formats for Deep Learning", section 4).
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
 OPTIMIZERS = ("adamw", "adam", "sgd", "adagrad")
+# How the optimizer step runs (advisor.cost.optimizer_step): "fused", one kernel per step or parameter
+# (Transformer Engine / Apex FusedAdam in Megatron, torch.optim's fused=True, torchtitan's default
+# implementation "fused", MindSpore's AdamWeightDecay primitive behind MindFormers'
+# FP32StateAdamWeightDecay), or "unfused", one elementwise kernel per operation of the update
+# (torch.optim's foreach and for-loop AdamW, torchtitan's implementation "foreach"/"for-loop",
+# MindFormers' AdamW and Yi's AdamWeightDecayX). Megatron-LM has no unfused Adam.
+OPTIMIZER_IMPLS = ("fused", "unfused")
 # Adagrad (Duchi et al. 2011) is what sparse embedding training often uses; advisor prices it for
 # recommendation models (advisor.cost.recsys) only: transformer plans train with the others.
 TRANSFORMER_OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -53,6 +60,15 @@ def check_recompute_modules(modules, framework: str, where: str) -> None:
         raise AdvisorError(f"{where} must be a non-empty list of {', '.join(RECOMPUTE_MODULES)}, got {str(modules)[:80]!r}")
     if framework != "megatron":
         raise AdvisorError(f"{where} is Megatron's setting; it goes with framework megatron, not {framework!r}")
+
+
+def check_optimizer_impl(impl, framework: str, where: str) -> None:
+    """An OPTIMIZER_IMPLS name that the framework offers; `where` names the key or flag in the error."""
+    if impl not in OPTIMIZER_IMPLS:
+        raise AdvisorError(f"{where} must be one of {', '.join(OPTIMIZER_IMPLS)}, got {prefix(impl)}")
+    if impl == "unfused" and framework == "megatron":
+        raise AdvisorError(f"{where} = unfused: Megatron-LM's Adam is always a fused kernel (Transformer Engine's "
+                           "or Apex's FusedAdam); use framework pytorch, torchtitan or mindspore")
 
 
 # Megatron-Core's CUDA-graph scopes (--cuda-graph-scope; transformer_config.py cuda_graph_modules),
@@ -163,6 +179,8 @@ class TrainingJob:
     # --cuda-graph-scope; CUDA_GRAPH_MODULES above, "full" = the whole layer; priced in advisor.cost.cuda_graphs):
     # the captured kernels launch as one graph. Empty: eager launches.
     cuda_graphs: tuple[str, ...] = ()
+    # The optimizer step's kernels (OPTIMIZER_IMPLS); None: fused.
+    optimizer_impl: str | None = None
 
     def __post_init__(self) -> None:
         for key, bound in (("global_batch_size", limits.MAX_GLOBAL_BATCH), ("seq_length", limits.MAX_SEQ_LENGTH)):
@@ -176,6 +194,8 @@ class TrainingJob:
             raise AdvisorError(f"training: 'dtype' must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
         if self.optimizer not in OPTIMIZERS:
             raise AdvisorError(f"training: 'optimizer' must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.optimizer_impl is not None:
+            check_optimizer_impl(self.optimizer_impl, self.framework, "training: 'optimizer_impl'")
         if self.attention not in ATTENTION:
             raise AdvisorError(f"training: 'attention' must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
         if self.framework not in FRAMEWORKS:
@@ -210,6 +230,11 @@ class TrainingJob:
     def selective_modules(self) -> tuple[str, ...]:
         """Megatron's recompute modules in force."""
         return self.recompute_modules or DEFAULT_RECOMPUTE_MODULES
+
+    @property
+    def optimizer_kernels(self) -> str:
+        """The optimizer implementation in force (OPTIMIZER_IMPLS)."""
+        return self.optimizer_impl or "fused"
 
     @property
     def dtype_bytes(self) -> int:

@@ -104,9 +104,19 @@ FRAMEWORK = {"mbridge": "megatron", "foundry": "pytorch", "mindformers": "mindsp
 # the score matmul, softmax and context matmul run as separate operators, "math" attention) and, for
 # GPT-2 13B, keeps dropout on (hidden_dropout_rate / attention_dropout_rate 0.1): configs/gpt2/run_gpt2_13b.yaml,
 # configs/glm3/finetune_glm3_6b_bf16.yaml. Every other linked yaml has flash attention on and no dropout.
+# Seven yamls pick an optimizer whose update runs one kernel per operation (advisor.cost.optimizer_step,
+# "unfused"): MindFormers' AdamW (research/llama3_1/finetune_llama3_1_8b.yaml, configs/glm4/finetune_glm4_9b.yaml,
+# research/qwen2/finetune_qwen2_{0.5b,1.5b}_32k.yaml, research/deepseek1_5/finetune_deepseek_coder1_5_7b.yaml)
+# and Yi's AdamWeightDecayX (research/yi/finetune_yi_{6b,34b}.yaml, research/yi/optim.py); the others
+# run FP32StateAdamWeightDecay or FusedAdamWeightDecay, the fused AdamWeightDecay primitive.
+_UNFUSED_OPTIMIZER = {"optimizer_impl": "unfused"}
 MINDFORMERS_YAML_SETTINGS: dict[str, dict[str, Any]] = {
     "mindformers-gpt2-13b-atlas-800t-a2": {"attention": "math", "dropout": True},
     "mindformers-glm3-6b-atlas-800t-a2": {"attention": "math"},
+    **{f"mindformers-{name}": _UNFUSED_OPTIMIZER for name in (
+        "llama3.1-8b-atlas-900-a2-podc", "glm4-9b-atlas-900-a2-podc", "qwen2-0.5b-atlas-900-a2-podc",
+        "qwen2-1.5b-atlas-900-a2-podc", "deepseek-coder1.5-7b-atlas-900-a2-podc", "yi-6b-atlas-800t-a2",
+        "yi-34b-atlas-800t-a2")},
 }
 _MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
                "ffn_activation", "vocab_size", "moe")

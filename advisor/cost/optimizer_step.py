@@ -1,0 +1,57 @@
+"""Memory traffic of one optimizer step, in bytes per element of the device's (possibly ZeRO-sharded)
+parameters, as each framework runs it; the step is memory-bound (advisor.cost.compute.optimizer_step_s).
+Counted per elementwise kernel: what it reads plus what it writes.
+
+* Fused Adam (Transformer Engine / Apex FusedAdam in Megatron-LM, torch.optim's fused=True,
+  torchtitan's default implementation "fused"): one pass reading the 16-bit gradient and writing the
+  16-bit weight, reading and writing the fp32 master weight and both moments, 28 bytes
+  (ADAM_BYTES_PER_PARAM); a profile measured by ``advisor calibrate`` gives its own figure.
+* Unfused Adam in PyTorch (torch.optim.adam._single_tensor_adam, the for-loop; the foreach version
+  makes the same passes over lists of tensors): param.mul_ for the decoupled weight decay (8),
+  exp_avg.lerp_ (12), exp_avg_sq.mul_ (8) and addcmul_ (12), the denominator's sqrt, division and
+  add_ (8 each), param.addcdiv_ (16): 80 bytes on fp32 parameters and gradients (FSDP keeps fp32
+  shards).
+* MindSpore as MindFormers runs it (mindformers v1.3.0, read at its tag; advisor's audit of the
+  MindFormers calibration rows):
+  - fused: FP32StateAdamWeightDecay (mindformers/core/optim/optim.py) forces MindSpore's
+    AdamWeightDecay primitive, which Ascend's AdamWeightDecayUnifyMindIR pass rewrites into one
+    AdamApplyOneWithDecay kernel (fp32: reads gradient, both moments and weight, writes three: 28).
+    On 16-bit parameters (mixed precision, param_init_type float16/bfloat16 as MindFormers' published
+    configs run) it is wrapped in casts and copies: the gradient cast to the parameter's dtype (6),
+    parameter and gradient cast to fp32 (6 + 6), the new weight cast back (6), Assign of weight and
+    moments (4 + 8 + 8): 72 bytes. On fp32 parameters one in-place kernel, 28.
+  - unfused: MindFormers' AdamW (mindformers/core/optim/adamw.py _update_run_op) and Yi's
+    AdamWeightDecayX run each operation as its own kernel: 12 elementwise operations and 3 Assign
+    over fp32 tensors, 140 bytes; on 16-bit parameters two casts more and a 2-byte weight Assign, 148.
+  - every step also clips the gradients (ClipGradNorm, mindformers/core/clip_grad.py: Square,
+    ReduceSum and Mul per parameter, 20) and divides out the loss scale (MFTrainOneStepCell's
+    _grad_scale: a cast to fp32 and a Mul, 14; 8 on fp32 gradients), whatever the scale.
+  Megatron's and PyTorch's clipping (a fused multi-tensor norm and scale) are not counted.
+
+SGD and Adagrad are priced with Adam's fused figure (advisor prices their memory, not their step).
+"""
+
+from __future__ import annotations
+
+from advisor.specs.hardware import HardwareProfile
+from advisor.specs.job import TrainingJob
+
+ADAM_BYTES_PER_PARAM = 2 + 8 + 8 + 8 + 2      # grad read, master r/w, m r/w, v r/w, weight write
+TORCH_UNFUSED_ADAM_BYTES = 8 + 12 + 8 + 12 + 8 + 8 + 8 + 16
+# MindSpore's update kernels on (16-bit, fp32) parameters
+MINDSPORE_FUSED_ADAM_BYTES = (6 + 6 + 6 + 28 + 6 + 4 + 8 + 8, 28)
+MINDSPORE_UNFUSED_ADAM_BYTES = (140 + 6 + 6 - 4, 140)
+MINDSPORE_CLIP_BYTES = 8 + 4 + 8
+MINDSPORE_UNSCALE_BYTES = (6 + 8, 8)
+
+
+def bytes_per_param(hw: HardwareProfile, job: TrainingJob | None) -> float:
+    """Bytes the job's optimizer step moves per local parameter (module docstring); no job: fused Adam."""
+    fused = job is None or job.optimizer_kernels == "fused"
+    if job is None or job.framework != "mindspore":
+        if fused:
+            return hw.device.optimizer_bytes_per_param or ADAM_BYTES_PER_PARAM
+        return float(TORCH_UNFUSED_ADAM_BYTES)
+    width = 0 if job.mixed_precision else 1
+    update = (MINDSPORE_FUSED_ADAM_BYTES if fused else MINDSPORE_UNFUSED_ADAM_BYTES)[width]
+    return float(update + MINDSPORE_CLIP_BYTES + MINDSPORE_UNSCALE_BYTES[width])
