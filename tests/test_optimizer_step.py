@@ -47,16 +47,33 @@ def test_a_measured_profile_figure_prices_the_fused_step_only():
     assert bytes_per_param(measured, _job(framework="pytorch", optimizer_impl="unfused")) == 80
 
 
-def test_the_step_time_follows_the_traffic():
+def _optimizer_s(job, **strategy):
     model, hw = load_model("llama2-7b"), load_hardware("ascend-910b")
-    strategy = Strategy(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=8, zero_stage=1)
-    times = {impl: estimate(model, hw, Cluster.of(hw, devices=8), _job(framework="mindspore", optimizer_impl=impl),
-                            strategy).time_s["optimizer"] for impl in ("fused", "unfused")}
-    assert times["unfused"] / times["fused"] == pytest.approx(182 / 106, rel=1e-9)
-    # every parameter over 8 optimizer-parallel ranks, 106 bytes each, at the profile's memory-bound rate
-    params = model.num_params
+    s = Strategy(**{"dp": 8, "tp": 1, "pp": 1, "micro_batch_size": 1, "num_micro_batches": 1, "zero_stage": 1, **strategy})
     rate = hw.device.memory_bandwidth_gbps * 1e9 * hw.device.memory_efficiency
-    assert times["fused"] == pytest.approx(106 * params / 8 / rate, rel=0.01)
+    return estimate(model, hw, Cluster.of(hw, devices=8), job, s).time_s["optimizer"], model.num_params / rate
+
+
+def test_the_step_time_follows_the_traffic():
+    fused, per_byte = _optimizer_s(_job(framework="mindspore", optimizer_impl="fused"))
+    unfused, _ = _optimizer_s(_job(framework="mindspore", optimizer_impl="unfused"))
+    assert unfused / fused == pytest.approx(182 / 106, rel=1e-9)
+    # every parameter over 8 optimizer-parallel ranks, 106 bytes each, at the profile's memory-bound rate
+    assert fused == pytest.approx(106 * per_byte / 8, rel=0.01)
+
+
+def test_mindspore_accumulates_each_micro_batch_in_a_pass_of_its_own():
+    job = _job(framework="mindspore")
+    one, per_byte = _optimizer_s(job)
+    # 8 micro-batches: 8 AssignAdds of 6 bytes over the whole gradient (ZeRO-1 keeps it whole) ...
+    eight, _ = _optimizer_s(job, num_micro_batches=8)
+    assert eight - one == pytest.approx(8 * 6 * per_byte, rel=0.01)
+    # ... over its shard with ZeRO-2 (gradient_accumulation_shard)
+    sharded, _ = _optimizer_s(job, num_micro_batches=8, zero_stage=2)
+    one_z2, _ = _optimizer_s(job, zero_stage=2)
+    assert sharded - one_z2 == pytest.approx(8 * 6 * per_byte / 8, rel=0.01)
+    # Megatron accumulates inside the weight-gradient GEMM: no pass
+    assert _optimizer_s(_job(), num_micro_batches=8)[0] == pytest.approx(_optimizer_s(_job())[0], rel=1e-9)
 
 
 def test_unknown_or_unavailable_implementations_are_refused():

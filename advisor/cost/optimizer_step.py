@@ -28,6 +28,17 @@ Counted per elementwise kernel: what it reads plus what it writes.
     _grad_scale: a cast to fp32 and a Mul, 14; 8 on fp32 gradients), whatever the scale.
   Megatron's and PyTorch's clipping (a fused multi-tensor norm and scale) are not counted.
 
+Gradient accumulation (accumulation_bytes_per_param): MindSpore's parallel pass adds each micro-batch's
+gradients into a copy of the weights (MindFormers' MFPipelineWithLossScaleCell: accu_grads cloned from
+the weights, mindformers/wrapper/wrapper.py at v1.3.0) with an AssignAdd in the backward whenever the
+step has several micro-batches, pipeline stages or accumulation steps (MindSpore's MicroBatchPostProcess
+inserts _VirtualAssignAdd, mindspore/ccsrc/frontend/parallel; mindspore/ops/operations/comm_ops.py:
+"do AssignAdd in backward"): per micro-batch it reads the sum and the new gradient and writes the sum,
+in the weights' dtype (6 bytes on 16-bit weights, 12 on fp32), over the device's whole gradient unless
+the parallel optimizer shards it (ZeRO-2 and above: gradient_accumulation_shard). Megatron accumulates
+inside the weight-gradient GEMM (gradient_accumulation_fusion), PyTorch's FSDP into its gradient shards;
+neither is counted.
+
 SGD and Adagrad are priced with Adam's fused figure (advisor prices their memory, not their step).
 """
 
@@ -43,6 +54,7 @@ MINDSPORE_FUSED_ADAM_BYTES = (6 + 6 + 6 + 28 + 6 + 4 + 8 + 8, 28)
 MINDSPORE_UNFUSED_ADAM_BYTES = (140 + 6 + 6 - 4, 140)
 MINDSPORE_CLIP_BYTES = 8 + 4 + 8
 MINDSPORE_UNSCALE_BYTES = (6 + 8, 8)
+MINDSPORE_ACCUMULATE_BYTES = (2 + 2 + 2, 4 + 4 + 4)     # AssignAdd: read the sum and the gradient, write the sum
 
 
 def bytes_per_param(hw: HardwareProfile, job: TrainingJob | None) -> float:
@@ -55,3 +67,11 @@ def bytes_per_param(hw: HardwareProfile, job: TrainingJob | None) -> float:
     width = 0 if job.mixed_precision else 1
     update = (MINDSPORE_FUSED_ADAM_BYTES if fused else MINDSPORE_UNFUSED_ADAM_BYTES)[width]
     return float(update + MINDSPORE_CLIP_BYTES + MINDSPORE_UNSCALE_BYTES[width])
+
+
+def accumulation_bytes_per_param(job: TrainingJob) -> float:
+    """Bytes one micro-batch's gradient accumulation moves per accumulated element (module docstring):
+    MindSpore's AssignAdd; 0 where the framework accumulates inside its kernels."""
+    if job.framework != "mindspore":
+        return 0.0
+    return float(MINDSPORE_ACCUMULATE_BYTES[0 if job.mixed_precision else 1])

@@ -2,7 +2,8 @@
 
 Step time = m x (slowest stage's micro-batch time) + pipeline fill/drain (bubble)
           + exposed pipeline point-to-point + exposed data-parallel communication
-          + optimizer step (+ host transfers under offload).
+          + optimizer step and, in MindSpore, its per-micro-batch gradient accumulation
+          (advisor.cost.optimizer_step) (+ host transfers under offload).
 A stage's micro-batch time adds, per layer, forward and backward compute (advisor.cost.compute),
 recomputation (advisor.cost.recompute), the exposed tensor-, expert- and context-parallel
 collectives (advisor.cost.layer_comm) and the host's kernel launches; every collective is priced
@@ -279,6 +280,11 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     opt_host = tensors * hw.device.optimizer_overhead_us_per_tensor * 1e-6
     host_share = np.where(offload, b.offload_fraction, 0.0)
     opt_s = np.where(host_share < 1.0, (1.0 - host_share) * compute.optimizer_step_s(hw, local, job) + opt_host, 0.0)
+    # MindSpore's per-micro-batch gradient accumulation (advisor.cost.optimizer_step), priced with the step
+    accumulated = np.where(z >= 2, local, dense_max + expert_max)
+    accumulates = (m > 1) | (b.pp > 1)
+    opt_s = opt_s + np.where(accumulates, m * compute.memory_time_s(
+        hw, optimizer_step.accumulation_bytes_per_param(job) * accumulated), 0.0)
     pcie = hw.host.pcie_bandwidth_gbps * 1e9
     host_bw = (hw.host.memory_bandwidth_gbps or hw.host.pcie_bandwidth_gbps * hw.node.devices_per_node) * 1e9
     # Offload: gradients to the host, updated 16-bit weights back (unless they live there: parameter
