@@ -119,6 +119,17 @@ def test_mindformers_rows_follow_their_yamls_flash_attention_and_dropout():
     assert {i for i, j in jobs.items() if j.dropout} == {"mindformers-gpt2-13b-atlas-800t-a2"}
 
 
+def test_mindformers_pipeline_rows_run_their_yamls_layer_offsets():
+    """MindFormers' LayerSetting: stage p holds num_layers // pp + offset[p] layers (GLM4-9B offset
+    [-1, 0, 1, 0], Yi-34B [-1, 1, 1, -1]); the other pipeline rows split their layers evenly."""
+    runs = {r.id: r for r in load_runs() if r.source == "MindFormers" and r.strategy.pp > 1}
+    uneven = {i: r.strategy.stage_layers for i, r in runs.items() if r.strategy.stage_layers is not None}
+    assert uneven == {"mindformers-glm4-9b-atlas-900-a2-podc": (9, 10, 11, 10),
+                      "mindformers-yi-34b-atlas-800t-a2": (14, 16, 16, 14)}
+    for i, layers in uneven.items():
+        assert sum(layers) == runs[i].model.num_layers
+
+
 def test_a_settings_entry_for_a_run_the_set_does_not_have_is_refused(monkeypatch):
     monkeypatch.setitem(runs_module.MINDFORMERS_YAML_SETTINGS, "mindformers-no-such-run", {"attention": "math"})
     runs_module.load_runs.cache_clear()

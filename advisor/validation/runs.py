@@ -20,7 +20,7 @@ Sources and how their runs are read (every choice a source does not state is nam
 * MindFormers (MindSpore on Ascend 910B): the parallel settings of the linked yaml (dp, tp, pp,
   micro-batches, sequence parallelism, the parallel optimizer = ZeRO-2, or ZeRO-1 with gradient accumulation
   (see _strategy), recomputation with its per-stage layer counts); flash attention and no dropout,
-  except where the yaml says otherwise (MINDFORMERS_YAML_SETTINGS).
+  except where the yaml says otherwise (MINDFORMERS_YAML_SETTINGS; uneven stages: MINDFORMERS_STAGE_LAYERS).
 Runs are excluded, with the reason, when they are marked doubtful, when their published parallel
 layout matches no performance preset of their release (eight Megatron-Bridge rows, each with the
 disagreement and the preset in mbridge_settings.yaml's preset_conflicts), need a device without a
@@ -117,6 +117,14 @@ MINDFORMERS_YAML_SETTINGS: dict[str, dict[str, Any]] = {
         "llama3.1-8b-atlas-900-a2-podc", "glm4-9b-atlas-900-a2-podc", "qwen2-0.5b-atlas-900-a2-podc",
         "qwen2-1.5b-atlas-900-a2-podc", "deepseek-coder1.5-7b-atlas-900-a2-podc", "yi-6b-atlas-800t-a2",
         "yi-34b-atlas-800t-a2")},
+}
+# Pipeline rows whose yaml sets model_config.offset: MindFormers' LayerSetting (mindformers/models/utils.py
+# at v1.3.0, used by the Llama and ChatGLM2 models) gives stage p num_layers // pp + offset[p] layers:
+# GLM4-9B 40 layers, offset [-1, 0, 1, 0] (configs/glm4/finetune_glm4_9b.yaml); Yi-34B 60 layers,
+# offset [-1, 1, 1, -1] (research/yi/finetune_yi_34b.yaml). The other pipeline rows' yamls set offset 0.
+MINDFORMERS_STAGE_LAYERS: dict[str, tuple[int, ...]] = {
+    "mindformers-glm4-9b-atlas-900-a2-podc": (9, 10, 11, 10),
+    "mindformers-yi-34b-atlas-800t-a2": (14, 16, 16, 14),
 }
 _MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
                "ffn_activation", "vocab_size", "moe")
@@ -292,6 +300,8 @@ def _run(raw: dict[str, Any]) -> CalibrationRun:
         fp8_recipe=recipe if dtype in FP8_RECIPES else None,
         framework=FRAMEWORK[kind], **{"attention": "flash", "dropout": False, **_job_settings(raw, kind, settings)},
     )
+    if kind == "mindformers" and raw["id"] in MINDFORMERS_STAGE_LAYERS:
+        settings = {**settings, "stage_layers": MINDFORMERS_STAGE_LAYERS[raw["id"]]}
     strategy = _strategy(raw, kind, model, settings)
     measured = raw["measured"].get("tokens_per_s_per_device")
     if measured is None:   # Megatron-Bridge's model TFLOP/s counts FLOPs as ModelSpec does (causal attention halved)
@@ -350,6 +360,7 @@ def _check_ids(ids: set[str]) -> None:
     named = {f"{SETTINGS_FILE.name} {key}": set(_settings().get(key, {}))
              for key in ("runs", "cuda_graphs", "preset_conflicts")}
     named["runs.py MINDFORMERS_YAML_SETTINGS"] = set(MINDFORMERS_YAML_SETTINGS)
+    named["runs.py MINDFORMERS_STAGE_LAYERS"] = set(MINDFORMERS_STAGE_LAYERS)
     for where, names in named.items():
         for unknown in sorted(names - ids):
             raise AdvisorError(f"{where}: run {unknown!r} is not in {RUNS_FILE.name}")
