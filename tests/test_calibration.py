@@ -60,7 +60,7 @@ GOALS = {
     "llm-foundry A100": 0.10,
     "llm-foundry H100": 0.10,
     "Megatron-Bridge GB200": 0.10,
-    "MindFormers 910B": 0.12,
+    "MindFormers 910B": 0.13,
     "Megatron-Bridge B200": 0.10,
     "Megatron-Bridge H100": 0.10,
 }

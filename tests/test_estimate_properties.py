@@ -324,11 +324,16 @@ def test_memory_never_decreases_when_micro_batch_grows_at_fixed_global_batch(cas
     s_small = replace(s, micro_batch_size=small, num_micro_batches=per_dp // small)
     s_big = replace(s, micro_batch_size=big, num_micro_batches=per_dp // big)
     assume(legal(model, cluster, job, s_small) and legal(model, cluster, job, s_big))
-    m_small = run(model, hw, cluster, job, s_small).memory_gib
-    m_big = run(model, hw, cluster, job, s_big).memory_gib
-    note(f"mbs {small} -> {m_small}\nmbs {big} -> {m_big}")
+    e_small, e_big = run(model, hw, cluster, job, s_small), run(model, hw, cluster, job, s_big)
+    m_small, m_big = e_small.memory_gib, e_big.memory_gib
+    note(f"mbs {small} -> {m_small} (stage {e_small.worst_memory_stage})\n"
+         f"mbs {big} -> {m_big} (stage {e_big.worst_memory_stage})")
     assert m_big.total >= m_small.total * (1 - RTOL)
-    assert m_big.activations >= m_small.activations * (1 - RTOL)
+    # the breakdown is the worst stage's: compared where both peaks sit on the same stage (with
+    # pipelining a bigger micro-batch can move the peak to the last stage, whose logits grow while the
+    # first stages hold fewer micro-batches in flight: its activations may then be the smaller part)
+    if e_small.worst_memory_stage == e_big.worst_memory_stage:
+        assert m_big.activations >= m_small.activations * (1 - RTOL)
 
 
 @PROPS

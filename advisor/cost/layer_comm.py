@@ -3,11 +3,13 @@
 * Tensor parallelism: two all-reduces in the forward and two in the backward per layer, or with
   sequence parallelism a reduce-scatter + all-gather pair in their place (Megatron SC'21 section 3;
   Korthikanti et al. 2022 section 4.2.2), over the tp group's placement. With ``tp_comm_overlap``
-  (Transformer Engine userbuffers in Megatron, MindFormers' fine_grain_interleave, torchtitan's async
-  TP) each collective is cut into tp chunks pipelined with the GEMM it feeds or follows (TE's
-  ring-exchange overlap; Wang et al., "Overlap Communication with Dependent Computation via
-  Decomposition", ASPLOS 2023): one chunk stays exposed, and whatever the layer's linear GEMMs
-  cannot cover.
+  (Transformer Engine userbuffers in Megatron, torchtitan's async TP) each collective is cut into tp
+  chunks pipelined with the GEMM it feeds or follows (TE's ring-exchange overlap; Wang et al.,
+  "Overlap Communication with Dependent Computation via Decomposition", ASPLOS 2023): one chunk
+  stays exposed, and whatever the layer's linear GEMMs cannot cover. MindFormers' fine_grain_interleave
+  (LLamaDecodeLayerInterleave, mindformers/models/llama/llama_interleave.py at v1.3.0) instead cuts
+  each layer's sequence into FINE_GRAIN_SLICES slices whose collectives run under the other slices'
+  compute: one slice's collective stays exposed.
 * Multi-copy parallelism (MindSpore MicroBatchInterleaved, MindFormers micro_batch_interleave_num):
   the micro-batch runs as k copies, one copy's TP collectives under another's compute
   (advisor.cost.multi_copy prices the overlap).
@@ -38,6 +40,9 @@ from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
 
 CP_A2A = 1
+# MindFormers' fine_grain_interleave as its configs set it (research/yi/finetune_yi_34b.yaml,
+# configs/codellama/finetune_codellama_34b_32p.yaml, research/qwen2/finetune_qwen2_0.5b_32k.yaml at v1.3.0)
+FINE_GRAIN_SLICES = 2
 
 
 @dataclass(frozen=True)
@@ -108,9 +113,9 @@ def layer_comm(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: Strat
     (what overlapped TP / EP collectives can hide behind; the backward has twice as much)."""
     tp = tp_comm_s(model, hw, job, b, groups["tp"])
     if job.tp_comm_overlap and hw.device.overlaps_communication:
-        # ring-exchange overlap splits each collective and its GEMM into tp chunks: the first (or
-        # last) chunk's transfer has no GEMM to hide behind
-        t = b.tp.astype(float)
+        # ring-exchange overlap splits each collective and its GEMM into tp chunks (MindSpore: the
+        # sequence into FINE_GRAIN_SLICES slices): the first (or last) one's transfer has nothing to hide behind
+        t = np.full(b.tp.shape, float(FINE_GRAIN_SLICES)) if job.framework == "mindspore" else b.tp.astype(float)
         first = tp / t
         tp_fwd = first + np.maximum(tp - first - linear_forward_s, 0.0)
         tp_bwd = first + np.maximum(tp - first - 2.0 * linear_forward_s, 0.0)

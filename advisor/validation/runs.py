@@ -20,7 +20,8 @@ Sources and how their runs are read (every choice a source does not state is nam
 * MindFormers (MindSpore on Ascend 910B): the parallel settings of the linked yaml (dp, tp, pp,
   micro-batches, sequence parallelism, the parallel optimizer = ZeRO-2, or ZeRO-1 with gradient accumulation
   (see _strategy), recomputation with its per-stage layer counts); flash attention and no dropout,
-  except where the yaml says otherwise (MINDFORMERS_YAML_SETTINGS; uneven stages: MINDFORMERS_STAGE_LAYERS).
+  except where the yaml says otherwise (MINDFORMERS_YAML_SETTINGS; uneven stages: MINDFORMERS_STAGE_LAYERS;
+  fine_grain_interleave priced as tensor-parallel overlap over sequence slices, advisor.cost.layer_comm).
 Runs are excluded, with the reason, when they are marked doubtful, when their published parallel
 layout matches no performance preset of their release (eight Megatron-Bridge rows, each with the
 disagreement and the preset in mbridge_settings.yaml's preset_conflicts), need a device without a
@@ -40,6 +41,7 @@ from typing import Any
 
 import yaml
 
+from advisor.cost.layer_comm import FINE_GRAIN_SLICES
 from advisor.errors import AdvisorError
 from advisor.space.strategy import Strategy
 from advisor.specs.hardware import HardwareProfile, load_hardware
@@ -248,7 +250,14 @@ def _job_settings(raw: dict[str, Any], kind: str, settings: dict[str, Any]) -> d
     if kind == "foundry":
         return _foundry_job_settings(raw)
     if kind == "mindformers":
-        return dict(MINDFORMERS_YAML_SETTINGS.get(raw["id"], {}))
+        out = dict(MINDFORMERS_YAML_SETTINGS.get(raw["id"], {}))
+        slices = raw["parallel"].get("fine_grain_interleave") or 1
+        if slices > 1:   # sequence slices whose collectives overlap each other's compute (advisor.cost.layer_comm)
+            if slices != FINE_GRAIN_SLICES:
+                raise AdvisorError(f"{RUNS_FILE.name}: run {raw['id']!r}: fine_grain_interleave {slices} is not "
+                                   f"the {FINE_GRAIN_SLICES} slices advisor prices")
+            out["tp_comm_overlap"] = True
+        return out
     if kind == "mbridge":
         base = dict(_settings().get("defaults", {}))
         base.update({k: settings[k] for k in ("tp_comm_overlap", "ep_comm_overlap", "overlap_grad_reduce", "moe_dropless")
