@@ -32,12 +32,11 @@ def test_bytes_per_parameter_count_each_kernel():
     # torch.optim's per-operation AdamW: mul_, lerp_, mul_, addcmul_, sqrt, div, add_, addcdiv_
     assert bytes_per_param(gpu, _job(framework="pytorch", optimizer_impl="unfused")) == 80
     assert bytes_per_param(gpu, _job(framework="torchtitan", optimizer_impl="fused")) == 28
-    # MindFormers: the update (casts and copies around the fused kernel on 16-bit weights: 72; 12
-    # operations and 3 Assign, plus casts: 148) + ClipGradNorm (20) + the loss-scale division (14)
-    assert bytes_per_param(npu, _job(framework="mindspore")) == 72 + 20 + 14
-    assert bytes_per_param(npu, _job(framework="mindspore", optimizer_impl="unfused")) == 148 + 20 + 14
-    assert bytes_per_param(npu, _job(framework="mindspore", dtype="fp32")) == 28 + 20 + 8
-    assert bytes_per_param(npu, _job(framework="mindspore", dtype="fp32", optimizer_impl="unfused")) == 140 + 20 + 8
+    # MindFormers on fp32 weights: the update (one in-place fused kernel: 28; 12 operations and 3
+    # Assign: 140) + ClipGradNorm (20) + the loss-scale division (8), in mixed precision as in fp32
+    for dtype in ("bf16", "fp32"):
+        assert bytes_per_param(npu, _job(framework="mindspore", dtype=dtype)) == 28 + 20 + 8
+        assert bytes_per_param(npu, _job(framework="mindspore", dtype=dtype, optimizer_impl="unfused")) == 140 + 20 + 8
 
 
 def test_a_measured_profile_figure_prices_the_fused_step_only():
@@ -57,21 +56,21 @@ def _optimizer_s(job, **strategy):
 def test_the_step_time_follows_the_traffic():
     fused, per_byte = _optimizer_s(_job(framework="mindspore", optimizer_impl="fused"))
     unfused, _ = _optimizer_s(_job(framework="mindspore", optimizer_impl="unfused"))
-    assert unfused / fused == pytest.approx(182 / 106, rel=1e-9)
-    # every parameter over 8 optimizer-parallel ranks, 106 bytes each, at the profile's memory-bound rate
-    assert fused == pytest.approx(106 * per_byte / 8, rel=0.01)
+    assert unfused / fused == pytest.approx(168 / 56, rel=1e-9)
+    # every parameter over 8 optimizer-parallel ranks, 56 bytes each, at the profile's memory-bound rate
+    assert fused == pytest.approx(56 * per_byte / 8, rel=0.01)
 
 
 def test_mindspore_accumulates_each_micro_batch_in_a_pass_of_its_own():
     job = _job(framework="mindspore")
     one, per_byte = _optimizer_s(job)
-    # 8 micro-batches: 8 AssignAdds of 6 bytes over the whole gradient (ZeRO-1 keeps it whole) ...
+    # 8 micro-batches: 8 AssignAdds of 12 bytes (fp32) over the whole gradient (ZeRO-1 keeps it whole) ...
     eight, _ = _optimizer_s(job, num_micro_batches=8)
-    assert eight - one == pytest.approx(8 * 6 * per_byte, rel=0.01)
+    assert eight - one == pytest.approx(8 * 12 * per_byte, rel=0.01)
     # ... over its shard with ZeRO-2 (gradient_accumulation_shard)
     sharded, _ = _optimizer_s(job, num_micro_batches=8, zero_stage=2)
     one_z2, _ = _optimizer_s(job, zero_stage=2)
-    assert sharded - one_z2 == pytest.approx(8 * 6 * per_byte / 8, rel=0.01)
+    assert sharded - one_z2 == pytest.approx(8 * 12 * per_byte / 8, rel=0.01)
     # Megatron accumulates inside the weight-gradient GEMM: no pass
     assert _optimizer_s(_job(), num_micro_batches=8)[0] == pytest.approx(_optimizer_s(_job())[0], rel=1e-9)
 

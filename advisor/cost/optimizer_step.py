@@ -12,20 +12,22 @@ Counted per elementwise kernel: what it reads plus what it writes.
   add_ (8 each), param.addcdiv_ (16): 80 bytes on fp32 parameters and gradients (FSDP keeps fp32
   shards).
 * MindSpore as MindFormers runs it (mindformers v1.3.0, read at its tag; advisor's audit of the
-  MindFormers calibration rows):
+  MindFormers calibration rows), on fp32 parameters and gradients as advisor prices MindSpore plans
+  (TrainingJob.grad_reduce_bytes; the MindFormers export writes param_init_type float32):
   - fused: FP32StateAdamWeightDecay (mindformers/core/optim/optim.py) forces MindSpore's
     AdamWeightDecay primitive, which Ascend's AdamWeightDecayUnifyMindIR pass rewrites into one
-    AdamApplyOneWithDecay kernel (fp32: reads gradient, both moments and weight, writes three: 28).
-    On 16-bit parameters (mixed precision, param_init_type float16/bfloat16 as MindFormers' published
-    configs run) it is wrapped in casts and copies: the gradient cast to the parameter's dtype (6),
-    parameter and gradient cast to fp32 (6 + 6), the new weight cast back (6), Assign of weight and
-    moments (4 + 8 + 8): 72 bytes. On fp32 parameters one in-place kernel, 28.
+    in-place AdamApplyOneWithDecay kernel on fp32 tensors: it reads gradient, both moments and
+    weight and writes three, 28 bytes.
   - unfused: MindFormers' AdamW (mindformers/core/optim/adamw.py _update_run_op) and Yi's
     AdamWeightDecayX run each operation as its own kernel: 12 elementwise operations and 3 Assign
-    over fp32 tensors, 140 bytes; on 16-bit parameters two casts more and a 2-byte weight Assign, 148.
+    over fp32 tensors, 140 bytes.
   - every step also clips the gradients (ClipGradNorm, mindformers/core/clip_grad.py: Square,
     ReduceSum and Mul per parameter, 20) and divides out the loss scale (MFTrainOneStepCell's
-    _grad_scale: a cast to fp32 and a Mul, 14; 8 on fp32 gradients), whatever the scale.
+    _grad_scale: a Mul, 8), whatever the scale.
+  On 16-bit parameters (param_init_type float16, as most MindFormers v1.3.0 configs run) the fused
+  update pays casts and copies around its kernel (72 bytes), the unfused one two casts (148), the
+  unscale a cast (14) and the accumulation below half its bytes; advisor does not price 16-bit
+  MindSpore weights (nor their 16-bit gradient reduction).
   Megatron's and PyTorch's clipping (a fused multi-tensor norm and scale) are not counted.
 
 Gradient accumulation (accumulation_bytes_per_param): MindSpore's parallel pass adds each micro-batch's
@@ -34,7 +36,7 @@ the weights, mindformers/wrapper/wrapper.py at v1.3.0) with an AssignAdd in the 
 step has several micro-batches, pipeline stages or accumulation steps (MindSpore's MicroBatchPostProcess
 inserts _VirtualAssignAdd, mindspore/ccsrc/frontend/parallel; mindspore/ops/operations/comm_ops.py:
 "do AssignAdd in backward"): per micro-batch it reads the sum and the new gradient and writes the sum,
-in the weights' dtype (6 bytes on 16-bit weights, 12 on fp32), over the device's whole gradient unless
+in the weights' dtype (12 bytes on fp32 weights), over the device's whole gradient unless
 the parallel optimizer shards it (ZeRO-2 and above: gradient_accumulation_shard). Megatron accumulates
 inside the weight-gradient GEMM (gradient_accumulation_fusion), PyTorch's FSDP into its gradient shards;
 neither is counted.
@@ -49,12 +51,12 @@ from advisor.specs.job import TrainingJob
 
 ADAM_BYTES_PER_PARAM = 2 + 8 + 8 + 8 + 2      # grad read, master r/w, m r/w, v r/w, weight write
 TORCH_UNFUSED_ADAM_BYTES = 8 + 12 + 8 + 12 + 8 + 8 + 8 + 16
-# MindSpore's update kernels on (16-bit, fp32) parameters
-MINDSPORE_FUSED_ADAM_BYTES = (6 + 6 + 6 + 28 + 6 + 4 + 8 + 8, 28)
-MINDSPORE_UNFUSED_ADAM_BYTES = (140 + 6 + 6 - 4, 140)
-MINDSPORE_CLIP_BYTES = 8 + 4 + 8
-MINDSPORE_UNSCALE_BYTES = (6 + 8, 8)
-MINDSPORE_ACCUMULATE_BYTES = (2 + 2 + 2, 4 + 4 + 4)     # AssignAdd: read the sum and the gradient, write the sum
+# MindSpore's kernels on fp32 parameters and gradients (module docstring)
+MINDSPORE_FUSED_ADAM_BYTES = 16 + 12                  # AdamApplyOneWithDecay: 4 tensors read, 3 written
+MINDSPORE_UNFUSED_ADAM_BYTES = 140                    # 12 elementwise operations and 3 Assign
+MINDSPORE_CLIP_BYTES = 8 + 4 + 8                      # Square, ReduceSum, Mul
+MINDSPORE_UNSCALE_BYTES = 8                           # Mul by the reciprocal loss scale
+MINDSPORE_ACCUMULATE_BYTES = 4 + 4 + 4                # AssignAdd: read the sum and the gradient, write the sum
 
 
 def bytes_per_param(hw: HardwareProfile, job: TrainingJob | None) -> float:
@@ -64,9 +66,8 @@ def bytes_per_param(hw: HardwareProfile, job: TrainingJob | None) -> float:
         if fused:
             return hw.device.optimizer_bytes_per_param or ADAM_BYTES_PER_PARAM
         return float(TORCH_UNFUSED_ADAM_BYTES)
-    width = 0 if job.mixed_precision else 1
-    update = (MINDSPORE_FUSED_ADAM_BYTES if fused else MINDSPORE_UNFUSED_ADAM_BYTES)[width]
-    return float(update + MINDSPORE_CLIP_BYTES + MINDSPORE_UNSCALE_BYTES[width])
+    update = MINDSPORE_FUSED_ADAM_BYTES if fused else MINDSPORE_UNFUSED_ADAM_BYTES
+    return float(update + MINDSPORE_CLIP_BYTES + MINDSPORE_UNSCALE_BYTES)
 
 
 def accumulation_bytes_per_param(job: TrainingJob) -> float:
@@ -74,4 +75,4 @@ def accumulation_bytes_per_param(job: TrainingJob) -> float:
     MindSpore's AssignAdd; 0 where the framework accumulates inside its kernels."""
     if job.framework != "mindspore":
         return 0.0
-    return float(MINDSPORE_ACCUMULATE_BYTES[0 if job.mixed_precision else 1])
+    return float(MINDSPORE_ACCUMULATE_BYTES)
