@@ -123,7 +123,7 @@ MINDFORMERS_YAML_SETTINGS: dict[str, dict[str, Any]] = {
 # Pipeline rows whose yaml sets model_config.offset: MindFormers' LayerSetting (mindformers/models/utils.py
 # at v1.3.0, used by the Llama and ChatGLM2 models) gives stage p num_layers // pp + offset[p] layers:
 # GLM4-9B 40 layers, offset [-1, 0, 1, 0] (configs/glm4/finetune_glm4_9b.yaml); Yi-34B 60 layers,
-# offset [-1, 1, 1, -1] (research/yi/finetune_yi_34b.yaml). The other pipeline rows' yamls set offset 0.
+# offset [-1, 1, 1, -1] (research/yi/finetune_yi_34b.yaml). The other pipeline rows' yamls leave it at 0.
 MINDFORMERS_STAGE_LAYERS: dict[str, tuple[int, ...]] = {
     "mindformers-glm4-9b-atlas-900-a2-podc": (9, 10, 11, 10),
     "mindformers-yi-34b-atlas-800t-a2": (14, 16, 16, 14),
