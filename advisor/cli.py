@@ -221,7 +221,7 @@ def recommend_cmd(
                             dtype=dtype, tokens=tokens, attention=attention, framework=framework, fp8_recipe=fp8_recipe,
                             recompute_modules=recompute_modules, grid_intensity=grid, pue=pue,
                             comm_priority=priority, cuda_graphs=cuda_graphs, token_drop=token_drop,
-                            optimizer_impl=optimizer_impl)
+                            optimizer_impl=optimizer_impl or "fused")
     warnings = input_warnings(inputs.hardware, inputs.cluster)
     if not as_json:   # before the search: a mistaken cluster size is seen at once
         print_warnings(warnings)

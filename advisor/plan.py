@@ -115,7 +115,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         training["cuda_graphs"] = list(plan.training.cuda_graphs)
     if not plan.training.moe_dropless:
         training["moe_dropless"] = False
-    if plan.training.optimizer_impl is not None:
+    if plan.training.optimizer_impl != "fused":
         training["optimizer_impl"] = plan.training.optimizer_impl
     if plan.target is not None:
         training["target"] = dict(plan.target)
@@ -234,7 +234,7 @@ def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
         comm_priority=f.boolean(data, "comm_priority", o, default=False),
         cuda_graphs=tuple(graphs),
         moe_dropless=f.boolean(data, "moe_dropless", o, default=True),
-        optimizer_impl=None if data.get("optimizer_impl") is None else f.choice(data, "optimizer_impl", o, OPTIMIZER_IMPLS),
+        optimizer_impl=f.choice(data, "optimizer_impl", o, OPTIMIZER_IMPLS, default="fused"),
         pue=f.positive_float(data, "pue", o, default=DEFAULT_PUE),
         grid_gco2e_per_kwh=(None if data.get("grid_gco2e_per_kwh") is None
                             else f.non_negative_float(data, "grid_gco2e_per_kwh", o)),

@@ -226,3 +226,19 @@ def test_deepspeed_parses_parameter_offload_and_the_offload_ratio(monkeypatch):
             assert zero.offload_param is not None and zero.offload_param.device == "cpu"
         else:
             assert zero.offload_optimizer.ratio == pytest.approx(0.25)
+
+
+def test_deepspeed_parses_an_unfused_optimizer(monkeypatch):
+    """training.optimizer_impl = unfused asks DeepSpeed for torch.optim's AdamW (optimizer.params
+    torch_adam, popped by DeepSpeedEngine._configure_basic_optimizer before FusedAdam is chosen)."""
+    pytest.importorskip("deepspeed")
+    from dataclasses import replace
+
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    _patch_rank(monkeypatch)
+    plan = next(p for p in plans().values() if p.training.optimizer == "adamw")
+    plan = replace(plan, training=replace(plan.training, framework="pytorch", optimizer_impl="unfused"))
+    parsed = DeepSpeedConfig(_config(export_plan(plan, "deepspeed")), mpu=_MPU(plan.strategy.dp))
+    assert parsed.optimizer_name == "adamw"
+    assert parsed.optimizer_params["torch_adam"] is True

@@ -234,7 +234,7 @@ def test_optimizer_section_is_the_priced_step():
     from dataclasses import replace
 
     plan = next(p for p in plans().values() if p.training.optimizer == "adamw")
-    for impl, fused in ((None, True), ("fused", True), ("unfused", False)):
+    for impl, fused in ((plan.training.optimizer_impl, True), ("fused", True), ("unfused", False)):
         job = replace(plan.training, framework="mindspore", optimizer_impl=impl)
         doc = yaml.safe_load(export_plan(replace(plan, training=job), "mindspore").files["mindformers_parallel.yaml"])
         assert doc["optimizer"] == {"type": "AdamW", "use_fused": fused}, impl

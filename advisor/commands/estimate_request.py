@@ -151,7 +151,7 @@ def estimate_request(*, model: str | None, hardware: str | None, nodes: int | No
                                 dropout=dropout, framework=framework, fp8_recipe=fp8_recipe,
                                 recompute_modules=recompute_modules, grid_intensity=grid_intensity, pue=pue,
                                 comm_priority=comm_priority, cuda_graphs=cuda_graphs, token_drop=token_drop,
-                                optimizer_impl=optimizer_impl)
+                                optimizer_impl=optimizer_impl or "fused")
         strategy = strategy_from_flags(
             inputs, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, vpp=vpp, zero=zero, recompute=recompute,
             recompute_layers=recompute_layers, sequence_parallel=sequence_parallel, schedule=schedule,

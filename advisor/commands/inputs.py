@@ -73,7 +73,7 @@ def resolve_inputs(
     comm_priority: bool = False,
     cuda_graphs: str | None = None,
     token_drop: bool = False,
-    optimizer_impl: str | None = None,
+    optimizer_impl: str = "fused",
 ) -> Inputs:
     spec = load_model(model)
     if getattr(spec, "family", None) == "supernet":
@@ -100,8 +100,7 @@ def resolve_inputs(
     if fp8_recipe is not None and (dt != "fp8" or fp8_recipe not in FP8_RECIPES):
         raise AdvisorError(f"--fp8-recipe must be one of {', '.join(FP8_RECIPES)} and goes with --dtype fp8 "
                            f"(got --fp8-recipe {prefix(fp8_recipe)} with --dtype {dt})")
-    if optimizer_impl is not None:
-        check_optimizer_impl(optimizer_impl, framework, "--optimizer-impl")
+    check_optimizer_impl(optimizer_impl, framework, "--optimizer-impl")
     train_tokens = parse_token_count(tokens) if isinstance(tokens, str) else tokens
     modules = None
     if recompute_modules is not None:

@@ -115,7 +115,7 @@ def layer_comm(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: Strat
     if job.tp_comm_overlap and hw.device.overlaps_communication:
         # ring-exchange overlap splits each collective and its GEMM into tp chunks (MindSpore: the
         # sequence into FINE_GRAIN_SLICES slices): the first (or last) one's transfer has nothing to hide behind
-        t = np.full(b.tp.shape, float(FINE_GRAIN_SLICES)) if job.framework == "mindspore" else b.tp.astype(float)
+        t = float(FINE_GRAIN_SLICES) if job.framework == "mindspore" else b.tp.astype(float)
         first = tp / t
         tp_fwd = first + np.maximum(tp - first - linear_forward_s, 0.0)
         tp_bwd = first + np.maximum(tp - first - 2.0 * linear_forward_s, 0.0)

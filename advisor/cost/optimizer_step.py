@@ -61,7 +61,7 @@ MINDSPORE_ACCUMULATE_BYTES = 4 + 4 + 4                # AssignAdd: read the sum 
 
 def bytes_per_param(hw: HardwareProfile, job: TrainingJob | None) -> float:
     """Bytes the job's optimizer step moves per local parameter (module docstring); no job: fused Adam."""
-    fused = job is None or job.optimizer_kernels == "fused"
+    fused = job is None or job.optimizer_impl == "fused"
     if job is None or job.framework != "mindspore":
         if fused:
             return hw.device.optimizer_bytes_per_param or ADAM_BYTES_PER_PARAM

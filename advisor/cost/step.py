@@ -281,10 +281,10 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     host_share = np.where(offload, b.offload_fraction, 0.0)
     opt_s = np.where(host_share < 1.0, (1.0 - host_share) * compute.optimizer_step_s(hw, local, job) + opt_host, 0.0)
     # MindSpore's per-micro-batch gradient accumulation (advisor.cost.optimizer_step), priced with the step
-    accumulated = np.where(z >= 2, local, dense_max + expert_max)
-    accumulates = (m > 1) | (b.pp > 1)
-    opt_s = opt_s + np.where(accumulates, m * compute.memory_time_s(
-        hw, optimizer_step.accumulation_bytes_per_param(job) * accumulated), 0.0)
+    accumulate_bytes = optimizer_step.accumulation_bytes_per_param(job)
+    if accumulate_bytes:
+        accumulated = np.where(z >= 2, local, dense_max + expert_max)
+        opt_s = opt_s + np.where((m > 1) | (b.pp > 1), m * compute.memory_time_s(hw, accumulate_bytes * accumulated), 0.0)
     pcie = hw.host.pcie_bandwidth_gbps * 1e9
     host_bw = (hw.host.memory_bandwidth_gbps or hw.host.pcie_bandwidth_gbps * hw.node.devices_per_node) * 1e9
     # Offload: gradients to the host, updated 16-bit weights back (unless they live there: parameter

@@ -115,7 +115,7 @@ def ds_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
                            "model); exported as bf16")
     opt_type = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[j.optimizer]
     cfg["optimizer"] = {"type": opt_type, "params": {"lr": 3.0e-4}}
-    if j.optimizer in ("adam", "adamw") and j.optimizer_kernels == "unfused":
+    if j.optimizer in ("adam", "adamw") and j.optimizer_impl == "unfused":
         # DeepSpeedEngine._configure_basic_optimizer: torch_adam builds torch.optim.Adam(W), whose
         # foreach step runs one kernel per operation, instead of DeepSpeed's FusedAdam
         cfg["optimizer"]["params"]["torch_adam"] = True

@@ -206,7 +206,7 @@ def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> 
     if j.optimizer in ("adam", "adamw"):
         # the optimizer step priced (advisor.cost.optimizer_step): MindFormers' AdamW picks FusedAdamW with
         # use_fused True, its per-operation AdamW otherwise (mindformers/core/optim/__init__.py, 1.7.0 and 2.1.0)
-        out["optimizer"] = {"type": "AdamW", "use_fused": j.optimizer_kernels == "fused"}
+        out["optimizer"] = {"type": "AdamW", "use_fused": j.optimizer_impl == "fused"}
     return out
 
 

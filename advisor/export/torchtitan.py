@@ -157,7 +157,7 @@ def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, 
     if j.framework != "torchtitan":
         notes.append(f"the plan was priced for framework {j.framework}; torchtitan runs eager PyTorch kernels and its "
                      "own checkpointing policies, so re-price with --framework torchtitan")
-    if j.optimizer_kernels == "unfused":
+    if j.optimizer_impl == "unfused":
         notes.append('the plan was priced with an unfused optimizer step: set implementation = "foreach" in your '
                      '[optimizer] section (torchtitan\'s default is "fused")')
     if s.cp > 1 and s.cp_comm == "a2a":

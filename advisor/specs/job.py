@@ -179,8 +179,8 @@ class TrainingJob:
     # --cuda-graph-scope; CUDA_GRAPH_MODULES above, "full" = the whole layer; priced in advisor.cost.cuda_graphs):
     # the captured kernels launch as one graph. Empty: eager launches.
     cuda_graphs: tuple[str, ...] = ()
-    # The optimizer step's kernels (OPTIMIZER_IMPLS); None: fused.
-    optimizer_impl: str | None = None
+    # The optimizer step's kernels (OPTIMIZER_IMPLS).
+    optimizer_impl: str = "fused"
 
     def __post_init__(self) -> None:
         for key, bound in (("global_batch_size", limits.MAX_GLOBAL_BATCH), ("seq_length", limits.MAX_SEQ_LENGTH)):
@@ -194,8 +194,7 @@ class TrainingJob:
             raise AdvisorError(f"training: 'dtype' must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
         if self.optimizer not in OPTIMIZERS:
             raise AdvisorError(f"training: 'optimizer' must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        if self.optimizer_impl is not None:
-            check_optimizer_impl(self.optimizer_impl, self.framework, "training: 'optimizer_impl'")
+        check_optimizer_impl(self.optimizer_impl, self.framework, "training: 'optimizer_impl'")
         if self.attention not in ATTENTION:
             raise AdvisorError(f"training: 'attention' must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
         if self.framework not in FRAMEWORKS:
@@ -230,11 +229,6 @@ class TrainingJob:
     def selective_modules(self) -> tuple[str, ...]:
         """Megatron's recompute modules in force."""
         return self.recompute_modules or DEFAULT_RECOMPUTE_MODULES
-
-    @property
-    def optimizer_kernels(self) -> str:
-        """The optimizer implementation in force (OPTIMIZER_IMPLS)."""
-        return self.optimizer_impl or "fused"
 
     @property
     def dtype_bytes(self) -> int:

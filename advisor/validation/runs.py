@@ -213,7 +213,8 @@ def _strategy(run: dict[str, Any], kind: str, model: ModelSpec, settings: dict[s
         dp=dp, tp=tp, pp=pp, cp=cp, ep=p.get("ep") or 1, sequence_parallel=sp, virtual_pipeline_stages=vpp,
         micro_batch_size=mbs, num_micro_batches=t["gbs"] // (dp * mbs), zero_stage=zero, recompute=recompute,
         recompute_layers=layers, pipeline_schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
-        stage_layers=tuple(settings["stage_layers"]) if settings.get("stage_layers") else None,
+        stage_layers=(MINDFORMERS_STAGE_LAYERS.get(run["id"]) if kind == "mindformers"
+                      else tuple(settings["stage_layers"]) if settings.get("stage_layers") else None),
         # Megatron-Core's cpu_offloading of the first N layers' activations (only without pipelining):
         # priced as activation swapping (advisor.cost.swap)
         swap_layers=(settings["activation_offload_layers"],) if settings.get("activation_offload_layers") else None,
@@ -309,8 +310,6 @@ def _run(raw: dict[str, Any]) -> CalibrationRun:
         fp8_recipe=recipe if dtype in FP8_RECIPES else None,
         framework=FRAMEWORK[kind], **{"attention": "flash", "dropout": False, **_job_settings(raw, kind, settings)},
     )
-    if kind == "mindformers" and raw["id"] in MINDFORMERS_STAGE_LAYERS:
-        settings = {**settings, "stage_layers": MINDFORMERS_STAGE_LAYERS[raw["id"]]}
     strategy = _strategy(raw, kind, model, settings)
     measured = raw["measured"].get("tokens_per_s_per_device")
     if measured is None:   # Megatron-Bridge's model TFLOP/s counts FLOPs as ModelSpec does (causal attention halved)
