@@ -12,7 +12,8 @@ Sections (each source named where its data lie; benchmarks/data/README.md lists 
      memory (max reserved) MAPE.
   4. Ranking: Kendall tau of throughput inside each llm-foundry table (same model and GPU count).
   5. Feasibility: measured runs the cost model judges not to fit in memory (goal: none).
-  6. --leave-one-out: each source's error when the device is refitted without it.
+  6. --leave-one-out: each source's error when the device is refitted without it, and at the
+     device's starting constants.
   7. --recommend: recommend on the README's examples next to the closest measured run's MFU.
 
 How the profiles were fitted: benchmarks/fit_profiles.py and advisor/validation/fit.py.
@@ -138,12 +139,15 @@ def feasibility(preds: list) -> None:
 
 
 def leave_one_out() -> None:
-    from advisor.validation.targets import TARGETS, leave_one_source_out
+    from advisor.validation.targets import TARGETS, leave_one_source_out, starting_errors
 
-    print("\n== 6. Leave one source out: the source's error when its device is refitted without it")
+    print("\n== 6. Leave one source out: the source's error when its device is refitted without it, and")
+    print("   at the device's starting constants (none of its runs fitted; Blackwell-Ultra: the Blackwell fit's)")
     for device, target in TARGETS.items():
         for source, errors in leave_one_source_out(target).items():
-            print(f"   {device:9s} without {source:24s} {_stats(errors)}")
+            print(f"   {device:15s} without {source:24s} {_stats(errors)}")
+        for source, errors in starting_errors(target).items():
+            print(f"   {device:15s} starting {source:23s} {_stats(errors)}")
 
 
 def recommend_examples() -> None:
@@ -160,10 +164,11 @@ def recommend_examples() -> None:
         near = closest_runs(inputs.model.num_active_params, ex.devices, inputs.job.seq_length, ex.hardware, ex.dtype)
         print(f"   {ex.command}")
         print(f"     plan dp{s.dp} tp{s.tp} pp{s.pp} cp{s.cp} ep{s.ep} mbs{s.micro_batch_size} {_knobs(s)}: MFU {e.mfu:.1%}, "
-              f"HFU {e.hfu:.1%}, calibrated: {'yes' if e.confidence and e.confidence.calibrated else 'no'}")
+              f"HFU {e.hfu:.1%}, recomputation: {s.recompute}, "
+              f"calibrated: {'yes' if e.confidence and e.confidence.calibrated else 'no'}")
         for r in near:
             print(f"     closest measured: {r.id} ({r.params / 1e9:.0f}B active, {r.devices} devices, seq {r.seq_length}): "
-                  f"MFU {r.mfu:.1%}")
+                  f"MFU {r.mfu:.1%}, recomputation: {r.recompute}")
 
 
 def main() -> None:

@@ -84,6 +84,7 @@ def test_bad_unit_in_a_profile_names_the_place():
 @pytest.mark.parametrize("device, reference", [("A100-PCIE-40GB", "dgx-a100-80g"), ("NVIDIA L40S", "dgx-a100-80g"),
                                                ("H800-SXM5-80GB", "dgx-h100"), ("Ascend-910", "ascend-910"),
                                                ("Ascend 910B3", "ascend-910b"), ("B200-SXM", "dgx-b200"),
+                                               ("GB300", "dgx-b300"),
                                                ("Tesla V100-PCIE-16GB", "dgx-v100")])
 def test_profile_without_a_gemm_curve_takes_its_reference_class_and_says_so(device, reference):
     raw = _a100()

@@ -94,6 +94,24 @@ def test_blackwell_systems_share_the_gpus_constants_and_keep_their_hosts():
         replace(target, constants=target.constants + (Constant("launch_overhead_us@dgx-b300", 30.0, 2.0, 120.0),))
 
 
+def test_blackwell_ultra_starts_where_the_blackwell_fit_left_off():
+    """B300 systems are fitted on their own runs from the B200 fit's constants: at the starting
+    constants GB300 NVL72 is GB200 NVL72's profile (the same peaks and Grace host), DGX B300 keeps DGX
+    B200's host launch overhead, and both hold BF16 at H100's scale."""
+    target = TARGETS["Blackwell-Ultra"]
+    assert target.profiles == ("dgx-b300", "gb300-nvl72")
+    start = {p: profile_raw(target, p, load_hardware(p).raw, {})["device"] for p in target.profiles}
+    gb200, b200 = load_hardware("gb200-nvl72").raw["device"], load_hardware("dgx-b200").raw["device"]
+    for key in ("matmul_efficiency", "attention_efficiency"):
+        for kind, curve in gb200[key].items():
+            flat = [v for point in curve for v in point]
+            assert [v for point in start["gb300-nvl72"][key][kind] for v in point] == pytest.approx(flat, rel=2e-3), kind
+    assert start["gb300-nvl72"]["launch_overhead_us"] == gb200["launch_overhead_us"]
+    assert start["dgx-b300"]["launch_overhead_us"] == b200["launch_overhead_us"]
+    assert start["dgx-b300"]["memory_efficiency"] == b200["memory_efficiency"]
+    assert "gemm_scale.bf16" not in {c.name for c in target.constants}
+
+
 def test_a_device_fitted_per_machine_keeps_each_machines_runs_apart():
     per_machine = fit_per_machine(TARGETS["910B"], evaluations=3)
     assert {m: len(errors) for m, (_, errors) in per_machine.items()} == {"atlas-800t-a2": 12, "atlas-900-a2-podc": 5}

@@ -89,6 +89,10 @@ def test_profile_numbers_are_sane(name):
         ("dgx-a100-80g", 300, 25, 312, 80),
         ("dgx-h100", 450, 50, 989.4, 80),
         ("dgx-h200", 450, 50, 989.4, 140),
+        ("dgx-b200", 900, 50, 2250, 178.35),
+        ("gb200-nvl72", 900, 50, 2500, 186),
+        ("dgx-b300", 900, 100, 2250, 279),
+        ("gb300-nvl72", 900, 100, 2500, 279),
     ],
 )
 def test_nvidia_datasheet_numbers(name, intra_gbps, inter_gbps, bf16_tflops, memory_gib):

@@ -22,13 +22,14 @@ DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
 # (class, device-name pattern, bundled profile whose curve stands in), first match wins. The patterns
 # follow the vendors' product names (NVIDIA data-center GPU names: V100, A100/A800/A30/A40/A10, L40/L4,
-# H100/H200/H800/H20/GH200, B100/B200/B300/GB200; Huawei Ascend 910, 910B/910C). Each generation takes
+# H100/H200/H800/H20/GH200, B100/B200/GB200, B300/GB300; Huawei Ascend 910, 910B/910C). Each generation takes
 # the bundled profile of the same architecture where there is one (their curves are fitted to measured
 # runs, see each profile's "Fitted by" line), and other NVIDIA GPUs the A100 (Ampere) curve.
 REFERENCE_CLASSES = (
     ("Ascend 910B/910C NPUs", r"910\s*[bc]", "ascend-910b"),
     ("Ascend NPUs", r"ascend|910", "ascend-910"),
-    ("NVIDIA Blackwell GPUs", r"(?<![a-z0-9])g?b[123]00(?![0-9])", "dgx-b200"),
+    ("NVIDIA Blackwell Ultra GPUs", r"(?<![a-z0-9])g?b300(?![0-9])", "dgx-b300"),
+    ("NVIDIA Blackwell GPUs", r"(?<![a-z0-9])g?b[12]00(?![0-9])", "dgx-b200"),
     ("NVIDIA Hopper GPUs", r"(?<![a-z0-9])(g?h[12]00|h800|h20)(?![0-9])", "dgx-h100"),
     ("NVIDIA Volta GPUs", r"(?<![a-z0-9])v100(?![0-9])", "dgx-v100"),
     ("NVIDIA data-center GPUs", r"nvidia|tesla|(?<![a-z0-9])(a100|a800|a40|a30|a10|l40s?|l4)(?![0-9])", "dgx-a100-80g"),

@@ -58,18 +58,21 @@ class MeasuredRun:
     devices: int
     seq_length: int
     mfu: float
+    recompute: str = "none"     # the run's recomputation: its MFU leaves the replayed FLOPs out
 
 
 @lru_cache(maxsize=1)
 def measured_runs() -> tuple[MeasuredRun, ...]:
     """Every measured run with its MFU in advisor's convention (the peak of the run's dtype)."""
-    rows = [(r.id, r.model, r.job, r.devices, r.profile, r.measured_tokens_per_s_per_device)
+    rows = [(r.id, r.model, r.job, r.devices, r.profile, r.measured_tokens_per_s_per_device, r.strategy.recompute)
             for r in list(usable_runs()) + list(load_torchtitan_runs())]
     rows += [(run.id, run.model, run.job, run.devices, run.hardware,
-              run.job.tokens_per_step / measured_step_time_s(run) / run.devices) for run in load_published_runs()]
+              run.job.tokens_per_step / measured_step_time_s(run) / run.devices, run.parallel.get("recompute", "none"))
+             for run in load_published_runs()]
     return tuple(MeasuredRun(name, DEVICE_NAMES[profile], job.dtype == "fp8", model.num_active_params, devices,
-                             job.seq_length, model_flops_utilization(model, job.seq_length, tokens, profile, job.dtype))
-                 for name, model, job, devices, profile, tokens in rows)
+                             job.seq_length, model_flops_utilization(model, job.seq_length, tokens, profile, job.dtype),
+                             recompute)
+                 for name, model, job, devices, profile, tokens, recompute in rows)
 
 
 def closest_runs(params: float, devices: int, seq_length: int, hardware: str, dtype: str, count: int = 2) -> list[MeasuredRun]:

@@ -54,13 +54,17 @@ PROFILE_SEPARATOR = "@"
 
 @dataclass(frozen=True)
 class Constant:
-    """One free physical constant: its starting value and bounds."""
+    """One free physical constant: its starting value (or a function giving it, read when a fit starts:
+    another device's fitted value) and bounds."""
 
     name: str
-    start: float
+    start: float | Callable[[], float]
     low: float
     high: float
     log: bool = True        # the prior pulls log(value / start) (scales); False: (value - start) / (high - low)
+
+    def initial(self) -> float:
+        return float(self.start()) if callable(self.start) else float(self.start)
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,7 @@ def profile_values(target: Target, profile: str, values: dict[str, float],
     """The constants one of the target's profiles takes: the starting values, the held ones (`fixed`;
     None: resolved now) and `values`, the profile's own ("key@profile") over the shared ones, and the
     size factor times the profile's size base."""
-    v = {c.name: c.start for c in target.constants}
+    v = {c.name: c.initial() for c in target.constants if c.name not in values}
     v.update(resolve_fixed(target) if fixed is None else fixed)
     v.update(values)
     out = {k: x for k, x in v.items() if PROFILE_SEPARATOR not in k}
@@ -200,9 +204,10 @@ def evaluate(target: Target, observations: list[Observation], values: dict[str, 
 def fit(target: Target, observations: list[Observation], max_evaluations: int = 60) -> FitResult:
     """Least-squares fit of the target's constants to the observations (see the module docstring)."""
     names = [c.name for c in target.constants]
-    start = np.array([c.start for c in target.constants])
     low = np.array([c.low for c in target.constants])
     high = np.array([c.high for c in target.constants])
+    # a start read from another fit may sit on (or round just past) a bound
+    start = np.clip([c.initial() for c in target.constants], low, high)
     weights = _weights(observations)
     fixed, bases = resolve_fixed(target), _bases(observations)
     count = [0]
@@ -212,8 +217,8 @@ def fit(target: Target, observations: list[Observation], max_evaluations: int = 
         values = dict(zip(names, x))
         profiles = _profiles(target, bases, values, fixed, bases)
         r = np.array([o.log_error(profiles[o.profile]) for o in observations]) * weights
-        prior = np.array([math.log(v / c.start) if c.log else (v - c.start) / (c.high - c.low)
-                          for v, c in zip(x, target.constants)]) * PRIOR_WEIGHT
+        prior = np.array([math.log(v / s) if c.log else (v - s) / (c.high - c.low)
+                          for v, s, c in zip(x, start, target.constants)]) * PRIOR_WEIGHT
         return np.concatenate([r, prior])
 
     result = least_squares(residuals, start, bounds=(low, high), loss="soft_l1", f_scale=LOSS_SCALE,

@@ -8,7 +8,8 @@ for the kernel a shape was measured with, and at 0.6 for kernels without their o
 (flash-attn 1.x's Triton kernel ran at about 0.6 of FlashAttention-2 on A100 in the FA2 repo's
 benchmark: 90-100 vs 150-200 TFLOP/s at head dim 64).
 
-Blackwell's BF16 GEMM scale is held at H100's (see h100_bf16_scale). A100's launch overhead and the size
+Blackwell's BF16 GEMM scale is held at H100's (see h100_bf16_scale); Blackwell Ultra (B300) starts from
+the Blackwell fit and refits only its FP8 GEMM scale (see its target). A100's launch overhead and the size
 axis of its GEMM curve stay where the vTrain calibration put them (the ranking of 1,440 small
 single-node runs, whose small GEMMs and host-bound layers decide both, not the large runs' throughput
 errors), and the attention curves of kernels it has no runs for (te, sdpa) stay at
@@ -26,7 +27,7 @@ from advisor.specs.hardware import load_hardware
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
 from advisor.validation.accuracy import predict, usable_runs
-from advisor.validation.fit import PROFILE_SEPARATOR, Constant, Observation, Target, evaluate, fit, shape_scale
+from advisor.validation.fit import PROFILE_SEPARATOR, Constant, Observation, Target, evaluate, fit, shape_scale, shapes
 from advisor.validation.runs import CalibrationRun
 
 
@@ -59,6 +60,27 @@ def h100_bf16_scale() -> float:
     which cannot fix a GEMM curve: BF16 takes the H100 fit's scale (read from the bundled dgx-h100
     profile), and the confidence report says so."""
     return shape_scale("dgx-h100", "bf16", "gemm_h100")
+
+
+# Blackwell Ultra: DGX B300 and GB300 NVL72 carry the same B300 GPU, fitted together as Blackwell's
+# systems are; each system's host is its Blackwell counterpart's (an x86 DGX host, a Grace superchip)
+BLACKWELL_ULTRA = ("dgx-b300", "gb300-nvl72")
+SAME_HOST = {"dgx-b300": "dgx-b200", "gb300-nvl72": "gb200-nvl72"}
+
+
+def carried_constant(profile: str, name: str, gemm_shape: str = "gemm_h100", attention_shape: str = "cudnn_h100") -> float:
+    """A fitted constant as a bundled profile carries it (the inverse of fit.profile_raw for one
+    name): GEMM and attention scales over their starting shapes, the size factor over the shape's
+    size axis and the profile's BF16 peak ratio to H100, and the plain device values."""
+    dev = load_hardware(profile).device
+    key, _, which = name.partition(".")
+    if key == "gemm_scale":
+        return shape_scale(profile, which, gemm_shape)
+    if key == "gemm_size_factor":
+        return dev.gemm_curve("bf16")[0][0] / shapes()[gemm_shape][0][0] / peak_ratio(profile)
+    if key == "attention_scale":
+        return max(y for _, y in dev.attention_curve(which)) / max(y for _, y in shapes()[attention_shape])
+    return float(getattr(dev, name))
 
 
 TARGETS = {
@@ -95,6 +117,27 @@ TARGETS = {
         + tuple(_c(f"launch_overhead_us{PROFILE_SEPARATOR}{p}", 30.0, 2.0, 120.0) for p in BLACKWELL),
         fp8=True, fixed={"gemm_scale.bf16": h100_bf16_scale},
         size_base={p: (lambda p=p: peak_ratio(p)) for p in BLACKWELL},
+    ),
+    # Blackwell Ultra (B300): new silicon of the same architecture (the same dense BF16/FP8 tensor
+    # throughput per the HGX B300 table, twice the special-function throughput for attention's
+    # exponentials per NVIDIA's Blackwell Ultra material, 288 GB of HBM3e, 1400 W in GB300), so its
+    # constants start where the Blackwell fit left them (read from the bundled dgx-b200 profile when a fit
+    # starts: predicting at the starting constants is predicting B300 from the B200 runs). Only the FP8
+    # GEMM scale is refitted: its twelve runs, eight of them FP8 on GB300, do not tell attention from
+    # GEMM efficiency apart (fitted together, attention fell to 0.49 of its Blackwell scale while the
+    # FP8 scale rose to 1.05: a trade between the two, and opposite to the doubled exponential
+    # throughput), so the size factor, attention and memory-bound efficiency stay the Blackwell fit's,
+    # each system's launch overhead its Blackwell counterpart's (the same host), BF16 at H100's scale.
+    "Blackwell-Ultra": Target(
+        device="Blackwell-Ultra", profiles=BLACKWELL_ULTRA, gemm_shape="gemm_h100", attention_shapes={"te": "cudnn_h100"},
+        constants=(_c("gemm_scale.fp8", lambda: carried_constant("dgx-b200", "gemm_scale.fp8"), 0.3, 1.25),),
+        fp8=True,
+        fixed={"gemm_scale.bf16": h100_bf16_scale,
+               **{name: (lambda name=name: carried_constant("dgx-b200", name))
+                  for name in ("gemm_size_factor", "attention_scale.te", "memory_efficiency")},
+               **{f"launch_overhead_us{PROFILE_SEPARATOR}{p}": (lambda p=p: carried_constant(SAME_HOST[p], "launch_overhead_us"))
+                  for p in BLACKWELL_ULTRA}},
+        size_base={p: (lambda p=p: peak_ratio(p)) for p in BLACKWELL_ULTRA},
     ),
     # the largest BF16 GEMMs reach at least 0.6 of peak inside a framework, as for H100 (0.6 / the
     # gemm_910b shape's 0.85 = 0.706)
@@ -174,3 +217,9 @@ def leave_one_source_out(target: Target, evaluations: int = 60) -> dict[str, lis
         values = fit(target, rest, evaluations).values if rest else {}
         out[source] = evaluate(target, [o for o in obs if o.source == source], values)[source]
     return out
+
+
+def starting_errors(target: Target) -> dict[str, list[float]]:
+    """Each source's errors (pred / meas - 1) at the target's starting constants, before any of its
+    runs is fitted: for Blackwell Ultra, its runs predicted from the Blackwell fit."""
+    return evaluate(target, observations(target), {})
