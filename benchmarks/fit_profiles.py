@@ -3,16 +3,18 @@
     python benchmarks/fit_profiles.py [--device H100 ...] [--write] [--leave-one-out] [--per-machine]
 
 For every device (advisor/validation/targets.py: A100, H100, Blackwell = B200 and GB200 together,
-910B) the constants (GEMM efficiency scale per dtype and size shift, attention efficiency per
-kernel, memory-bound efficiency, launch overhead, link efficiency, as the target lists them) are
-fitted by least squares on every usable run of that device (advisor/validation/fit.py explains the
-objective). --write puts the fitted curves and constants into the bundled profiles that share the
-device (H100's also into dgx-h200: the same GH100 silicon; Blackwell's into dgx-b200 and
-gb200-nvl72, each with its own host launch overhead). --leave-one-out refits each device once per
-source without that source and prints the source's error under the refit: how well the model
-predicts a source it was not fitted on (for Blackwell: each system from the other's runs, its own
-launch overhead then at the starting value). --per-machine fits each machine a device's runs name
-(910B: Atlas 800T A2 and Atlas 900 A2 PoDc) on its own runs and prints its error and constants.
+Blackwell-Ultra = B300 and GB300 together, 910B) the constants (GEMM efficiency scale per dtype and
+size shift, attention efficiency per kernel, memory-bound efficiency, launch overhead, link
+efficiency, as the target lists them) are fitted by least squares on every usable run of that device
+(advisor/validation/fit.py explains the objective). --write puts the fitted curves and constants
+into the bundled profiles that share the device (H100's also into dgx-h200: the same GH100 silicon;
+Blackwell's into dgx-b200 and gb200-nvl72, each with its own host launch overhead; Blackwell-Ultra's
+into dgx-b300 and gb300-nvl72, starting from the bundled Blackwell profiles, so Blackwell is written
+first: the default order does). --leave-one-out refits each device once per source without that
+source and prints the source's error under the refit: how well the model predicts a source it was
+not fitted on (for Blackwell: each system from the other's runs, its own launch overhead then at the
+starting value). --per-machine fits each machine a device's runs name (910B: Atlas 800T A2 and Atlas
+900 A2 PoDc) on its own runs and prints its error and constants.
 """
 
 from __future__ import annotations
@@ -47,6 +49,20 @@ def _constants_of(target, profile: str, result) -> list[str]:
     return out
 
 
+def _held_of(target, profile: str, result) -> str:
+    """The held constants as the profile's note names them: its own and the shared ones, a relative
+    size factor with what it is relative to."""
+    out = []
+    for name, value in result.fixed.items():
+        key, _, owner = name.partition(PROFILE_SEPARATOR)
+        if owner not in ("", profile):
+            continue
+        base = target.size_base.get(profile) if key == "gemm_size_factor" else None
+        out.append(f"; held: {key} {value * base():.3g} ({value:.3g} x the BF16 peak ratio to H100)" if base
+                   else f"; held: {key} {value:.3g}")
+    return "".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", nargs="*", default=list(TARGETS), choices=list(TARGETS))
@@ -67,10 +83,9 @@ def main() -> None:
         for source, errors in result.errors.items():
             print(f"   {source:28s} {_summary(errors)}")
         if args.write:
-            held = "".join(f"; held: {k} {v:.3g}" for k, v in result.fixed.items())
             for name in target.profiles:
                 note = (f"{len(obs)} runs ({', '.join(sorted(result.errors))}); "
-                        + ", ".join(_constants_of(target, name, result)) + held)
+                        + ", ".join(_constants_of(target, name, result)) + _held_of(target, name, result))
                 path = PROFILES_DIR / f"{name}.yaml"
                 raw = profile_raw(target, name, load_hardware(name).raw, result.values, result.fixed)
                 text = with_calibration(fitted_text(path.read_text(), raw, note), summarize(fitted_runs(target)))

@@ -20,7 +20,7 @@ from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import load_model, model_from_dict
 from advisor.validation.fit import Constant, profile_raw
 from advisor.validation.runs import load_runs
-from advisor.validation.targets import TARGETS, fit_per_machine, fitted_runs
+from advisor.validation.targets import TARGETS, carried_constant, fit_per_machine, fitted_runs
 from advisor.validation.torchtitan import load_torchtitan_runs
 from advisor.validation.write import fitted_text, with_calibration
 
@@ -110,6 +110,25 @@ def test_blackwell_ultra_starts_where_the_blackwell_fit_left_off():
     assert start["dgx-b300"]["launch_overhead_us"] == b200["launch_overhead_us"]
     assert start["dgx-b300"]["memory_efficiency"] == b200["memory_efficiency"]
     assert "gemm_scale.bf16" not in {c.name for c in target.constants}
+
+
+def test_bundled_blackwell_ultra_profiles_are_the_blackwell_fit_with_their_fp8_scale():
+    """dgx-b300 and gb300-nvl72 carry the bundled Blackwell fit's constants but for their own FP8 GEMM
+    scale: a Blackwell refit written without the Ultra one leaves them stale, and this says so."""
+    target = TARGETS["Blackwell-Ultra"]
+    assert [c.name for c in target.constants] == ["gemm_scale.fp8"]
+    for p in target.profiles:
+        own = {"gemm_scale.fp8": carried_constant(target, p, "gemm_scale.fp8")}
+        want = profile_raw(target, p, load_hardware(p).raw, own)["device"]
+        have = load_hardware(p).raw["device"]
+        for key in ("matmul_efficiency", "attention_efficiency"):
+            for kind, curve in want[key].items():
+                flat = [v for point in curve for v in point]
+                assert [v for point in have[key][kind] for v in point] == pytest.approx(flat, rel=2e-3), (p, kind)
+        assert (have["memory_efficiency"], have["launch_overhead_us"]) == pytest.approx(
+            (want["memory_efficiency"], want["launch_overhead_us"]), rel=1e-3)
+    with pytest.raises(ValueError, match="inter_efficiency"):
+        carried_constant(target, "dgx-b300", "inter_efficiency")
 
 
 def test_a_device_fitted_per_machine_keeps_each_machines_runs_apart():

@@ -149,7 +149,11 @@ def parse(text: str, origin: str, fmt: str) -> Any:
     except RecursionError:
         raise AdvisorError(f"{origin}: nesting deeper than {limits.MAX_DEPTH} levels") from None
     except yaml.YAMLError as exc:
-        raise AdvisorError(f"{origin}: malformed YAML: {' '.join(str(exc).split())[:300]}") from None
+        text = ' '.join(str(exc).split())
+        if "nesting depth" in text:
+            # PyYAML >= 6.0.4's scanner bounds flow nesting itself (scanning ahead of the composer's count)
+            raise AdvisorError(f"{origin}: nesting deeper than {limits.MAX_DEPTH} levels (PyYAML: {text[:200]})") from None
+        raise AdvisorError(f"{origin}: malformed YAML: {text[:300]}") from None
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:
         # json.JSONDecodeError, refused constants, int digits beyond Python's limit; PyYAML's
         # constructors fail so on some explicitly tagged values (!!timestamp on a non-date)

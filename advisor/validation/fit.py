@@ -64,7 +64,10 @@ class Constant:
     log: bool = True        # the prior pulls log(value / start) (scales); False: (value - start) / (high - low)
 
     def initial(self) -> float:
-        return float(self.start()) if callable(self.start) else float(self.start)
+        """The starting value, within the bounds (a start read from another fit may sit on, or round
+        just past, one)."""
+        value = float(self.start()) if callable(self.start) else float(self.start)
+        return min(max(value, self.low), self.high)
 
 
 @dataclass(frozen=True)
@@ -206,8 +209,7 @@ def fit(target: Target, observations: list[Observation], max_evaluations: int = 
     names = [c.name for c in target.constants]
     low = np.array([c.low for c in target.constants])
     high = np.array([c.high for c in target.constants])
-    # a start read from another fit may sit on (or round just past) a bound
-    start = np.clip([c.initial() for c in target.constants], low, high)
+    start = np.array([c.initial() for c in target.constants])
     weights = _weights(observations)
     fixed, bases = resolve_fixed(target), _bases(observations)
     count = [0]

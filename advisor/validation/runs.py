@@ -23,11 +23,11 @@ Sources and how their runs are read (every choice a source does not state is nam
   except where the yaml says otherwise (MINDFORMERS_YAML_SETTINGS; uneven stages: MINDFORMERS_STAGE_LAYERS;
   fine_grain_interleave priced as tensor-parallel overlap over sequence slices, advisor.cost.layer_comm).
 Runs are excluded, with the reason, when they are marked doubtful, when their published parallel
-layout matches no performance preset of their release (eight Megatron-Bridge rows, each with the
+layout matches no performance preset of their release (fourteen Megatron-Bridge rows, each with the
 disagreement and the preset in mbridge_settings.yaml's preset_conflicts), need a device without a
-bundled profile, use NVFP4 (no FP4 GEMMs in the cost model) or CPU activation offload
-(four GB200 FSDP rows: priced as activation swapping their memory comes out over the device, see
-_run), or are implausible: a measured MFU below a fifth of their source's median on the same device
+bundled profile, use NVFP4 (no FP4 GEMMs in the cost model) or CPU activation offload on GB200
+(four FSDP rows: priced as activation swapping their memory comes out over the device, see _run;
+the two GB300 offload rows fit its 279 GiB and are kept), or are implausible: a measured MFU below a fifth of their source's median on the same device
 (_implausible).
 """
 
@@ -296,11 +296,12 @@ def _run(raw: dict[str, Any]) -> CalibrationRun:
         excluded = f"no bundled profile for {raw['hardware']}"
     elif dtype == "nvfp4":
         excluded = "NVFP4: the cost model has no FP4 GEMMs"
-    elif settings.get("activation_offload_layers"):
+    elif settings.get("activation_offload_layers") and PROFILES.get(raw["hardware"]) == "gb200-nvl72":
         # Priced as activation swapping (advisor.cost.swap) these rows come within -8% to +5% of the
         # measured throughput, but the 70B rows' memory is predicted at 195.5 GiB on the 186 GiB
         # GB200 (judged not to fit, though they ran): the activations of this FP8 FSDP preset are
-        # over-counted by at least 5%, and until that is found the four offload rows stay out.
+        # over-counted by at least 5%, and until that is found the four GB200 offload rows stay out.
+        # The GB300 presets offload 20 layers and are predicted at 272 of 279 GiB: they stay in.
         excluded = (f"CPU activation offload of {settings['activation_offload_layers']} layers (Megatron's "
                     "cpu_offloading): priced as activation swapping, the 70B preset's memory comes out 5% over "
                     "the device (not yet explained)")

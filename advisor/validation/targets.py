@@ -68,19 +68,23 @@ BLACKWELL_ULTRA = ("dgx-b300", "gb300-nvl72")
 SAME_HOST = {"dgx-b300": "dgx-b200", "gb300-nvl72": "gb200-nvl72"}
 
 
-def carried_constant(profile: str, name: str, gemm_shape: str = "gemm_h100", attention_shape: str = "cudnn_h100") -> float:
-    """A fitted constant as a bundled profile carries it (the inverse of fit.profile_raw for one
-    name): GEMM and attention scales over their starting shapes, the size factor over the shape's
-    size axis and the profile's BF16 peak ratio to H100, and the plain device values."""
+def carried_constant(target: Target, profile: str, name: str) -> float:
+    """A constant of `target`'s fit as its bundled profile `profile` carries it (the inverse of
+    fit.profile_raw for one name): a GEMM scale or attention scale over the target's starting shape
+    (its best point over the shape's), the size factor over the shape's size axis and the profile's
+    size base, and the plain device values (memory-bound efficiency, launch overhead)."""
     dev = load_hardware(profile).device
     key, _, which = name.partition(".")
     if key == "gemm_scale":
-        return shape_scale(profile, which, gemm_shape)
+        return shape_scale(profile, which, target.gemm_shape)
     if key == "gemm_size_factor":
-        return dev.gemm_curve("bf16")[0][0] / shapes()[gemm_shape][0][0] / peak_ratio(profile)
-    if key == "attention_scale":
-        return max(y for _, y in dev.attention_curve(which)) / max(y for _, y in shapes()[attention_shape])
-    return float(getattr(dev, name))
+        base = target.size_base.get(profile)
+        return dev.gemm_curve("bf16")[0][0] / shapes()[target.gemm_shape][0][0] / (base() if base else 1.0)
+    if key == "attention_scale" and which in target.attention_shapes:
+        return max(y for _, y in dev.attention_curve(which)) / max(y for _, y in shapes()[target.attention_shapes[which]])
+    if name in ("memory_efficiency", "launch_overhead_us"):
+        return float(getattr(dev, name))
+    raise ValueError(f"fit target {target.device}: cannot read constant {name!r} back from profile {profile!r}")
 
 
 TARGETS = {
@@ -123,19 +127,19 @@ TARGETS = {
     # exponentials per NVIDIA's Blackwell Ultra material, 288 GB of HBM3e, 1400 W in GB300), so its
     # constants start where the Blackwell fit left them (read from the bundled dgx-b200 profile when a fit
     # starts: predicting at the starting constants is predicting B300 from the B200 runs). Only the FP8
-    # GEMM scale is refitted: its twelve runs, eight of them FP8 on GB300, do not tell attention from
-    # GEMM efficiency apart (fitted together, attention fell to 0.49 of its Blackwell scale while the
-    # FP8 scale rose to 1.05: a trade between the two, and opposite to the doubled exponential
+    # GEMM scale is refitted: its fourteen runs, nine of them FP8 on GB300, do not tell attention from
+    # GEMM efficiency apart (fitted together, the attention scale fell from 1.17 to 0.47 while the
+    # FP8 scale rose to 1.06: a trade between the two, and opposite to the doubled exponential
     # throughput), so the size factor, attention and memory-bound efficiency stay the Blackwell fit's,
     # each system's launch overhead its Blackwell counterpart's (the same host), BF16 at H100's scale.
     "Blackwell-Ultra": Target(
         device="Blackwell-Ultra", profiles=BLACKWELL_ULTRA, gemm_shape="gemm_h100", attention_shapes={"te": "cudnn_h100"},
-        constants=(_c("gemm_scale.fp8", lambda: carried_constant("dgx-b200", "gemm_scale.fp8"), 0.3, 1.25),),
+        constants=(_c("gemm_scale.fp8", lambda: _blackwell("dgx-b200", "gemm_scale.fp8"), 0.3, 1.25),),
         fp8=True,
         fixed={"gemm_scale.bf16": h100_bf16_scale,
-               **{name: (lambda name=name: carried_constant("dgx-b200", name))
+               **{name: (lambda name=name: _blackwell("dgx-b200", name))
                   for name in ("gemm_size_factor", "attention_scale.te", "memory_efficiency")},
-               **{f"launch_overhead_us{PROFILE_SEPARATOR}{p}": (lambda p=p: carried_constant(SAME_HOST[p], "launch_overhead_us"))
+               **{f"launch_overhead_us{PROFILE_SEPARATOR}{p}": (lambda p=p: _blackwell(SAME_HOST[p], "launch_overhead_us"))
                   for p in BLACKWELL_ULTRA}},
         size_base={p: (lambda p=p: peak_ratio(p)) for p in BLACKWELL_ULTRA},
     ),
@@ -147,6 +151,11 @@ TARGETS = {
             _c("attention_scale.npu", 0.6, 0.2, 1.5), _c("memory_efficiency", 0.80, 0.55, 0.95)),
     ),
 }
+
+
+def _blackwell(profile: str, name: str) -> float:
+    """A constant of the Blackwell fit as a bundled Blackwell profile carries it (Blackwell Ultra's start)."""
+    return carried_constant(TARGETS["Blackwell"], profile, name)
 
 
 def calibration_observation(run: CalibrationRun) -> Observation:
