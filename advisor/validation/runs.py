@@ -27,8 +27,8 @@ layout matches no performance preset of their release (fourteen Megatron-Bridge 
 disagreement and the preset in mbridge_settings.yaml's preset_conflicts), need a device without a
 bundled profile, use NVFP4 (no FP4 GEMMs in the cost model) or CPU activation offload on GB200
 (four FSDP rows: priced as activation swapping their memory comes out over the device, see _run;
-the two GB300 offload rows fit its 279 GiB and are kept), or are implausible: a measured MFU below a fifth of their source's median on the same device
-(_implausible).
+the two GB300 offload rows fit its 279 GiB and are kept), or are implausible: a measured MFU below
+a fifth of their source's median on the same device (_implausible).
 """
 
 from __future__ import annotations
