@@ -35,32 +35,18 @@ def _summary(errors: list[float]) -> str:
             f"bias {statistics.mean(errors):+6.1%}  max {max(abs(e) for e in errors):6.1%}")
 
 
-def _constants_of(target, profile: str, result) -> list[str]:
-    """The fitted constants as one profile carries them (profile_values): its own and the shared ones,
-    a relative size factor with what it is relative to."""
+def _as_carried(target, profile: str, result, constants: dict[str, float]) -> list[str]:
+    """`constants` (fitted or held) as one profile carries them (profile_values): its own and the shared
+    ones, a relative size factor with what it is relative to."""
     values = profile_values(target, profile, result.values, result.fixed)
     out = []
-    for name, fitted in result.values.items():
+    for name, value in constants.items():
         key, _, owner = name.partition(PROFILE_SEPARATOR)
         if owner not in ("", profile):
             continue
         relative = key == "gemm_size_factor" and profile in target.size_base
-        out.append(f"{key} {values[key]:.3g}" + (f" ({fitted:.3g} x the BF16 peak ratio to H100)" if relative else ""))
+        out.append(f"{key} {values[key]:.3g}" + (f" ({value:.3g} x the BF16 peak ratio to H100)" if relative else ""))
     return out
-
-
-def _held_of(target, profile: str, result) -> str:
-    """The held constants as the profile's note names them: its own and the shared ones, a relative
-    size factor with what it is relative to."""
-    out = []
-    for name, value in result.fixed.items():
-        key, _, owner = name.partition(PROFILE_SEPARATOR)
-        if owner not in ("", profile):
-            continue
-        base = target.size_base.get(profile) if key == "gemm_size_factor" else None
-        out.append(f"; held: {key} {value * base():.3g} ({value:.3g} x the BF16 peak ratio to H100)" if base
-                   else f"; held: {key} {value:.3g}")
-    return "".join(out)
 
 
 def main() -> None:
@@ -85,7 +71,8 @@ def main() -> None:
         if args.write:
             for name in target.profiles:
                 note = (f"{len(obs)} runs ({', '.join(sorted(result.errors))}); "
-                        + ", ".join(_constants_of(target, name, result)) + _held_of(target, name, result))
+                        + ", ".join(_as_carried(target, name, result, result.values))
+                        + "".join(f"; held: {c}" for c in _as_carried(target, name, result, result.fixed)))
                 path = PROFILES_DIR / f"{name}.yaml"
                 raw = profile_raw(target, name, load_hardware(name).raw, result.values, result.fixed)
                 text = with_calibration(fitted_text(path.read_text(), raw, note), summarize(fitted_runs(target)))
