@@ -10,12 +10,13 @@ Llama-style: SwiGLU, RMSNorm, rotary, GQA) and so does the attention (math, flas
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-PROFILES = Path(__file__).resolve().parents[2] / "hardware_profiles"
+from advisor.specs.bundled import bundled_dir
+
+PROFILES = bundled_dir("hardware_profiles")
 
 GPT_STYLE = dict(name="tiny-gpt", source="executor test matrix", num_layers=4, hidden_size=64,
                  num_attention_heads=4, num_kv_heads=4, ffn_hidden_size=256, ffn_activation="gelu",

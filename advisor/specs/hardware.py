@@ -15,19 +15,19 @@ from __future__ import annotations
 
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from advisor.errors import AdvisorError
+from advisor.specs.bundled import bundled_dir
 from advisor.specs.calibration import check_calibration
 from advisor.specs import _fields as f
 from advisor.specs import limits as lim
 from advisor.specs.curves import DTYPES, attention_curves, gemm_curves, reference_curve
 from advisor.specs.units import normalize_bandwidths
 
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "hardware_profiles"
+PROFILES_DIR = bundled_dir("hardware_profiles")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ keys caps s_k at w on the layers that use it (gpt-oss alternates windowed and fu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,10 +29,11 @@ import numpy as np
 from advisor.errors import AdvisorError
 from advisor.specs import _fields as f
 from advisor.specs import limits as lim
+from advisor.specs.bundled import bundled_dir
 from advisor.specs.blocks import Linear, MLASpec, MoESpec, mla_from_dict, moe_from_dict
 from advisor.specs.recommendation import RecModelSpec, rec_model_from_dict, rec_model_to_dict
 
-MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+MODELS_DIR = bundled_dir("models")
 
 _REQUIRED = ("name", "source", "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
 _OPTIONAL = (
