@@ -1,0 +1,220 @@
+"""One record per framework: how it runs a plan (what the cost model prices) and what it can run.
+
+The training setting ``framework`` names one of these records; the cost model, the legality rules,
+the searchers and the exports read its fields instead of comparing framework names. Each field
+says what it decides and where the behaviour was read (file and release); the module that prices it
+cites the details.
+
+Records:
+
+* ``megatron``: Megatron-LM / Megatron-Core (core_v0.13-0.15) with Transformer Engine.
+* ``pytorch``: plain torch.distributed (FSDP, DTensor tensor parallelism) as llm-foundry and
+  advisor's executor run it; DeepSpeed's ZeRO is priced with it.
+* ``torchtitan``: torchtitan 0.2 (FSDP2, its activation-checkpointing and pipeline policies).
+* ``mindspore``: MindSpore 2.x with MindFormers 1.3-1.7 (graph mode on Ascend).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    """The value of the training setting ``framework`` (``--framework``)."""
+    title: str
+    """How users name it (in messages and exports)."""
+
+    # ---- kernels ------------------------------------------------------------------------------
+    fused_kernels: bool
+    """Memory-bound kernels fused (Transformer Engine, MindSpore graph mode) rather than run operator by
+    operator (eager PyTorch; advisor.cost.kernels), and Q/K/V and the gated MLP's gate/up projections
+    run as one GEMM each (advisor.cost.compute)."""
+    one_qkv_weight: bool
+    """Q, K and V are one weight tensor (Megatron-Core's linear_qkv) rather than one each (PyTorch models,
+    MindFormers' wq/wk/wv): the tensors a per-tensor optimizer cost counts (advisor.cost.step)."""
+    norm_fused_linears: bool
+    """The input norms fused with the QKV and FC1 GEMMs (Transformer Engine's LayerNormLinear: the norm
+    writes the FP8 cast; advisor.cost.compute, fp8)."""
+    quantized_saved_inputs: bool
+    """FP8 GEMMs keep their inputs for the backward in FP8, not the compute dtype (Transformer Engine's
+    Linear and GroupedLinear save the quantized copy; advisor.cost.activations)."""
+    attention_kernel: str
+    """The fused attention kernel it runs by default (advisor.specs.job.ATTENTION_KERNELS)."""
+    expert_gemm_per_expert: bool
+    """Grouped expert GEMMs issued as one GEMM launch per local expert (Transformer Engine's GroupedLinear,
+    multi_stream_cublas_gemm) rather than one grouped kernel (torch._grouped_mm, MindSpore GroupedMatmul;
+    advisor.cost.step)."""
+
+    # ---- activations and recomputation --------------------------------------------------------
+    keeps_gathered_sp_inputs: bool
+    """Autograd keeps the all-gathered sequence-parallel inputs of the QKV, FC1 and LM-head GEMMs (PyTorch
+    DTensor sequence parallelism, verified in shared/notes) instead of re-gathering them in the backward
+    (Megatron-LM, Korthikanti et al. 2022 section 4.2.2; advisor.cost.activations)."""
+    loss_logit_bytes: tuple[float | None, float | None]
+    """(bytes per logit kept from the forward to the backward, bytes per logit the loss's backward adds);
+    None: the compute dtype's bytes (advisor.cost.activations.loss_bytes_per_logit cites each)."""
+    selective_recompute: tuple[str, ...] | None
+    """What ``recompute: selective`` replays, as units of advisor.cost.recompute.UNITS; None: the units the
+    training setting ``recompute_modules`` names (Megatron's --recompute-modules)."""
+    recompute_layer_counts: str | None
+    """How many layers a stage recomputes can be given: "per_stage" (MindFormers' recompute and
+    select_recompute lists), "uniform" (Megatron's --recompute-num-layers with --recompute-method block),
+    None (all layers or none: the PyTorch stacks; advisor.search.vpipe)."""
+    selective_layer_counts: bool
+    """A per-stage layer count applies to selective recomputation too (MindFormers' select_recompute)."""
+
+    # ---- memory -------------------------------------------------------------------------------
+    reshards_under_pipeline: bool
+    """ZeRO-3 frees the gathered weights after each micro-batch's forward also under pipeline parallelism;
+    False: FSDP2 under pipelining keeps them for the step (torchtitan's default policy; advisor.cost.memory)."""
+    grad_buffer_in_reduce_dtype: bool
+    """The gradient buffer is kept in the reduction dtype (Megatron-Core's main_grad, fp32 for bf16 by
+    default) rather than the compute dtype (advisor.cost.memory.state_bytes_per_param)."""
+    fp16_grad_reduce_bytes: float
+    """Bytes per gradient element reduced for fp16 models when the plan does not say
+    (Megatron-LM reduces fp16 gradients in fp16 unless --accumulate-allreduce-grads-in-fp32; the others 4)."""
+
+    # ---- the input pipeline (advisor.cost.dataset) --------------------------------------------
+    sample_bytes_per_token: float
+    """Bytes one sample holds per token as the loader hands it over: Megatron's GPTDataset tokens, labels and
+    position ids as int64 and the loss mask as float32 (28); int64 ids and labels (16); MindSpore's int32
+    token ids (4)."""
+    sample_extra_tokens: int
+    """Tokens a sample holds beyond the sequence (MindFormers reads seq_length + 1 ids and shifts them)."""
+    builds_attention_mask: bool
+    """The loader builds an s x s boolean attention mask per sample for unfused attention (Megatron-LM
+    unless --no-create-attention-mask-in-dataloader)."""
+    reads_on_end_stages_only: bool
+    """Only the first and last pipeline stages read samples, once per data- and context-parallel rank
+    (Megatron's get_batch); otherwise every rank reads."""
+    sinks_whole_step: bool
+    """A step's samples go to the device at once (MindSpore's data sink) rather than a micro-batch at a time."""
+
+    # ---- communication ------------------------------------------------------------------------
+    gathers_under_next_forward: tuple[int, ...]
+    """ZeRO stages whose updated weights are gathered under the next step's first forward (Megatron's
+    --overlap-param-gather for ZeRO-1; MindSpore's optimizer parallel for ZeRO-1 and level2;
+    advisor.cost.data_parallel)."""
+    bucket_params: int | None
+    """Default gradient bucket in parameters, at least bucket_params_per_dp_rank x dp (Megatron-Core's
+    DistributedDataParallelConfig.bucket_size: max(40e6, 1e6 x dp)); None: bucket_mb."""
+    bucket_params_per_dp_rank: int
+    """See bucket_params."""
+    bucket_mb: float
+    """Default gradient bucket in MiB where bucket_params is None (PyTorch DDP's bucket_cap_mb 25;
+    MindSpore comm_fusion's 64 MB threshold; advisor.cost.fusion)."""
+    tp_overlap_slices: int | None
+    """With tensor-parallel communication overlap: the slices a layer's collective and GEMM are split into
+    (MindFormers' fine_grain_interleave: 2); None: tp chunks (Megatron's ring exchange; advisor.cost.layer_comm)."""
+    overlaps_interleaved_p2p: bool
+    """The interleaved schedule overlaps each chunk's sends and receives with the next chunk's compute
+    (Megatron's --overlap-p2p-communication, on by default; advisor.cost.step)."""
+
+    # ---- the optimizer (advisor.cost.optimizer_step) ------------------------------------------
+    optimizer_step: str
+    """Whose kernels run the optimizer step, a row of advisor.cost.optimizer_step.STEPS: "torch" (fused
+    Adam of Transformer Engine / Apex / torch.optim, or torch.optim's per-operation AdamW) or
+    "mindformers" (MindSpore's AdamWeightDecay on fp32 weights with MindFormers' clipping, loss-scale
+    division and MindSpore's gradient accumulation pass)."""
+    offload_grads_at_step: bool
+    """Optimizer offload copies the gradients to the host at the step (Megatron's HybridDeviceOptimizer)
+    rather than per micro-batch as the backward produces them (DeepSpeed ZeRO-Offload; advisor.cost.step)."""
+
+    # ---- what it can run ----------------------------------------------------------------------
+    recompute_modules: bool
+    """Selective recomputation takes a list of modules (Megatron-Core --recompute-modules)."""
+    cuda_graphs: bool
+    """Per-layer CUDA graphs (Megatron-Core --cuda-graph-impl / --cuda-graph-scope)."""
+    unfused_optimizer: bool
+    """An unfused, per-operation optimizer step exists (torch.optim foreach, torchtitan implementation
+    foreach, MindFormers AdamW use_fused False); Megatron-LM's Adam is always fused."""
+    parameter_offload: bool
+    """ZeRO-3 parameter offload (DeepSpeed offload_param, torchtitan enable_cpu_offload, MindSpore
+    set_offload_context); Megatron-LM has none."""
+    offload_fraction_zero_stages: tuple[int, ...]
+    """ZeRO stages under which a share below 1 of the optimizer can be offloaded (Megatron
+    --optimizer-offload-fraction; DeepSpeed offload_optimizer.ratio, ZeRO-3 only)."""
+    host_embedding: bool
+    """The word embedding, its lookup and its optimizer on the host (MindSpore Host&Device training)."""
+    full_batch: bool
+    """Every rank reads the whole global batch (MindSpore full_batch=True)."""
+    multi_copy: bool
+    """Micro-batches split into copies whose collectives overlap each other (MindSpore
+    micro_batch_interleave_num)."""
+    activation_swap: bool
+    """Per-layer activation swapping to the host under pipelining (MindFormers swap_config layer_swap)."""
+
+
+MEGATRON = Framework(
+    name="megatron", title="Megatron-LM",
+    fused_kernels=True, one_qkv_weight=True, norm_fused_linears=True, quantized_saved_inputs=True, attention_kernel="te", expert_gemm_per_expert=True,
+    keeps_gathered_sp_inputs=False, loss_logit_bytes=(4.0, None), selective_recompute=None,
+    recompute_layer_counts="uniform", selective_layer_counts=False,
+    reshards_under_pipeline=True, grad_buffer_in_reduce_dtype=True, fp16_grad_reduce_bytes=2.0,
+    sample_bytes_per_token=8.0 + 8.0 + 4.0 + 8.0, sample_extra_tokens=0, builds_attention_mask=True,
+    reads_on_end_stages_only=True, sinks_whole_step=False,
+    gathers_under_next_forward=(1,), bucket_params=40_000_000, bucket_params_per_dp_rank=1_000_000, bucket_mb=25.0,
+    tp_overlap_slices=None, overlaps_interleaved_p2p=True,
+    optimizer_step="torch", offload_grads_at_step=True,
+    recompute_modules=True, cuda_graphs=True, unfused_optimizer=False, parameter_offload=False,
+    offload_fraction_zero_stages=(0, 1, 2, 3), host_embedding=False, full_batch=False, multi_copy=False,
+    activation_swap=False,
+)
+
+PYTORCH = Framework(
+    name="pytorch", title="PyTorch",
+    fused_kernels=False, one_qkv_weight=False, norm_fused_linears=False, quantized_saved_inputs=False, attention_kernel="sdpa", expert_gemm_per_expert=False,
+    keeps_gathered_sp_inputs=True, loss_logit_bytes=(None, None), selective_recompute=("core_attn",),
+    recompute_layer_counts=None, selective_layer_counts=False,
+    reshards_under_pipeline=True, grad_buffer_in_reduce_dtype=False, fp16_grad_reduce_bytes=4.0,
+    sample_bytes_per_token=8.0 + 8.0, sample_extra_tokens=0, builds_attention_mask=False,
+    reads_on_end_stages_only=False, sinks_whole_step=False,
+    gathers_under_next_forward=(), bucket_params=None, bucket_params_per_dp_rank=0, bucket_mb=25.0,
+    tp_overlap_slices=None, overlaps_interleaved_p2p=False,
+    optimizer_step="torch", offload_grads_at_step=False,
+    recompute_modules=False, cuda_graphs=False, unfused_optimizer=True, parameter_offload=True,
+    offload_fraction_zero_stages=(3,), host_embedding=False, full_batch=False, multi_copy=False,
+    activation_swap=False,
+)
+
+TORCHTITAN = Framework(
+    name="torchtitan", title="torchtitan",
+    fused_kernels=False, one_qkv_weight=False, norm_fused_linears=False, quantized_saved_inputs=False, attention_kernel="sdpa", expert_gemm_per_expert=False,
+    keeps_gathered_sp_inputs=True, loss_logit_bytes=(4.0, 8.0), selective_recompute=("op_sac",),
+    recompute_layer_counts=None, selective_layer_counts=False,
+    reshards_under_pipeline=False, grad_buffer_in_reduce_dtype=False, fp16_grad_reduce_bytes=4.0,
+    sample_bytes_per_token=8.0 + 8.0, sample_extra_tokens=0, builds_attention_mask=False,
+    reads_on_end_stages_only=False, sinks_whole_step=False,
+    gathers_under_next_forward=(), bucket_params=None, bucket_params_per_dp_rank=0, bucket_mb=25.0,
+    tp_overlap_slices=None, overlaps_interleaved_p2p=False,
+    optimizer_step="torch", offload_grads_at_step=False,
+    recompute_modules=False, cuda_graphs=False, unfused_optimizer=True, parameter_offload=True,
+    offload_fraction_zero_stages=(), host_embedding=False, full_batch=False, multi_copy=False,
+    activation_swap=False,
+)
+
+MINDSPORE = Framework(
+    name="mindspore", title="MindSpore",
+    fused_kernels=True, one_qkv_weight=False, norm_fused_linears=False, quantized_saved_inputs=False, attention_kernel="npu", expert_gemm_per_expert=False,
+    keeps_gathered_sp_inputs=False, loss_logit_bytes=(4.0, 4.0), selective_recompute=("ffn_act", "math_scores"),
+    recompute_layer_counts="per_stage", selective_layer_counts=True,
+    reshards_under_pipeline=True, grad_buffer_in_reduce_dtype=False, fp16_grad_reduce_bytes=4.0,
+    sample_bytes_per_token=4.0, sample_extra_tokens=1, builds_attention_mask=False,
+    reads_on_end_stages_only=False, sinks_whole_step=True,
+    gathers_under_next_forward=(1, 2), bucket_params=None, bucket_params_per_dp_rank=0, bucket_mb=64.0,
+    tp_overlap_slices=2, overlaps_interleaved_p2p=False,
+    optimizer_step="mindformers", offload_grads_at_step=False,
+    recompute_modules=False, cuda_graphs=False, unfused_optimizer=True, parameter_offload=True,
+    offload_fraction_zero_stages=(), host_embedding=True, full_batch=True, multi_copy=True,
+    activation_swap=True,
+)
+
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (MEGATRON, PYTORCH, TORCHTITAN, MINDSPORE)}
+
+
+def frameworks_with(capability: str) -> str:
+    """The frameworks whose record has ``capability`` set, for messages: 'pytorch, torchtitan or mindspore'."""
+    names = [f.name for f in FRAMEWORKS.values() if getattr(f, capability)]
+    return " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
