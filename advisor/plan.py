@@ -14,13 +14,13 @@ from typing import Any
 from advisor import __version__
 from advisor.errors import AdvisorError
 from advisor.space.rules import violations
-from advisor.space.strategy import CP_COMM, MESH_DIMS, RECOMPUTE, SCHEDULES, Strategy
+from advisor.plan_codec import strategy_from_dict, strategy_to_dict, training_from_dict, training_to_dict
+from advisor.space.strategy import Strategy
 from advisor.specs import _fields as f
 from advisor.specs import limits
 from advisor.specs.untrusted import check_tree, load_tree, prefix
 from advisor.specs.hardware import HardwareProfile, hardware_from_dict
-from advisor.specs.job import (DEFAULT_PUE, FP8_RECIPES, FRAMEWORKS, OPTIMIZER_IMPLS, OPTIMIZERS, TRANSFORMER_OPTIMIZERS,
-                               Cluster, TrainingJob)
+from advisor.specs.job import TRANSFORMER_OPTIMIZERS, Cluster, TrainingJob
 from advisor.specs.model import ModelSpec, model_from_dict, model_to_dict
 from advisor.specs.recommendation import RecModelSpec
 from advisor.specs.mixed import MixedHardware, MixedLayout, mixed_from_list
@@ -35,14 +35,10 @@ from advisor.plan_ps import (
 SCHEMA_VERSION = 1
 _TOP_REQUIRED = ("schema_version", "model", "hardware", "cluster", "training", "parallel")
 _TOP_OPTIONAL = ("advisor_version", "operator_strategies", "prediction", "search")
-_PARALLEL_REQUIRED = ("dp", "tp", "pp")
-_PARALLEL_OPTIONAL = (
-    "cp", "ep", "sequence_parallel", "virtual_pipeline_stages", "micro_batch_size", "num_micro_batches",
-    "zero_stage", "recompute", "recompute_layers", "pipeline_schedule", "stage_layers", "mesh_order",
-    "offload_optimizer", "cp_comm", "parameter_server", "embedding_placement", "host_tables",
-    "grad_bucket_mb", "micro_batch_copies", "stage_devices", "replica_devices", "dp_batch_split", "supernet",
-    "swap_layers", "full_batch", "offload_params", "offload_fraction", "host_embedding",
-)
+# keys of the parallel block that the model families add beside the strategy's own (advisor.plan_ps,
+# advisor.plan_mixed, advisor.plan_supernet)
+_PARALLEL_EXTRA = ("parameter_server", "embedding_placement", "host_tables", "stage_devices", "replica_devices",
+                   "dp_batch_split", "supernet")
 
 
 @dataclass(frozen=True)
@@ -71,57 +67,10 @@ class Plan:
     supernet: SupernetRun | None = None
 
 
-def strategy_to_dict(s: Strategy, num_layers: int) -> dict[str, Any]:
-    return {
-        "dp": s.dp, "tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep,
-        "sequence_parallel": s.sequence_parallel,
-        "virtual_pipeline_stages": s.virtual_pipeline_stages,
-        "micro_batch_size": s.micro_batch_size, "num_micro_batches": s.num_micro_batches,
-        "zero_stage": s.zero_stage, "recompute": s.recompute,
-        "recompute_layers": list(s.recompute_layers) if isinstance(s.recompute_layers, tuple) else s.recompute_layers,
-        "pipeline_schedule": s.pipeline_schedule,
-        "stage_layers": list(s.resolved_stage_layers(num_layers)),
-        "mesh_order": list(s.mesh_order),
-        "offload_optimizer": s.offload_optimizer,
-        "cp_comm": s.cp_comm,
-        # written only when set, so that plans without them save as they were read
-        **({"grad_bucket_mb": s.grad_bucket_mb} if s.grad_bucket_mb is not None else {}),
-        **({"micro_batch_copies": s.micro_batch_copies} if s.micro_batch_copies != 1 else {}),
-        **({"swap_layers": list(s.swap_layers)} if s.swap_layers is not None else {}),
-        **({"full_batch": True} if s.full_batch else {}),
-        **({"offload_params": True} if s.offload_params else {}),
-        **({"offload_fraction": s.offload_fraction} if s.offload_fraction != 1.0 else {}),
-        **({"host_embedding": True} if s.host_embedding else {}),
-    }
-
-
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    training = {
-        "global_batch_size": plan.training.global_batch_size, "seq_length": plan.training.seq_length,
-        "dtype": plan.training.dtype, "optimizer": plan.training.optimizer, "attention": plan.training.attention,
-        "dropout": plan.training.dropout,
-        "framework": plan.training.framework,
-        "overlap_grad_reduce": plan.training.overlap_grad_reduce,
-    }
-    if plan.training.train_tokens is not None:
-        training["train_tokens"] = plan.training.train_tokens
-    if plan.training.fp8_recipe is not None:
-        training["fp8_recipe"] = plan.training.fp8_recipe
-    if plan.training.comm_priority:
-        training["comm_priority"] = True
-    if plan.training.recompute_modules is not None:
-        training["recompute_modules"] = list(plan.training.recompute_modules)
-    if plan.training.cuda_graphs:
-        training["cuda_graphs"] = list(plan.training.cuda_graphs)
-    if not plan.training.moe_dropless:
-        training["moe_dropless"] = False
-    if plan.training.optimizer_impl != "fused":
-        training["optimizer_impl"] = plan.training.optimizer_impl
+    training = training_to_dict(plan.training)
     if plan.target is not None:
         training["target"] = dict(plan.target)
-    if plan.training.grid_gco2e_per_kwh is not None or plan.training.pue != DEFAULT_PUE:
-        training["pue"] = plan.training.pue
-        training["grid_gco2e_per_kwh"] = plan.training.grid_gco2e_per_kwh
     parallel = strategy_to_dict(plan.strategy, plan.model.num_layers)
     if plan.parameter_server is not None or isinstance(plan.model, RecModelSpec):
         parallel["parameter_server"] = plan.parameter_server
@@ -145,100 +94,6 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "prediction": plan.prediction,
         "search": plan.search,
     }
-
-
-def _strategy_from_dict(data: dict[str, Any], origin: str) -> Strategy:
-    o = f"{origin}: parallel"
-    f.check_keys(data, o, _PARALLEL_REQUIRED, _PARALLEL_OPTIONAL)
-    stage_layers = data.get("stage_layers")
-    if stage_layers is not None:
-        if not isinstance(stage_layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in stage_layers):
-            raise AdvisorError(f"{o}: key 'stage_layers' must be a list of positive integers, got {prefix(stage_layers)}")
-        stage_layers = tuple(stage_layers)
-    mesh = data.get("mesh_order", list(MESH_DIMS))
-    if not isinstance(mesh, list) or not all(isinstance(x, str) for x in mesh) or sorted(mesh) != sorted(MESH_DIMS):
-        raise AdvisorError(f"{o}: key 'mesh_order' must list each of {', '.join(MESH_DIMS)} once, got {prefix(mesh)}")
-    rl = data.get("recompute_layers")
-    if isinstance(rl, list):
-        if not rl or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in rl):
-            raise AdvisorError(f"{o}: key 'recompute_layers' must be a positive integer or a list of non-negative "
-                               f"integers (one per pipeline stage), got {prefix(rl)}")
-        rl = tuple(rl)
-    elif rl is not None:
-        rl = f.positive_int(data, "recompute_layers", o)
-    return Strategy(
-        dp=f.positive_int(data, "dp", o), tp=f.positive_int(data, "tp", o), pp=f.positive_int(data, "pp", o),
-        cp=f.positive_int(data, "cp", o, default=1), ep=f.positive_int(data, "ep", o, default=1),
-        sequence_parallel=f.boolean(data, "sequence_parallel", o, default=False),
-        virtual_pipeline_stages=f.positive_int(data, "virtual_pipeline_stages", o, default=1),
-        micro_batch_size=f.positive_int(data, "micro_batch_size", o, default=1),
-        num_micro_batches=f.positive_int(data, "num_micro_batches", o, default=1),
-        zero_stage=f.non_negative_int(data, "zero_stage", o, default=0),
-        recompute=f.choice(data, "recompute", o, RECOMPUTE, default="none"),
-        recompute_layers=rl,
-        pipeline_schedule=f.choice(data, "pipeline_schedule", o, SCHEDULES, default="1f1b"),
-        stage_layers=stage_layers,
-        offload_optimizer=f.boolean(data, "offload_optimizer", o, default=False),
-        mesh_order=tuple(mesh),
-        cp_comm=f.choice(data, "cp_comm", o, CP_COMM, default="p2p"),
-        grad_bucket_mb=f.positive_float(data, "grad_bucket_mb", o) if data.get("grad_bucket_mb") is not None else None,
-        micro_batch_copies=f.positive_int(data, "micro_batch_copies", o, default=1),
-        swap_layers=_swap_layers(data, o, f.positive_int(data, "pp", o)),
-        full_batch=f.boolean(data, "full_batch", o, default=False),
-        offload_params=f.boolean(data, "offload_params", o, default=False),
-        offload_fraction=f.fraction(data, "offload_fraction", o, default=1.0),
-        host_embedding=f.boolean(data, "host_embedding", o, default=False),
-    )
-
-
-def _swap_layers(data: dict[str, Any], o: str, pp: int) -> tuple[int, ...] | None:
-    value = data.get("swap_layers")
-    if value is None:
-        return None
-    if not isinstance(value, list) or len(value) != pp or not all(
-            isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= limits.MAX_LAYERS for x in value):
-        raise AdvisorError(f"{o}: key 'swap_layers' must be a list of non-negative layer counts, one per pipeline "
-                           f"stage ({pp}), got {prefix(value)}")
-    return tuple(value)
-
-
-def _training_from_dict(data: dict[str, Any], origin: str) -> TrainingJob:
-    o = f"{origin}: training"
-    f.check_keys(data, o, ("global_batch_size", "seq_length"), ("dtype", "optimizer", "train_tokens", "attention", "dropout", "framework",
-                                                                "overlap_grad_reduce", "fp8_recipe", "recompute_modules", "target",
-                                                                "pue", "grid_gco2e_per_kwh", "comm_priority", "cuda_graphs",
-                                                                "moe_dropless", "optimizer_impl"))
-    tokens = data.get("train_tokens")
-    modules = data.get("recompute_modules")
-    if modules is not None and (not isinstance(modules, list) or not all(isinstance(m, str) for m in modules)):
-        raise AdvisorError(f"{o}: key 'recompute_modules' must be a list of names, got {prefix(modules)}")
-    graphs = data.get("cuda_graphs", [])
-    if not isinstance(graphs, list) or not all(isinstance(m, str) for m in graphs):
-        raise AdvisorError(f"{o}: key 'cuda_graphs' must be a list of module names, got {prefix(graphs)}")
-    recipe = data.get("fp8_recipe")
-    dtype = f.choice(data, "dtype", o, ("fp32", "tf32", "fp16", "bf16", "fp8"), default="bf16")
-    if recipe is not None and dtype != "fp8":
-        raise AdvisorError(f"{o}: key 'fp8_recipe' = {prefix(recipe)} needs dtype fp8, got dtype {dtype!r}")
-    return TrainingJob(
-        global_batch_size=f.positive_int(data, "global_batch_size", o),
-        seq_length=f.positive_int(data, "seq_length", o),
-        dtype=dtype,
-        optimizer=f.choice(data, "optimizer", o, OPTIMIZERS, default="adamw"),
-        train_tokens=None if tokens is None else f.positive_float(data, "train_tokens", o),
-        attention=f.choice(data, "attention", o, ("flash", "math"), default="flash"),
-        dropout=f.boolean(data, "dropout", o, default=False),
-        framework=f.choice(data, "framework", o, FRAMEWORKS, default="megatron"),
-        overlap_grad_reduce=f.boolean(data, "overlap_grad_reduce", o, default=True),
-        fp8_recipe=None if recipe is None else f.choice(data, "fp8_recipe", o, FP8_RECIPES),
-        recompute_modules=None if modules is None else tuple(modules),
-        comm_priority=f.boolean(data, "comm_priority", o, default=False),
-        cuda_graphs=tuple(graphs),
-        moe_dropless=f.boolean(data, "moe_dropless", o, default=True),
-        optimizer_impl=f.choice(data, "optimizer_impl", o, OPTIMIZER_IMPLS, default="fused"),
-        pue=f.positive_float(data, "pue", o, default=DEFAULT_PUE),
-        grid_gco2e_per_kwh=(None if data.get("grid_gco2e_per_kwh") is None
-                            else f.non_negative_float(data, "grid_gco2e_per_kwh", o)),
-    )
 
 
 def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
@@ -270,11 +125,11 @@ def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
             f"{co}: key 'devices' = {cluster.devices} exceeds nodes x devices per node = "
             f"{cluster.nodes} x {hardware.node.devices_per_node}"
         )
-    training = _training_from_dict(data["training"], origin)
+    training = training_from_dict(data["training"], origin, extra_keys=("target",))
     if not isinstance(model, RecModelSpec) and training.optimizer not in TRANSFORMER_OPTIMIZERS:
         raise AdvisorError(f"{origin}: training: optimizer {training.optimizer!r} is priced for recommendation models "
                            f"only; transformer plans train with {', '.join(TRANSFORMER_OPTIMIZERS)}")
-    strategy = _strategy_from_dict(data["parallel"], origin)
+    strategy = strategy_from_dict(data["parallel"], origin, extra_keys=_PARALLEL_EXTRA)
     if isinstance(model, SupernetSpec):
         check_strategy(model, data["parallel"], origin)
     rules_model = model.base if isinstance(model, SupernetSpec) else model

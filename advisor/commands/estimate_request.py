@@ -9,7 +9,7 @@ from advisor.cost.estimate import Estimate, estimate
 from advisor.errors import AdvisorError
 from advisor.render.formatting import step_time
 from advisor.commands.inputs import Inputs, check_count, graph_settings, resolve_inputs, site_settings
-from advisor.plan import load_plan
+from advisor.plan import load_plan, strategy_to_dict
 from advisor.search.neighbours import closest_fit
 from advisor.space.rules import violations
 from advisor.space.strategy import CP_COMM, RECOMPUTE, SCHEDULES, Strategy
@@ -36,7 +36,7 @@ class EstimateResult:
         out["global_batch_size"] = self.inputs.job.global_batch_size
         out["seq_length"] = self.inputs.job.seq_length
         out["dtype"] = self.inputs.job.dtype
-        out["strategy"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.strategy.__dict__.items()}
+        out["strategy"] = strategy_to_dict(self.strategy, self.inputs.model.num_layers)   # the plan's parallel block
         out["closest_fit"] = self.alternative
         if self.operator_strategies is not None:
             out["operator_strategies"] = self.operator_strategies

@@ -26,6 +26,7 @@ from advisor.search.stages import rebalance as balance_stages
 from advisor.search.vpipe import repartition
 from advisor.space.rules import RULES
 from advisor.space.strategy import RECOMPUTE
+from advisor.specs.frameworks import FRAMEWORKS
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
@@ -255,10 +256,11 @@ def relaxed_pins(pins: Pins, framework: str | None = None) -> list[tuple[str, Pi
         out.append(("--mbs 1", replace(pins, micro_batch_size=1)))
     if pins.offload_optimizer is False:
         out.append(("--offload", replace(pins, offload_optimizer=True)))
-    if pins.offload_params is False and framework != "megatron":      # Megatron-LM has none
+    record = FRAMEWORKS.get(framework)
+    if pins.offload_params is False and (record is None or record.parameter_offload):
         out.append(("--offload-params (it sets --zero 3 and the optimizer offloaded)",
                     replace(pins, offload_params=True, offload_optimizer=None, zero_stage=None)))
-    if pins.host_embedding is False and framework == "mindspore":
+    if pins.host_embedding is False and record is not None and record.host_embedding:
         out.append(("--host-embedding", replace(pins, host_embedding=True)))
     for name in ("tp", "pp", "cp", "ep", "dp", "virtual_pipeline_stages", "pipeline_schedule"):
         value = getattr(pins, name)

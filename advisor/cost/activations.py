@@ -26,7 +26,7 @@ import numpy as np
 
 from advisor.cost import fp8
 from advisor.space.strategy import StrategyBatch
-from advisor.specs.job import EAGER_FRAMEWORKS, TrainingJob
+from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
 
 # Named tensors, by the region tensor parallelism leaves them in.
@@ -79,7 +79,7 @@ def layer_activation_terms(model: ModelSpec, job: TrainingJob, b: StrategyBatch,
     s_local = job.seq_length / b.cp              # tokens of a sequence on this rank (context parallel)
     sb = s_local * b.micro_batch_size
     h, a = model.hidden_size, model.num_attention_heads
-    quantized = stored and job.recipe is not None and job.framework == "megatron"   # TE keeps FP8 inputs
+    quantized = stored and job.recipe is not None and job.framework_record.quantized_saved_inputs   # TE keeps FP8 inputs
     fp8_input = fp8.SAVED_INPUT_BYTES / 2.0 if quantized else 1.0
     mask = 1.0 if job.dropout else 0.0          # 1-byte dropout masks (sbh each)
     rep = {
@@ -120,7 +120,7 @@ def layer_activation_terms(model: ModelSpec, job: TrainingJob, b: StrategyBatch,
         core = np.zeros(len(b))
         lse = 4.0 * a * s_local * b.micro_batch_size / t
     parts = {k: np.where(sp, v / t, v) * scale for k, v in rep.items()}
-    if job.framework in EAGER_FRAMEWORKS:
+    if job.framework_record.keeps_gathered_sp_inputs:
         # PyTorch's sequence parallelism keeps the all-gathered QKV and FC1 inputs (2sbh each)
         # instead of their 1/t shards.
         gathered = np.where(sp, 2 * sb * h * (1.0 - 1.0 / t), 0.0) * scale
@@ -146,14 +146,15 @@ def end_stage_activations(model: ModelSpec, job: TrainingJob, b: StrategyBatch):
     div = np.where(b.sequence_parallel, t, 1.0)
     first = (sb * h / div * scale) if job.dropout else np.zeros(len(b))
     last = (4 * sb * h / div) * scale + loss_bytes_per_logit(job)[0] * sb * model.vocab_size / t
-    if job.framework in EAGER_FRAMEWORKS:
+    if job.framework_record.keeps_gathered_sp_inputs:
         last = last + np.where(b.sequence_parallel, 2 * sb * h * (1.0 - 1.0 / t), 0.0) * scale  # gathered LM-head input
     return first, last
 
 
 def loss_bytes_per_logit(job: TrainingJob) -> tuple[float, float]:
     """(bytes per logit kept from the forward to the backward, bytes per logit the loss's backward
-    adds while it runs), as each framework computes the cross entropy:
+    adds while it runs), as each framework computes the cross entropy (the record's loss_logit_bytes; None
+    stands for the compute dtype's bytes):
     * megatron: vocab_parallel_cross_entropy casts the logits to fp32 and keeps the fp32 softmax,
       writing the gradient into it in place; the gradient handed back to the LM head is cast to the
       compute dtype (Megatron-LM megatron/core/tensor_parallel/cross_entropy.py): 4 + 2.
@@ -166,7 +167,8 @@ def loss_bytes_per_logit(job: TrainingJob) -> tuple[float, float]:
     * mindspore: fp32 logits and an fp32 gradient (MindFormers' CrossEntropyLoss computes in fp32;
       not verified tensor by tensor): 4 + 4."""
     compute = float(job.dtype_bytes)
-    return {"megatron": (4.0, compute), "pytorch": (compute, compute), "torchtitan": (4.0, 8.0)}.get(job.framework, (4.0, 4.0))
+    kept, added = job.framework_record.loss_logit_bytes
+    return (compute if kept is None else kept, compute if added is None else added)
 
 
 def logits_gradient_bytes(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> np.ndarray:

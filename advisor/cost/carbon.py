@@ -20,45 +20,16 @@ the data centre's overhead (PUE) and the grid's carbon intensity.
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
-from advisor.errors import AdvisorError
 from advisor.specs.hardware import HardwareProfile
-from advisor.specs.job import DEFAULT_PUE, MAX_GRID_GCO2E_PER_KWH, MAX_PUE
+from advisor.specs.site import DEFAULT_PUE, GRID_GCO2E_PER_KWH, check_pue, grid_intensity  # noqa: F401 (re-exported)
 
 __all__ = ["DEFAULT_PUE", "GRID_GCO2E_PER_KWH", "check_pue", "cluster_power_w", "device_power_w", "emissions_tco2e",
            "energy_kwh", "grid_intensity"]
 
 IN_JOB_FLOOR = 110.0 / 300.0
-GRID_GCO2E_PER_KWH = {     # Ember, yearly electricity data 2023 (ourworldindata.org/grapher/carbon-intensity-electricity)
-    "world": 481.0, "china": 582.0, "india": 713.0, "germany": 381.0, "france": 56.0, "norway": 30.0,
-    "brazil": 98.0, "canada": 170.0, "australia": 549.0,
-}
-
-
-def grid_intensity(text: str | float | None) -> float | None:
-    """--grid-intensity: gCO2e/kWh as a number or a region name (GRID_GCO2E_PER_KWH)."""
-    if text is None:
-        return None
-    key = str(text).strip().lower()
-    if key in GRID_GCO2E_PER_KWH:
-        return GRID_GCO2E_PER_KWH[key]
-    try:
-        value = float(key)
-    except ValueError:
-        raise AdvisorError(f"--grid-intensity: {str(text)[:40]!r} is neither gCO2e/kWh nor a region "
-                           f"({', '.join(GRID_GCO2E_PER_KWH)})") from None
-    if not (math.isfinite(value) and 0 <= value <= MAX_GRID_GCO2E_PER_KWH):
-        raise AdvisorError(f"--grid-intensity must be between 0 and {MAX_GRID_GCO2E_PER_KWH:g} gCO2e/kWh, got {value:g}")
-    return value
-
-
-def check_pue(pue: float) -> float:
-    if not (math.isfinite(pue) and 1.0 <= pue <= MAX_PUE):
-        raise AdvisorError(f"--pue must be between 1 and {MAX_PUE:g}, got {pue!r}")
-    return float(pue)
 
 
 def device_power_w(hw: HardwareProfile, dtype: str, hfu):

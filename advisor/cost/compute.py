@@ -31,7 +31,7 @@ from advisor.cost.attention import attention_core
 from advisor.cost.activations import layer_activation_terms
 from advisor.space.strategy import StrategyBatch
 from advisor.specs.hardware import HardwareProfile, interpolate_efficiency
-from advisor.specs.job import EAGER_FRAMEWORKS, TrainingJob
+from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
 
 
@@ -110,8 +110,8 @@ class LinearCall(NamedTuple):
 
 def _linear_calls(model: ModelSpec, job: TrainingJob, moe_layer: bool) -> list[LinearCall]:
     """The layer's linear calls in execution order, as the framework issues them."""
-    fused = job.framework not in EAGER_FRAMEWORKS
-    te = job.framework == "megatron"       # Transformer Engine's LayerNorm-fused linears (advisor.cost.fp8)
+    fused = job.framework_record.fused_kernels
+    te = job.framework_record.norm_fused_linears     # Transformer Engine's LayerNorm-fused linears (advisor.cost.fp8)
     h = model.hidden_size
     attn = model.attention_linears()
     latent = {model.mla.q_lora_rank, model.mla.kv_lora_rank} if model.mla is not None else set()

@@ -50,15 +50,12 @@ from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import TrainingJob
 
 
-# Frameworks that gather the updated weights under the next step's first forward, per ZeRO stage
-# (module docstring): Megatron's --overlap-param-gather and MindSpore's optimizer parallel for ZeRO-1;
-# for ZeRO-2 only MindSpore (optimizer_level level2): DeepSpeed stage 2 and FSDP SHARD_GRAD_OP wait
-GATHER_UNDER_NEXT_FORWARD = {1: ("megatron", "mindspore"), 2: ("mindspore",)}
-
-
 def gathers_under_next_forward(job: TrainingJob, zero_stage: int) -> bool:
-    """Whether the framework gathers a ZeRO stage's updated weights under the next step's first forward."""
-    return job.framework in GATHER_UNDER_NEXT_FORWARD.get(zero_stage, ())
+    """Whether the framework gathers a ZeRO stage's updated weights under the next step's first forward
+    (module docstring; the record's gathers_under_next_forward: Megatron's --overlap-param-gather and
+    MindSpore's optimizer parallel for ZeRO-1, only MindSpore's level2 for ZeRO-2: DeepSpeed stage 2 and
+    FSDP SHARD_GRAD_OP wait)."""
+    return zero_stage in job.framework_record.gathers_under_next_forward
 
 
 def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_params, expert_params,

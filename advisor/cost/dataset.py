@@ -41,7 +41,6 @@ from advisor.space.strategy import StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import TrainingJob
 
-TOKEN_BYTES = 4.0          # int32 token ids (MindSpore)
 # the batch in use and the next one (MindFormers' templates: train_dataset prefetch_size 1, one batch
 # ahead); the PyTorch loaders prefetch into host memory and copy one micro-batch at a time, so for
 # them twice is an upper bound of what the device holds
@@ -49,20 +48,18 @@ PREFETCHED = 2.0
 
 
 def sample_bytes(job: TrainingJob) -> float:
-    """Bytes of one sample as the framework's loader hands it over (module docstring)."""
-    if job.framework == "megatron":
-        # with unfused attention the loader also builds the s x s boolean mask (the export turns it
-        # off for fused attention: --no-create-attention-mask-in-dataloader)
-        mask = float(job.seq_length) ** 2 if job.attention != "flash" else 0.0
-        return job.seq_length * (8.0 + 8.0 + 4.0 + 8.0) + mask
-    if job.framework == "mindspore":
-        return (job.seq_length + 1) * TOKEN_BYTES
-    return job.seq_length * (8.0 + 8.0)
+    """Bytes of one sample as the framework's loader hands it over (module docstring; the record's
+    sample_bytes_per_token, sample_extra_tokens and builds_attention_mask)."""
+    fw = job.framework_record
+    # with unfused attention Megatron's loader also builds the s x s boolean mask (the export turns it
+    # off for fused attention: --no-create-attention-mask-in-dataloader)
+    mask = float(job.seq_length) ** 2 if fw.builds_attention_mask and job.attention != "flash" else 0.0
+    return (job.seq_length + fw.sample_extra_tokens) * fw.sample_bytes_per_token + mask
 
 
 def reading_ranks(job: TrainingJob, dp: int, cp: int, pp: int, devices: int) -> int:
     """Ranks that read samples from storage each step (module docstring)."""
-    return dp * cp * min(pp, 2) if job.framework == "megatron" else devices
+    return dp * cp * min(pp, 2) if job.framework_record.reads_on_end_stages_only else devices
 
 
 def samples_per_step(job: TrainingJob, b: StrategyBatch) -> np.ndarray:
@@ -75,7 +72,7 @@ def device_bytes(job: TrainingJob, b: StrategyBatch) -> np.ndarray:
     """Input buffers on one device: a step's samples (MindSpore's data sink) or one micro-batch's
     (everyone else's per-micro-batch loading), twice for the prefetched next one."""
     per_step = samples_per_step(job, b)
-    at_once = per_step if job.framework == "mindspore" else per_step / b.num_micro_batches.astype(float)
+    at_once = per_step if job.framework_record.sinks_whole_step else per_step / b.num_micro_batches.astype(float)
     return PREFETCHED * at_once * sample_bytes(job)
 
 

@@ -47,28 +47,20 @@ MIB = 2.0 ** 20
 # comm_fusion "auto" threshold 64, and sizes around Megatron's default (40M parameters = 160 MB of
 # fp32 gradients) and DeepSpeed's (5e8 elements) up to 500.
 BUCKET_CHOICES_MB = (25.0, 40.0, 64.0, 100.0, 200.0, 500.0)
-# Megatron-Core's default bucket: max(40e6, 1e6 x dp) parameters
-# (megatron/core/distributed/distributed_data_parallel.py, DistributedDataParallelConfig.bucket_size).
-MEGATRON_BUCKET_PARAMS = 40_000_000
-MEGATRON_BUCKET_PARAMS_PER_DP_RANK = 1_000_000
-# DeepSpeed's reduce_bucket_size / allgather_bucket_size default: 5e8 elements
-# (deepspeed/runtime/zero/config.py).
-DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
-# PyTorch DDP's bucket_cap_mb default (torch.nn.parallel.DistributedDataParallel) and MindSpore's
-# comm_fusion "auto" mode threshold (64 MB, comm_fusion.md).
-DDP_BUCKET_MB = 25.0
-MINDSPORE_BUCKET_MB = 64.0
+# The frameworks' default buckets are their records' bucket_params (Megatron-Core:
+# DistributedDataParallelConfig.bucket_size, max(40e6, 1e6 x dp) parameters) or bucket_mb (PyTorch
+# DDP's bucket_cap_mb 25; MindSpore comm_fusion's "auto" threshold, 64 MB); DeepSpeed's
+# reduce_bucket_size / allgather_bucket_size default is 5e8 elements (deepspeed/runtime/zero/config.py).
 
 
 def default_bucket_bytes(job: TrainingJob, dp_size) -> np.ndarray:
     """The framework's default gradient bucket in bytes (for reports and exports)."""
     dp_size = np.asarray(dp_size, dtype=float)
-    if job.framework == "megatron":
-        params = np.maximum(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_DP_RANK * dp_size)
+    fw = job.framework_record
+    if fw.bucket_params is not None:
+        params = np.maximum(fw.bucket_params, fw.bucket_params_per_dp_rank * dp_size)
         return params * job.grad_reduce_bytes
-    if job.framework == "mindspore":
-        return np.full(dp_size.shape, MINDSPORE_BUCKET_MB * MIB)
-    return np.full(dp_size.shape, DDP_BUCKET_MB * MIB)
+    return np.full(dp_size.shape, fw.bucket_mb * MIB)
 
 
 def explicit(b: StrategyBatch) -> np.ndarray:

@@ -28,13 +28,13 @@ from __future__ import annotations
 import numpy as np
 
 from advisor.space.strategy import StrategyBatch
-from advisor.specs.job import EAGER_FRAMEWORKS, TrainingJob
+from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
 
 
 def fused(job: TrainingJob) -> bool:
     """Whether the job's framework fuses its memory-bound kernels (see the module docstring)."""
-    return job.fused_kernels if job.fused_kernels is not None else job.framework not in EAGER_FRAMEWORKS
+    return job.fused_kernels if job.fused_kernels is not None else job.framework_record.fused_kernels
 
 
 def layer_forward_bytes(model: ModelSpec, job: TrainingJob, b: StrategyBatch, moe_layer: bool) -> np.ndarray:

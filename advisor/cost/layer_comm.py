@@ -35,6 +35,7 @@ import numpy as np
 from advisor.cost import comm, multi_copy
 from advisor.cost.placement import GroupPlacement
 from advisor.space.strategy import StrategyBatch
+from advisor.specs.frameworks import MINDSPORE
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
@@ -42,7 +43,7 @@ from advisor.specs.model import ModelSpec
 CP_A2A = 1
 # MindFormers' fine_grain_interleave as its configs set it (research/yi/finetune_yi_34b.yaml,
 # configs/codellama/finetune_codellama_34b_32p.yaml, research/qwen2/finetune_qwen2_0.5b_32k.yaml at v1.3.0)
-FINE_GRAIN_SLICES = 2
+FINE_GRAIN_SLICES = MINDSPORE.tp_overlap_slices     # MindFormers' fine_grain_interleave (the mindspore record)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,8 @@ def layer_comm(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: Strat
     if job.tp_comm_overlap and hw.device.overlaps_communication:
         # ring-exchange overlap splits each collective and its GEMM into tp chunks (MindSpore: the
         # sequence into FINE_GRAIN_SLICES slices): the first (or last) one's transfer has nothing to hide behind
-        t = float(FINE_GRAIN_SLICES) if job.framework == "mindspore" else b.tp.astype(float)
+        slices = job.framework_record.tp_overlap_slices
+        t = float(slices) if slices is not None else b.tp.astype(float)
         first = tp / t
         tp_fwd = first + np.maximum(tp - first - linear_forward_s, 0.0)
         tp_bwd = first + np.maximum(tp - first - 2.0 * linear_forward_s, 0.0)

@@ -55,7 +55,7 @@ DDP_BUCKET_BYTES = 2 * 25e6
 def resharding(job: TrainingJob, b: StrategyBatch) -> np.ndarray:
     """Whether ZeRO-3 frees the gathered weights after each micro-batch's forward (True) or keeps
     them for the step (PyTorch FSDP2 under pipeline parallelism, torchtitan's default policy)."""
-    return ~((b.pp > 1) & (job.framework == "torchtitan"))
+    return (b.pp == 1) | job.framework_record.reshards_under_pipeline
 
 
 def col(x):
@@ -152,7 +152,7 @@ def state_bytes_per_param(job: TrainingJob):
     if not job.mixed_precision:
         return 4.0, 4.0, (8.0 if adam else 4.0)
     optimizer = 12.0 if adam else 8.0  # fp32 master (+ moments)
-    if job.framework == "megatron":
+    if job.framework_record.grad_buffer_in_reduce_dtype:
         # the gradient buffer is kept in the reduction dtype (main_grad; fp32 for bf16 by default)
         return 2.0, job.grad_reduce_bytes, optimizer
     return float(job.dtype_bytes), float(job.dtype_bytes), optimizer

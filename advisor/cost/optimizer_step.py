@@ -62,7 +62,7 @@ MINDSPORE_ACCUMULATE_BYTES = 4 + 4 + 4                # AssignAdd: read the sum 
 def bytes_per_param(hw: HardwareProfile, job: TrainingJob | None) -> float:
     """Bytes the job's optimizer step moves per local parameter (module docstring); no job: fused Adam."""
     fused = job is None or job.optimizer_impl == "fused"
-    if job is None or job.framework != "mindspore":
+    if job is None or job.framework_record.optimizer_step == "torch":
         if fused:
             return hw.device.optimizer_bytes_per_param or ADAM_BYTES_PER_PARAM
         return float(TORCH_UNFUSED_ADAM_BYTES)
@@ -73,6 +73,6 @@ def bytes_per_param(hw: HardwareProfile, job: TrainingJob | None) -> float:
 def accumulation_bytes_per_param(job: TrainingJob) -> float:
     """Bytes one micro-batch's gradient accumulation moves per accumulated element (module docstring):
     MindSpore's AssignAdd; 0 where the framework accumulates inside its kernels."""
-    if job.framework != "mindspore":
+    if job.framework_record.optimizer_step == "torch":
         return 0.0
     return float(MINDSPORE_ACCUMULATE_BYTES)

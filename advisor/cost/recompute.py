@@ -31,11 +31,17 @@
   kept; with flash attention off, MindFormers' Llama attention also recomputes its score and
   softmax operators (llama_transformer.py), so the math scores are dropped and replayed too.
 
+Each framework's record (advisor.specs.frameworks, ``selective_recompute``) names the UNITS below its
+selective recomputation applies (Megatron: the job's recompute modules); one function prices every
+policy, so what a policy keeps, the time its replay costs and the FLOPs it adds to HFU never disagree.
+
 A per-stage layer count (``recompute_layers``) applies the policy to that many layers of a stage
 and keeps the rest whole (Megatron's --recompute-method block; MindFormers' per-stage lists).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,76 +52,93 @@ from advisor.specs.job import TrainingJob
 NONE, SELECTIVE, FULL = RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL
 
 
-def _megatron_dropped(terms: ActivationTerms, modules: tuple[str, ...], moe_layer: bool) -> np.ndarray:
-    """Bytes Megatron's selective recomputation of `modules` drops from one layer."""
-    p = terms.parts
-    dropped = np.zeros_like(terms.attention_core)
-    if "core_attn" in modules:
-        dropped = dropped + terms.attention_core
-    if "layernorm" in modules:
-        dropped = dropped + p["qkv_input"] + p["fc1_input"]
-    if "moe_act" in modules and moe_layer:
-        dropped = dropped + p["fc2_input"]
-    if "mla_up_proj" in modules:
-        dropped = dropped + p["q"] + p["k"] + p["v"]
-    if "mlp" in modules and not moe_layer:
-        dropped = dropped + p["mlp_inner"] + p["fc2_input"]
-    return dropped
+@dataclass(frozen=True)
+class Unit:
+    """One part of a layer that selective recomputation stops keeping and replays."""
+
+    drops: tuple[str, ...] = ()
+    """Activation parts no longer kept: ActivationTerms.parts keys, or "attention_core" (the score tensors)."""
+    replays: tuple[str, ...] = ()
+    """Forward work the backward replays: LayerCompute's <name>_s seconds and, where it has them, <name>_flops."""
+    layers: str = "all"
+    """The layers it applies to: "all", "moe" (MoE layers only) or "dense"."""
+    math_only: bool = False
+    """Only with unfused (math) attention."""
+    keeps: tuple[str, ...] | None = None
+    """A policy that keeps only these parts (repeated parts count twice; "first_up": the first MLP
+    up-projection's output), everything else being replayed."""
+
+
+UNITS: dict[str, Unit] = {
+    # Megatron-Core's --recompute-modules (module docstring)
+    "core_attn": Unit(drops=("attention_core",), replays=("attention_core",)),
+    "layernorm": Unit(drops=("qkv_input", "fc1_input")),
+    "moe_act": Unit(drops=("fc2_input",), replays=("activation",), layers="moe"),
+    "mla_up_proj": Unit(drops=("q", "k", "v"), replays=("up_projection",)),
+    "mlp": Unit(drops=("mlp_inner", "fc2_input"), replays=("mlp_forward",), layers="dense"),
+    # torchtitan's op-level selective activation checkpointing
+    "op_sac": Unit(keeps=("layer_input", "q", "v", "attention_out", "lse", "first_up", "layer_input"),
+                   replays=("alternate_linear", "elementwise")),
+    # MindFormers' select_recompute: SwiGLU's SiLU and Mul; with flash attention off, the scores too
+    "ffn_act": Unit(drops=("fc2_input",), replays=("activation",)),
+    "math_scores": Unit(drops=("attention_core",), replays=("attention_core",), math_only=True),
+}
+
+
+def selective_units(job: TrainingJob, moe_layer: bool) -> list[Unit]:
+    """The units the job's selective recomputation applies to one layer, in UNITS order."""
+    named = job.framework_record.selective_recompute or job.selective_modules
+    wanted = [UNITS[name] for name in UNITS if name in named]
+    return [u for u in wanted if (u.layers == "all" or (u.layers == "moe") == moe_layer)
+            and not (u.math_only and job.attention != "math")]
+
+
+def _part(terms: ActivationTerms, name: str, gated_mlp: bool) -> np.ndarray:
+    if name == "attention_core":
+        return terms.attention_core
+    if name == "layer_input":
+        return terms.layer_input
+    if name == "first_up":     # SwiGLU's gate (half of the gate/up pair), GELU's FC1 output
+        return terms.parts["mlp_inner"] / 2.0 if gated_mlp else terms.parts["mlp_inner"]
+    return terms.parts[name]
 
 
 def kept_bytes(terms: ActivationTerms, recompute: np.ndarray, job: TrainingJob, gated_mlp: bool,
                moe_layer: bool = False) -> np.ndarray:
     """Bytes one recomputed layer keeps per micro-batch under the candidates' policies."""
-    p = terms.parts
     everything = terms.no_recompute
-    framework = job.framework
-    if framework == "megatron":
-        selective = everything - _megatron_dropped(terms, job.selective_modules, moe_layer)
-    elif framework == "torchtitan":
-        # the first up-projection's output: SwiGLU's gate (half of the gate/up pair), GELU's FC1 output;
-        # the MLP output (w2) has the layer input's size
-        first_up = p["mlp_inner"] / 2.0 if gated_mlp else p["mlp_inner"]
-        selective = terms.layer_input + p["q"] + p["v"] + p["attention_out"] + p["lse"] + first_up + terms.layer_input
-    elif framework == "mindspore":
-        selective = everything - terms.attention_core - p["fc2_input"]
+    units = selective_units(job, moe_layer)
+    keeps = [u for u in units if u.keeps is not None]
+    if keeps:
+        selective = sum(_part(terms, name, gated_mlp) for name in keeps[0].keeps)
     else:
-        return terms.total(recompute)
+        dropped = np.zeros_like(terms.attention_core)
+        for unit in units:
+            for name in unit.drops:
+                dropped = dropped + _part(terms, name, gated_mlp)
+        selective = everything - dropped
     return np.select([recompute == FULL, recompute == SELECTIVE], [terms.layer_input, selective], everything)
+
+
+def _replayed(lc, job: TrainingJob, moe_layer: bool, suffix: str) -> np.ndarray:
+    out = np.zeros_like(lc.forward_s)
+    for unit in selective_units(job, moe_layer):
+        for name in unit.replays:
+            value = getattr(lc, f"{name}{suffix}", None)
+            if value is not None:
+                out = out + value
+    return out
 
 
 def replay_s(recompute: np.ndarray, job: TrainingJob, lc, moe_layer: bool = False) -> np.ndarray:
     """Forward work the backward replays for one recomputed layer (seconds, arrays); lc is the
     layer's advisor.cost.compute.LayerCompute."""
-    framework = job.framework
-    if framework == "torchtitan":
-        selective = lc.alternate_linear_s + lc.elementwise_s
-    elif framework == "mindspore":
-        selective = lc.activation_s + (lc.attention_core_s if job.attention == "math" else 0.0)
-    elif framework == "megatron":
-        modules = job.selective_modules
-        selective = np.zeros_like(lc.forward_s)
-        if "core_attn" in modules:
-            selective = selective + lc.attention_core_s
-        if "moe_act" in modules and moe_layer:
-            selective = selective + lc.activation_s
-        if "mla_up_proj" in modules:
-            selective = selective + lc.up_projection_s
-        if "mlp" in modules and not moe_layer:
-            selective = selective + lc.mlp_forward_s
-    else:
-        selective = lc.attention_core_s
+    selective = _replayed(lc, job, moe_layer, "_s")
     return np.select([recompute == FULL, recompute == SELECTIVE], [lc.forward_s, selective], 0.0)
 
 
 def replay_flops(recompute: np.ndarray, job: TrainingJob, lc, moe_layer: bool = False) -> np.ndarray:
-    """GEMM and attention FLOPs replayed for one recomputed layer (for HFU)."""
-    if job.framework == "torchtitan":
-        selective = lc.alternate_linear_flops
-    elif job.framework == "megatron":
-        modules = job.selective_modules
-        selective = (lc.attention_core_flops if "core_attn" in modules else 0.0) + \
-            (lc.up_projection_flops if "mla_up_proj" in modules else 0.0) + \
-            (lc.mlp_forward_flops if ("mlp" in modules and not moe_layer) else 0.0)
-    else:
-        selective = lc.attention_core_flops
+    """GEMM and attention FLOPs replayed for one recomputed layer (for HFU): those of the same units
+    replay_s prices (memory-bound kernels have none)."""
+    selective = _replayed(lc, job, moe_layer, "_flops")
     return np.select([recompute == FULL, recompute == SELECTIVE], [lc.forward_flops, selective], 0.0)

@@ -136,7 +136,7 @@ EXPERT_GEMMS_BACKWARD = 4
 def _moe_launches(model, job, b):
     """Kernels an MoE layer launches after routing that stay eager (CUDA graphs take the rest),
     forward and backward, per candidate."""
-    if job.framework != "megatron":
+    if not job.framework_record.expert_gemm_per_expert:
         forward, backward = np.full(len(b), float(MOE_KERNELS_FORWARD)), np.full(len(b), float(MOE_KERNELS_BACKWARD))
     else:
         local = model.moe.num_experts / b.ep
@@ -241,7 +241,8 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     # transfers and what a chunk's compute cannot hide stay exposed. Otherwise every transfer waits.
     steady = 2.0 * m * b.virtual_pipeline_stages
     chunk_s = at_slowest(stage_mb) / b.virtual_pipeline_stages / 2.0      # a chunk's forward or backward
-    overlapped = (b.pipeline_schedule == INTERLEAVED) & (job.framework == "megatron") & hw.device.overlaps_communication
+    overlapped = ((b.pipeline_schedule == INTERLEAVED) & job.framework_record.overlaps_interleaved_p2p
+                  & hw.device.overlaps_communication)
     exposed_steady = np.where(overlapped, np.maximum(p2p - chunk_s, 0.0), p2p)
     pp_s = np.where(b.pp > 1, steady * exposed_steady + 2.0 * p2p * (b.pp - 1), 0.0)
 
@@ -276,7 +277,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     embed_tensors = 1 + (model.position_embedding == "learned") - b.host_embedding.astype(np.int64)
     head_tensors = (2 if model.norm == "layernorm" else 1) + (not model.tie_embeddings)
     ends_t = np.where(b.pp == 1, embed_tensors + head_tensors, np.maximum(embed_tensors, head_tensors))
-    tensors = units * model.parameter_tensors_per_layer(job.framework == "megatron") + ends_t
+    tensors = units * model.parameter_tensors_per_layer(job.framework_record.one_qkv_weight) + ends_t
     opt_host = tensors * hw.device.optimizer_overhead_us_per_tensor * 1e-6
     host_share = np.where(offload, b.offload_fraction, 0.0)
     opt_s = np.where(host_share < 1.0, (1.0 - host_share) * compute.optimizer_step_s(hw, local, job) + opt_host, 0.0)
@@ -298,7 +299,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     # transfer overlaps the backward), so only what outlasts a backward shows. The updated 16-bit
     # weights go back after the host's step in both.
     down = local * gb / pcie
-    grads_s = np.where(job.framework == "megatron", down, m * np.maximum(down - at_slowest(bwd), 0.0))
+    grads_s = np.where(job.framework_record.offload_grads_at_step, down, m * np.maximum(down - at_slowest(bwd), 0.0))
     host_part = host_share * (local * optimizer_step.ADAM_BYTES_PER_PARAM * hw.node.devices_per_node / host_bw
                               + np.where(b.offload_params, 0.0, grads_s + local * wb / pcie))
     offload_s = np.maximum(host_part - opt_s, 0.0)

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from advisor.plan import Plan
 
 NONE, FULL, CORE_ATTENTION, OP_LEVEL, MINDSPORE_SELECT = "none", "full", "core-attention", "op-level", "mindspore-select"
+# the framework records' selective policies (advisor.specs.frameworks: selective_recompute) that are not
+# Megatron-style module lists
+POLICY_KINDS = {("op_sac",): OP_LEVEL, ("ffn_act", "math_scores"): MINDSPORE_SELECT}
 
 
 @dataclass(frozen=True)
@@ -37,11 +40,10 @@ def priced_recompute(plan: Plan) -> PricedRecompute:
         return PricedRecompute(NONE)
     if s.recompute == "full":
         return PricedRecompute(FULL, s.recompute_layers)
-    if j.framework == "torchtitan":
-        return PricedRecompute(OP_LEVEL, s.recompute_layers)
-    if j.framework == "mindspore":
-        return PricedRecompute(MINDSPORE_SELECT, s.recompute_layers)
-    return PricedRecompute(CORE_ATTENTION, s.recompute_layers, j.selective_modules)
+    units = j.framework_record.selective_recompute
+    if units in POLICY_KINDS:
+        return PricedRecompute(POLICY_KINDS[units], s.recompute_layers)
+    return PricedRecompute(CORE_ATTENTION, s.recompute_layers, units or j.selective_modules)
 
 
 def cannot_express(target: str, priced: PricedRecompute, closest: str = "") -> str:

@@ -47,7 +47,7 @@ from advisor.specs.model import ModelSpec
 
 def copy_variants(job: TrainingJob, hw: HardwareProfile, b: StrategyBatch) -> tuple[StrategyBatch, np.ndarray]:
     """(variants, the index of the candidate each comes from) with k copies of the micro-batch."""
-    if job.framework != "mindspore" or not hw.device.overlaps_communication:
+    if not job.framework_record.multi_copy or not hw.device.overlaps_communication:
         return b.take(np.zeros(0, dtype=np.int64)), np.zeros(0, dtype=np.int64)
     parts, origins = [], []
     split = (b.tp > 1) & (b.micro_batch_copies == 1)

@@ -22,6 +22,7 @@ from advisor.search.enumerate_rows import (
 )
 from advisor.space.rules import illegal_masks
 from advisor.space.strategy import INTERLEAVED, MESH_DIMS, ONE_F_ONE_B, RECOMPUTE, SCHEDULES
+from advisor.specs.frameworks import FRAMEWORKS, frameworks_with
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
@@ -160,11 +161,13 @@ def zero_offload_options(pins: Pins, framework: str | None = None,
     zeros = [pins.zero_stage] if pins.zero_stage is not None else list(ZERO_STAGES)
     offloads = [int(pins.offload_optimizer)] if pins.offload_optimizer is not None else [0, 1]
     pairs = [(z, o) for z in zeros for o in offloads if not (o and z == 0)]
-    if framework == "megatron" and pins.offload_params:
-        raise AdvisorError("--offload-params: Megatron-LM has no parameter offload; give --framework pytorch "
-                           "(DeepSpeed), torchtitan or mindspore")
+    record = FRAMEWORKS.get(framework)
+    offloads_params = record is None or record.parameter_offload
+    if not offloads_params and pins.offload_params:
+        raise AdvisorError(f"--offload-params: {record.title} has no parameter offload; give --framework "
+                           f"{frameworks_with('parameter_offload')}")
     if (pins.offload_params is not False and pins.offload_optimizer is not False and 3 in zeros
-            and framework != "megatron"):
+            and offloads_params):
         pairs.append((3, 2))
     if pins.offload_params:
         return [p for p in pairs if p[1] == OFFLOAD_PARAMS]
@@ -174,8 +177,9 @@ def zero_offload_options(pins: Pins, framework: str | None = None,
 def _with_host_embedding(pairs, pins: Pins, framework: str | None, model: ModelSpec | None):
     if pins.host_embedding is False or model is None:
         return pairs
-    why = ("the word embedding on the host is MindSpore's Host&Device training: give --framework mindspore"
-           if framework != "mindspore" else
+    record = FRAMEWORKS.get(framework)
+    why = ("the word embedding on the host is MindSpore's Host&Device training: give --framework "
+           f"{frameworks_with('host_embedding')}" if record is None or not record.host_embedding else
            f"{model.name} ties its embedding to the output head, which stays on the device"
            if model.tie_embeddings else None)
     if why is not None:

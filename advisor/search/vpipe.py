@@ -56,7 +56,8 @@ def memory_aware_strategy(model: ModelSpec, hw: HardwareProfile, job: TrainingJo
     every stage, a multiple of the virtual stages, as Megatron's --recompute-method block takes it
     (framework megatron); the PyTorch stacks recompute all layers or none (advisor.search.stages)."""
     p, v = strategy.pp, strategy.virtual_pipeline_stages
-    if p == 1 or model.num_layers % v or model.num_layers // v < p or job.framework not in ("mindspore", "megatron"):
+    policy = job.framework_record.recompute_layer_counts
+    if p == 1 or model.num_layers % v or model.num_layers // v < p or policy is None:
         return None
     base = replace(strategy, stage_layers=None, recompute_layers=None)
     keep = stage_cost_model(model, hw, job, replace(base, recompute="none"))
@@ -72,7 +73,7 @@ def memory_aware_strategy(model: ModelSpec, hw: HardwareProfile, job: TrainingJo
         m1 = replay.memory_fixed_bytes[i] + dense * replay.memory_dense_bytes[i] + moe * replay.memory_moe_bytes[i]
         need = np.clip(np.ceil(layers * (m0 - capacity) / np.maximum(m0 - m1, 1.0) - 1e-9), 0.0, layers)
         stages.append((t0, t1, need, span & (m1 <= capacity)))
-    if job.framework == "mindspore":
+    if policy == "per_stage":
         best = _partition(stages, layers, p, model.num_layers // v, v, None)
     else:   # one count for every stage: the best of each multiple of v
         best = None
@@ -84,7 +85,7 @@ def memory_aware_strategy(model: ModelSpec, hw: HardwareProfile, job: TrainingJo
         return None
     _, stage_layers, counts = best
     return _fit(model, job, replace(strategy, recompute="full", stage_layers=stage_layers), counts, capacity,
-                per_stage=job.framework == "mindspore", step=v)
+                per_stage=policy == "per_stage", step=v)
 
 
 def _partition(stages, layers, p: int, units: int, v: int, count: float | None):
@@ -133,7 +134,7 @@ def _fit(model: ModelSpec, job: TrainingJob, s: Strategy, counts: list[int], cap
 def swap_strategy(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strategy: Strategy) -> Strategy | None:
     """The strategy, without recomputation, with the fewest swapped layers per stage that fit; None
     where it fits without swapping, nothing fits, or the framework cannot swap per layer."""
-    if strategy.pp == 1 or strategy.virtual_pipeline_stages != 1 or job.framework != "mindspore":
+    if strategy.pp == 1 or strategy.virtual_pipeline_stages != 1 or not job.framework_record.activation_swap:
         return None
     s = replace(strategy, recompute="none", recompute_layers=None, swap_layers=None)
     layers = list(s.resolved_stage_layers(model.num_layers))

@@ -99,7 +99,7 @@ def _recompute_layers(m, c, j, b):
     counts = np.where(active, b.recompute_layers, -1)
     given = (counts >= 0).any(axis=1)
     per_stage_max = np.max(b.stage_layers, axis=1)
-    kind_ok = (b.recompute == RECOMPUTE_FULL) | ((b.recompute == RECOMPUTE_SELECTIVE) & (j.framework == "mindspore"))
+    kind_ok = (b.recompute == RECOMPUTE_FULL) | ((b.recompute == RECOMPUTE_SELECTIVE) & j.framework_record.selective_layer_counts)
     bad_count = (np.where(active, counts < 0, False).any(axis=1) | (counts.max(axis=1) < 1)
                  | (counts > per_stage_max[:, None]).any(axis=1))
     return given & (~kind_ok | bad_count)
@@ -110,7 +110,7 @@ def _recompute_modules(m, c, j, b):
     # experts (TransformerConfig.__post_init__)
     wrong = (("mla_up_proj" in j.selective_modules and m.mla is None)
              or ("moe_act" in j.selective_modules and m.moe is None))
-    return (b.recompute == RECOMPUTE_SELECTIVE) & (j.framework == "megatron") & wrong
+    return (b.recompute == RECOMPUTE_SELECTIVE) & j.framework_record.recompute_modules & wrong
 
 
 def _cuda_graphs(m, c, j, b):
@@ -165,26 +165,26 @@ def _swap_layers(m, c, j, b):
 
 
 def _offload_params(m, c, j, b):
-    return b.offload_params & ((b.zero_stage < 3) | ~b.offload_optimizer | (j.framework == "megatron"))
+    return b.offload_params & ((b.zero_stage < 3) | ~b.offload_optimizer | (not j.framework_record.parameter_offload))
 
 
 def _offload_fraction(m, c, j, b):
     """A share below 1 exists in Megatron-LM (--optimizer-offload-fraction) and DeepSpeed (ratio,
     ZeRO-3 only: framework pytorch); FSDP2 and MindSpore offload all of the optimizer or none."""
     f = b.offload_fraction
-    has_it = (j.framework == "megatron") | ((j.framework == "pytorch") & (b.zero_stage == 3))
+    has_it = np.isin(b.zero_stage, j.framework_record.offload_fraction_zero_stages)
     return ~np.isfinite(f) | (f <= 0.0) | (f > 1.0) | ((f < 1.0) & (~b.offload_optimizer | b.offload_params | ~has_it))
 
 
 def _host_embedding(m, c, j, b):
     """The word embedding on the host (advisor.cost.host_embedding): MindSpore's Host&Device switch
     (Primitive.set_device, Optimizer.target); a table tied to the output head stays on the device."""
-    return b.host_embedding & ((j.framework != "mindspore") | bool(m.tie_embeddings) | b.offload_params)
+    return b.host_embedding & ((not j.framework_record.host_embedding) | bool(m.tie_embeddings) | b.offload_params)
 
 
 def _full_batch(m, c, j, b):
     """Every rank reading the whole batch is MindSpore's full_batch; the other stacks' loaders shard it."""
-    return b.full_batch & (j.framework != "mindspore")
+    return b.full_batch & (not j.framework_record.full_batch)
 
 
 RULES: dict[str, tuple[Rule, str]] = {

@@ -10,9 +10,15 @@ pipeline stage (each stage holds virtual_pipeline_stages chunks of them).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
+
+from advisor.errors import AdvisorError
+from advisor.specs import _fields as f
+from advisor.specs import limits
+from advisor.specs.setting import setting
+from advisor.specs.untrusted import prefix
 
 RECOMPUTE = ("none", "selective", "full")
 # Context-parallel communication, named as Megatron-Core's --cp-comm-type: p2p = ring attention (K/V
@@ -27,52 +33,165 @@ MESH_DIMS = ("pp", "dp", "cp", "tp")
 DEFAULT_MESH_ORDER = ("pp", "dp", "cp", "tp")
 
 
+def _recompute_layers(data: dict[str, Any], key: str, origin: str):
+    rl = data.get(key)
+    if isinstance(rl, list):
+        if not rl or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in rl):
+            raise AdvisorError(f"{origin}: key 'recompute_layers' must be a positive integer or a list of non-negative "
+                               f"integers (one per pipeline stage), got {prefix(rl)}")
+        return tuple(rl)
+    return None if rl is None else f.positive_int(data, key, origin)
+
+
+def _stage_layers(data: dict[str, Any], key: str, origin: str):
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value):
+        raise AdvisorError(f"{origin}: key 'stage_layers' must be a list of positive integers, got {prefix(value)}")
+    return tuple(value)
+
+
+def _mesh_order(data: dict[str, Any], key: str, origin: str):
+    mesh = data.get(key, list(MESH_DIMS))
+    if not isinstance(mesh, list) or not all(isinstance(x, str) for x in mesh) or sorted(mesh) != sorted(MESH_DIMS):
+        raise AdvisorError(f"{origin}: key 'mesh_order' must list each of {', '.join(MESH_DIMS)} once, got {prefix(mesh)}")
+    return tuple(mesh)
+
+
+def _swap_layers(data: dict[str, Any], key: str, origin: str):
+    value = data.get(key)
+    if value is None:
+        return None
+    pp = f.positive_int(data, "pp", origin)
+    if not isinstance(value, list) or len(value) != pp or not all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= limits.MAX_LAYERS for x in value):
+        raise AdvisorError(f"{origin}: key 'swap_layers' must be a list of non-negative layer counts, one per pipeline "
+                           f"stage ({pp}), got {prefix(value)}")
+    return tuple(value)
+
+
+def _layer_counts(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+# Largest gradient bucket accepted (MiB): 1 TiB, beyond any device's memory
+MAX_BUCKET_MB = 2.0 ** 20
+
+
 @dataclass(frozen=True)
 class Strategy:
-    dp: int
-    tp: int
-    pp: int
-    cp: int = 1
-    ep: int = 1
-    sequence_parallel: bool = False
-    virtual_pipeline_stages: int = 1
-    micro_batch_size: int = 1
-    num_micro_batches: int = 1
-    zero_stage: int = 0
-    recompute: str = "none"
-    # Recompute only this many layers per stage (None: all): one count for every stage (Megatron's
-    # --recompute-num-layers) or one per stage (MindFormers' recompute / select_recompute lists).
-    recompute_layers: int | tuple[int, ...] | None = None
-    pipeline_schedule: str = "1f1b"
-    stage_layers: tuple[int, ...] | None = None   # None: even split
-    offload_optimizer: bool = False
-    # The share of the optimizer states (and of its update) kept on the host when the optimizer is
-    # offloaded; the rest stays on the device (Megatron's --optimizer-offload-fraction, DeepSpeed's
-    # offload_optimizer.ratio).
-    offload_fraction: float = 1.0
-    # Parameter offload (ZeRO-Infinity's offload_param, FSDP2's CPUOffloadPolicy): the sharded weights
-    # and gradients live in host memory and cross PCIe every micro-batch; needs ZeRO-3 and the
-    # optimizer offloaded (advisor.cost.step).
-    offload_params: bool = False
-    mesh_order: tuple[str, ...] = DEFAULT_MESH_ORDER
-    cp_comm: str = "p2p"
-    # Communication fusion: data-parallel gradient bucket size in MiB (None: the framework's default
-    # buckets, priced as before; advisor.cost.fusion).
-    grad_bucket_mb: float | None = None
-    # Multi-copy parallelism: copies each micro-batch is split into so that one copy's tensor-parallel
-    # collectives run under another's compute (MindSpore MicroBatchInterleaved; advisor.cost.multi_copy).
-    micro_batch_copies: int = 1
-    # Activation swapping (vPipe): per stage, how many of its first layers send their saved
-    # activations to the host after the forward and fetch them back for the backward (MindFormers'
-    # swap_config layer_swap; advisor.cost.swap). None: none.
-    swap_layers: tuple[int, ...] | None = None
-    # Dataset sharding: every rank reads the whole global batch (MindSpore full_batch=True) instead of
-    # its data-parallel shard (advisor.cost.dataset).
-    full_batch: bool = False
-    # Host&Device heterogeneous training: the word-embedding table and its lookup on the host CPU,
-    # updated there by a host optimizer (MindSpore Gather.set_device("CPU"), Optimizer.target = "CPU";
-    # advisor.cost.host_embedding).
-    host_embedding: bool = False
+    """How one candidate is parallelised: every degree and knob (module docstring for the conventions).
+    Each field's Setting record (advisor.specs.setting) says how it is given, saved and searched."""
+
+    dp: int = setting(
+        kind="positive_int", maximum=limits.MAX_DEVICES, flags=("--dp",), search=True, cli_default=None, plan="always",
+        required=True, help="the data-parallel degree (estimate: default devices / (tp x pp x cp))",
+        doc="Data-parallel degree: replicas of the model, each on tp x pp x cp devices.")
+    tp: int = setting(
+        1, kind="positive_int", maximum=limits.MAX_DEVICES, flags=("--tp",), search=True, plan="always", required=True,
+        help="the tensor-parallel degree", doc="Tensor-parallel degree: each layer's matrices split over tp devices "
+        "(Megatron-LM, Shoeybi et al. 2019).")
+    pp: int = setting(
+        1, kind="positive_int", maximum=limits.MAX_DEVICES, flags=("--pp",), search=True, plan="always", required=True,
+        help="the pipeline-parallel degree (stages)", doc="Pipeline-parallel degree: stages of consecutive layers.")
+    cp: int = setting(
+        1, kind="positive_int", maximum=limits.MAX_DEVICES, flags=("--cp",), search=True, plan="always",
+        help="the context-parallel degree (the sequence split over devices)",
+        doc="Context-parallel degree: each sequence split over cp devices (cp_comm says how attention exchanges).")
+    ep: int = setting(
+        1, kind="positive_int", maximum=limits.MAX_DEVICES, flags=("--ep",), search=True, plan="always",
+        help="the expert-parallel degree (MoE models)",
+        doc="Expert-parallel degree (MoE): experts spread over ep of the dp x cp ranks.")
+    sequence_parallel: bool = setting(
+        False, kind="boolean", flags=("--sequence-parallel",), search=True, plan="always",
+        help="sequence parallelism over the tp group",
+        doc="Sequence parallelism: the norms' and dropouts' activations split over the tp group (Korthikanti "
+            "et al. 2022).")
+    virtual_pipeline_stages: int = setting(
+        1, kind="positive_int", maximum=limits.MAX_LAYERS, flags=("--vpp",), search=True, plan="always",
+        help="the virtual pipeline stages (interleaved 1F1B when > 1)",
+        doc="Chunks per physical pipeline stage (Megatron's interleaved 1F1B, Narayanan et al. SC'21).")
+    micro_batch_size: int = setting(
+        1, kind="positive_int", maximum=limits.MAX_GLOBAL_BATCH, flags=("--mbs",), search=True, plan="always",
+        help="the micro-batch size (sequences)", doc="Sequences per micro-batch.")
+    num_micro_batches: int = setting(
+        1, kind="positive_int", maximum=limits.MAX_GLOBAL_BATCH, plan="always",
+        doc="Micro-batches per step and replica: global batch / (dp x micro-batch size).")
+    zero_stage: int = setting(
+        0, kind="choice", choices=(0, 1, 2, 3), flags=("--zero",), search=True, plan="always",
+        help="the ZeRO stage 0-3", doc="ZeRO stage (Rajbhandari et al. 2020): 1 shards the optimizer states over "
+        "the data-parallel group, 2 also the gradients, 3 also the weights.")
+    recompute: str = setting(
+        "none", kind="choice", choices=RECOMPUTE, flags=("--recompute",), search=True, plan="always",
+        help="none | selective | full",
+        doc="Activation recomputation: none, selective (what the framework's record replays; "
+            "advisor.cost.recompute) or full (only each layer's input kept).")
+    recompute_layers: int | tuple[int, ...] | None = setting(
+        None, kind="positive_int", maximum=limits.MAX_LAYERS, optional=True, flags=("--recompute-layers",),
+        commands=("estimate",), plan="always", read=_recompute_layers, write=_layer_counts,
+        help="with full: layers per stage",
+        doc="Recompute only this many layers per stage (None: all): one count for every stage (Megatron's "
+            "--recompute-num-layers) or one per stage (MindFormers' recompute / select_recompute lists).")
+    pipeline_schedule: str = setting(
+        "1f1b", kind="choice", choices=SCHEDULES, flags=("--schedule",), search=True, cli_default=None, plan="always",
+        help="gpipe | 1f1b | interleaved-1f1b", doc="The pipeline schedule (interleaved-1f1b with virtual stages).")
+    stage_layers: tuple[int, ...] | None = setting(
+        None, plan="always", read=_stage_layers, write=_layer_counts,
+        doc="Transformer layers per physical pipeline stage (None: an even split; the plan holds the resolved split).")
+    mesh_order: tuple[str, ...] = setting(
+        DEFAULT_MESH_ORDER, plan="always", read=_mesh_order, write=list,
+        doc="The mesh dimensions from outermost to innermost: the last one gets consecutive ranks (the fastest links).")
+    offload_optimizer: bool = setting(
+        False, kind="boolean", flags=("--offload", "--offload-optimizer"), search=True, plan="always",
+        help="keep optimizer states in host memory",
+        doc="Optimizer states (and their update) in host memory (ZeRO-Offload, Ren et al. 2021; Megatron "
+            "--optimizer-cpu-offload); needs ZeRO 1 or more.")
+    cp_comm: str = setting(
+        "p2p", kind="choice", choices=CP_COMM, flags=("--cp-comm",), search=True, plan="always",
+        help="p2p (ring attention) | a2a (Ulysses) context parallelism",
+        doc="Context-parallel communication, as Megatron-Core's --cp-comm-type: p2p = ring attention (K/V blocks "
+            "passed around the ring, overlapped with attention; Liu et al. 2023), a2a = Ulysses (all-to-alls that "
+            "trade the sequence split for a head split; Jacobs et al. 2023).")
+    grad_bucket_mb: float | None = setting(
+        None, kind="positive_float", maximum=MAX_BUCKET_MB, optional=True, flags=("--bucket-mb",),
+        commands=("estimate",), help="gradient bucket size in MiB (communication fusion, ZeRO 0/1; default: the framework's)",
+        doc="Communication fusion: data-parallel gradient bucket size in MiB (None: the framework's default "
+            "buckets; advisor.cost.fusion).")
+    micro_batch_copies: int = setting(
+        1, kind="positive_int", maximum=limits.MAX_GLOBAL_BATCH, flags=("--copies",), commands=("estimate",),
+        help="multi-copy parallelism: split each micro-batch into this many copies (MindSpore micro_batch_interleave_num)",
+        doc="Multi-copy parallelism: copies each micro-batch is split into so that one copy's tensor-parallel "
+            "collectives run under another's compute (MindSpore MicroBatchInterleaved; advisor.cost.multi_copy).")
+    swap_layers: tuple[int, ...] | None = setting(
+        None, read=_swap_layers, write=list,
+        doc="Activation swapping (vPipe): per stage, how many of its first layers send their saved activations to "
+            "the host after the forward and fetch them back for the backward (MindFormers' swap_config layer_swap; "
+            "advisor.cost.swap). None: none.")
+    full_batch: bool = setting(
+        False, kind="boolean", flags=("--full-batch",), commands=("estimate",),
+        help="every rank reads the whole global batch (MindSpore full_batch=True) instead of its data-parallel shard",
+        doc="Dataset sharding: every rank reads the whole global batch (MindSpore full_batch=True) instead of its "
+            "data-parallel shard (advisor.cost.dataset).")
+    offload_params: bool = setting(
+        False, kind="boolean", flags=("--offload-params",), search=True,
+        help="keep weights and gradients in host memory too (ZeRO-Infinity; with --zero 3 --offload-optimizer)",
+        doc="Parameter offload (ZeRO-Infinity's offload_param, FSDP2's CPUOffloadPolicy): the sharded weights and "
+            "gradients live in host memory and cross PCIe every micro-batch; needs ZeRO-3 and the optimizer "
+            "offloaded (advisor.cost.step).")
+    offload_fraction: float = setting(
+        1.0, kind="fraction", flags=("--offload-fraction",), commands=("estimate",),
+        help="share of the optimizer offloaded (Megatron --optimizer-offload-fraction)",
+        doc="The share of the optimizer states (and of its update) kept on the host when the optimizer is "
+            "offloaded; the rest stays on the device (Megatron's --optimizer-offload-fraction, DeepSpeed's "
+            "offload_optimizer.ratio).")
+    host_embedding: bool = setting(
+        False, kind="boolean", flags=("--host-embedding",), search=True,
+        help="the word-embedding table, its lookup and its optimizer on the host CPU (MindSpore Host&Device "
+             "training; --framework mindspore, untied embeddings)",
+        doc="Host&Device heterogeneous training: the word-embedding table and its lookup on the host CPU, updated "
+            "there by a host optimizer (MindSpore Gather.set_device(\"CPU\"), Optimizer.target = \"CPU\"; "
+            "advisor.cost.host_embedding).")
 
     @property
     def devices(self) -> int:

@@ -111,7 +111,7 @@ def choice(data: dict[str, Any], key: str, origin: str, options: Iterable[str], 
     options = tuple(options)
     value = data.get(key, default)
     if value not in options:
-        raise AdvisorError(f"{origin}: key '{key}' must be one of {', '.join(options)}, got {prefix(value)}")
+        raise AdvisorError(f"{origin}: key '{key}' must be one of {', '.join(map(str, options))}, got {prefix(value)}")
     return value
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import Callable
 
 from advisor.errors import AdvisorError
 from advisor.specs import limits
+from advisor.specs.frameworks import FRAMEWORKS as FRAMEWORK_RECORDS, Framework, frameworks_with
 from advisor.specs.hardware import HardwareProfile
+from advisor.specs.setting import check_fields, setting
+from advisor.specs.site import DEFAULT_PUE, MAX_GRID_GCO2E_PER_KWH, MAX_PUE, Site  # noqa: F401 (re-exported)
 from advisor.specs.untrusted import prefix
 
 # Bytes per element of weights, gradients and activations as stored. FP8 training keeps them in
@@ -26,12 +29,9 @@ OPTIMIZER_IMPLS = ("fused", "unfused")
 # recommendation models (advisor.cost.recsys) only: transformer plans train with the others.
 TRANSFORMER_OPTIMIZERS = ("adamw", "adam", "sgd")
 ATTENTION = ("flash", "math")
-# Whose implementation runs the plan; it decides what "selective" recomputation keeps and what
-# sequence parallelism saves (see advisor.cost.recompute and advisor.cost.memory).
-FRAMEWORKS = ("megatron", "pytorch", "torchtitan", "mindspore")
-# The PyTorch-module stacks: eager kernels unless compiled, separate Q/K/V and gate/up projections,
-# autograd keeping the all-gathered sequence-parallel inputs (advisor.cost.kernels, compute, activations).
-EAGER_FRAMEWORKS = ("pytorch", "torchtitan")
+# Whose implementation runs the plan: the names of the framework records (advisor.specs.frameworks),
+# which decide what "selective" recomputation keeps, what sequence parallelism saves, fusion, overlap...
+FRAMEWORKS = tuple(FRAMEWORK_RECORDS)
 # FP8 scaling recipes, named as Megatron-LM's --fp8-recipe: delayed (amax history, Transformer
 # Engine's DelayedScaling), tensorwise (per-tensor current scaling, TE Float8CurrentScaling, torchao
 # tensorwise), mxfp8 (1x32 blocks with E8M0 scales, TE MXFP8BlockScaling; Blackwell), blockwise
@@ -45,7 +45,6 @@ GRAD_DTYPES = ("fp32", "bf16", "fp16")
 # Triton FlashAttention of flash-attn 1.x that llm-foundry's attn_impl "triton" ran, npu = Ascend's
 # FlashAttentionScore (MindSpore).
 ATTENTION_KERNELS = ("te", "sdpa", "triton", "npu")
-DEFAULT_KERNEL = {"megatron": "te", "pytorch": "sdpa", "torchtitan": "sdpa", "mindspore": "npu"}
 # Megatron-Core's selective recomputation modules (--recompute-modules) that the cost model prices
 # (advisor.cost.recompute): the attention core (the default), the two norms, the MoE experts'
 # activation function, MLA's up-projections and the dense layers' MLP.
@@ -58,17 +57,18 @@ def check_recompute_modules(modules, framework: str, where: str) -> None:
     `where` names the key or flag in the error."""
     if not isinstance(modules, tuple) or not modules or any(m not in RECOMPUTE_MODULES for m in modules):
         raise AdvisorError(f"{where} must be a non-empty list of {', '.join(RECOMPUTE_MODULES)}, got {str(modules)[:80]!r}")
-    if framework != "megatron":
-        raise AdvisorError(f"{where} is Megatron's setting; it goes with framework megatron, not {framework!r}")
+    if not FRAMEWORK_RECORDS[framework].recompute_modules:
+        raise AdvisorError(f"{where} is Megatron's setting; it goes with framework {frameworks_with('recompute_modules')}, "
+                           f"not {framework!r}")
 
 
 def check_optimizer_impl(impl, framework: str, where: str) -> None:
     """An OPTIMIZER_IMPLS name that the framework offers; `where` names the key or flag in the error."""
     if impl not in OPTIMIZER_IMPLS:
         raise AdvisorError(f"{where} must be one of {', '.join(OPTIMIZER_IMPLS)}, got {prefix(impl)}")
-    if impl == "unfused" and framework == "megatron":
+    if impl == "unfused" and not FRAMEWORK_RECORDS[framework].unfused_optimizer:
         raise AdvisorError(f"{where} = unfused: Megatron-LM's Adam is always a fused kernel (Transformer Engine's "
-                           "or Apex's FusedAdam); use framework pytorch, torchtitan or mindspore")
+                           f"or Apex's FusedAdam); use framework {frameworks_with('unfused_optimizer')}")
 
 
 # Megatron-Core's CUDA-graph scopes (--cuda-graph-scope; transformer_config.py cuda_graph_modules),
@@ -86,9 +86,9 @@ def check_cuda_graphs(modules: tuple[str, ...], framework: str, moe: bool | None
                            f"got {str(modules)[:80]!r}")
     if not modules:
         return
-    if framework != "megatron":
-        raise AdvisorError(f"{where} is Megatron-Core's per-layer CUDA graphs; it goes with framework megatron, "
-                           f"not {framework!r}")
+    if not FRAMEWORK_RECORDS[framework].cuda_graphs:
+        raise AdvisorError(f"{where} is Megatron-Core's per-layer CUDA graphs; it goes with framework "
+                           f"{frameworks_with('cuda_graphs')}, not {framework!r}")
     for whole in ("full", "full_iteration"):
         if whole in modules and len(modules) > 1:
             raise AdvisorError(f"{where}: '{whole}' captures whole layers and goes alone, got {', '.join(modules)}")
@@ -103,127 +103,164 @@ def check_cuda_graphs(modules: tuple[str, ...], framework: str, moe: bool | None
                            "padding (dropless MoE sizes its experts every step); use attn, moe_router, moe_preprocess")
 
 
-# The facility (advisor.cost.carbon): PUE 1.58, the global average of the Uptime Institute's 2018 survey
-# (as Carbontracker uses it: Anthony et al. 2020, arXiv 2007.03051); bounds for what a user gives.
-DEFAULT_PUE = 1.58
-MAX_PUE = 3.0
-MAX_GRID_GCO2E_PER_KWH = 2000.0
+def check_job_relations(job, where: Callable[[str], str]) -> None:
+    """The checks between a job's settings (each value alone is checked by its Setting); ``where`` names a
+    setting in the error (a flag, or the plan key)."""
+    check_optimizer_impl(job.optimizer_impl, job.framework, where("optimizer_impl"))
+    if job.fp8_recipe is not None and job.dtype != "fp8":
+        raise AdvisorError(f"{where('fp8_recipe')} must be one of {', '.join(FP8_RECIPES)} with dtype fp8, "
+                           f"got {job.fp8_recipe!r} with dtype {job.dtype!r}")
+    if job.fp8_param_gather and job.dtype != "fp8":
+        raise AdvisorError(f"{where('fp8_param_gather')} needs dtype fp8")
+    if job.recompute_modules is not None:
+        check_recompute_modules(job.recompute_modules, job.framework, where("recompute_modules"))
+    if job.cuda_graphs:
+        check_cuda_graphs(job.cuda_graphs, job.framework, None, job.moe_dropless, where("cuda_graphs"))
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names ('attn,mlp') as the tuple a setting holds."""
+    return tuple(m.strip() for m in str(text).split(",") if m.strip())
 
 
 @dataclass(frozen=True)
-class TrainingJob:
-    global_batch_size: int          # sequences per optimizer step
-    seq_length: int                 # tokens per sequence
-    dtype: str = "bf16"             # compute dtype; fp32 master weights with fp16/bf16 (mixed precision)
-    optimizer: str = "adamw"
-    train_tokens: float | None = None  # token budget for time/cost to train
-    # where it trains (advisor.cost.carbon): the data centre's PUE and the grid's gCO2e per kWh
-    pue: float = DEFAULT_PUE
-    grid_gco2e_per_kwh: float | None = None
-    # Attention kernel: "flash" (FlashAttention / fused SDPA, default in Megatron-Core with Transformer
-    # Engine, torchtitan and MindSpore's FlashAttentionScore) keeps no s x s score tensors; "math" is the
-    # unfused softmax(QK^T)V of Megatron-LM 2021-22 that Korthikanti et al. 2022 measured.
-    attention: str = "flash"
-    # Dropout on attention probabilities and hidden states (Megatron GPT's default 0.1/0.1, used in
-    # the Korthikanti and SC'21 runs); Llama-style pre-training runs without it, saving its masks.
-    dropout: bool = False
-    # Whose implementation runs the plan: "megatron" (Megatron-LM/Core: re-gathers the sequence-
-    # parallel inputs of the column-parallel matmuls in backward, Korthikanti et al. 2022 section
-    # 4.2.2), "pytorch" (torch.distributed with FSDP and DTensor tensor parallelism, as llm-foundry
-    # and advisor's executor run: autograd keeps the all-gathered QKV/FC1/LM-head inputs, verified in
-    # shared/notes; selective recomputation wraps the attention core), "torchtitan" (the same stack
-    # with torchtitan's policies: op-level selective activation checkpointing, no FSDP resharding
-    # under pipeline parallelism) or "mindspore" (MindFormers). It decides what "selective"
-    # recomputation means (advisor.cost.recompute), the default attention kernel and fusion.
-    framework: str = "megatron"
-    # Gradient reduction overlapped with the last micro-batch's backward (PyTorch DDP/FSDP buckets,
-    # Megatron-Core --overlap-grad-reduce, DeepSpeed overlap_comm); False reduces after backward.
-    overlap_grad_reduce: bool = True
-    # FP8 scaling recipe (dtype fp8 only); None: DEFAULT_FP8_RECIPE.
-    fp8_recipe: str | None = None
-    # Tensor-parallel collectives overlapped with the GEMMs they feed (Megatron --tp-comm-overlap with
-    # Transformer Engine userbuffers; MindFormers' fine_grain_interleave; torchtitan's async TP).
-    tp_comm_overlap: bool = False
-    # Expert-parallel all-to-alls overlapped with another micro-batch's compute (Megatron-Core
-    # overlap_moe_expert_parallel_comm).
-    ep_comm_overlap: bool = False
-    # dtype gradients are reduced (and, in Megatron, accumulated) in; None: the framework's default
-    # (Megatron-LM: fp32 for bf16 models, --accumulate-allreduce-grads-in-fp32; PyTorch FSDP in
-    # torchtitan: reduce_dtype fp32; MindSpore: fp32 parameters, fp32 gradients).
-    grad_reduce_dtype: str | None = None
-    # Fused attention kernel (ATTENTION_KERNELS); None: the framework's (DEFAULT_KERNEL).
-    attention_kernel: str | None = None
-    # FP8 primary weights (Megatron --fp8-param-gather, Transformer Engine fp8_model_init): the
-    # linear layers' weights live in FP8 (no BF16 copy, no separate FP8 cache) and are gathered in FP8.
-    fp8_param_gather: bool = False
-    # FSDP's backward prefetch: "pre" issues the next unit's all-gather before the current unit's
-    # gradient computation (FSDP1 BACKWARD_PRE, FSDP2's implicit prefetch, Megatron-FSDP), "post"
-    # after it, so that the next unit waits for it (FSDP1 BACKWARD_POST).
-    fsdp_backward_prefetch: str = "pre"
-    # Memory-bound kernels fused (Transformer Engine, MindSpore graph mode, torch.compile) or run
-    # operator by operator (eager PyTorch); None: the framework's default (fused except EAGER_FRAMEWORKS).
-    fused_kernels: bool | None = None
-    # Dropless MoE (every routed token computed; Megatron-Core's default without a capacity factor):
-    # the tokens per expert are copied to the host before the grouped GEMMs and all-to-alls can be
-    # sized, a device-to-host synchronization per MoE layer and pass. False: a capacity factor with
-    # padding keeps shapes static (no synchronization; advisor.cost.step prices both).
-    moe_dropless: bool = True
-    # Critical-path traffic (TP/EP/CP collectives, pipeline transfers) ahead of overlapped data-parallel
-    # traffic on a shared link (MindPipe's communication scheduling; ByteScheduler): the data-parallel
-    # collective yields instead of slowing the layers (advisor.cost.contention).
-    comm_priority: bool = False
-    # What Megatron's selective recomputation replays (--recompute-modules, RECOMPUTE_MODULES; framework
-    # megatron only); None: Megatron-Core's default, the attention core.
-    recompute_modules: tuple[str, ...] | None = None
-    # Megatron-Core's per-layer CUDA graphs (--cuda-graph-impl transformer_engine with
-    # --cuda-graph-scope; CUDA_GRAPH_MODULES above, "full" = the whole layer; priced in advisor.cost.cuda_graphs):
-    # the captured kernels launch as one graph. Empty: eager launches.
-    cuda_graphs: tuple[str, ...] = ()
-    # The optimizer step's kernels (OPTIMIZER_IMPLS).
-    optimizer_impl: str = "fused"
+class Workload:
+    """What is trained: how many sequences of how many tokens a step takes, in which precision, with
+    which optimizer, for how many tokens."""
+
+    global_batch_size: int = setting(
+        kind="positive_int", maximum=limits.MAX_GLOBAL_BATCH, flags=("--gbs", "--global-batch"), cli_default=None,
+        plan="always", required=True, help="global batch (sequences); default ~4M tokens",
+        doc="Sequences per optimizer step (default: about 4M tokens, advisor.commands.inputs).")
+    seq_length: int = setting(
+        kind="positive_int", maximum=limits.MAX_SEQ_LENGTH, flags=("--seq-len",), cli_default=None, plan="always",
+        required=True, help="sequence length in tokens (default: the model's seq_length)",
+        doc="Tokens per sequence (default: the model's seq_length).")
+    dtype: str = setting(
+        "bf16", kind="choice", choices=tuple(DTYPE_BYTES), flags=("--dtype",), cli_default=None, plan="always",
+        help="bf16 | fp16 | fp32 | fp8 (default: bf16 if the device has it)",
+        doc="The compute dtype; fp32 master weights with fp16/bf16 (mixed precision). fp8 runs the linear "
+            "layers' GEMMs in FP8 and keeps everything else in bf16 (DTYPE_BYTES).")
+    optimizer: str = setting(
+        "adamw", kind="choice", choices=OPTIMIZERS, plan="always",
+        doc="The optimizer whose states are kept (Adam's two moments; SGD's momentum; Adagrad for "
+            "recommendation models only).")
+    train_tokens: float | None = setting(
+        None, kind="positive_float", optional=True, flags=("--tokens",), help="token budget for time/cost to train, e.g. 2T",
+        parse=lambda text: parse_token_count(text), doc="The token budget, for the time, cost and energy to train.")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How the framework runs it: whose implementation, which kernels, what overlaps what."""
+
+    attention: str = setting(
+        "flash", kind="choice", choices=ATTENTION, flags=("--attention",), plan="always",
+        help="flash | math (unfused, stores the s x s scores)",
+        doc='The attention kernel: "flash" (FlashAttention / fused SDPA, the default in Megatron-Core with '
+            "Transformer Engine, torchtitan and MindSpore's FlashAttentionScore) keeps no s x s score tensors; "
+            '"math" is the unfused softmax(QK^T)V of Megatron-LM 2021-22 that Korthikanti et al. 2022 measured.')
+    dropout: bool = setting(
+        False, kind="boolean", flags=("--dropout",), plan="always",
+        help="train with dropout (its masks are kept for backward)",
+        doc="Dropout on attention probabilities and hidden states (Megatron GPT's default 0.1/0.1, used in the "
+            "Korthikanti and SC'21 runs); Llama-style pre-training runs without it, saving its masks.")
+    framework: str = setting(
+        "megatron", kind="choice", choices=FRAMEWORKS, flags=("--framework",), plan="always",
+        help="megatron | pytorch | torchtitan | mindspore: whose implementation runs the plan (what selective "
+             "recomputation means, fused kernels, the attention kernel)",
+        doc="Whose implementation runs the plan: a framework record (advisor.specs.frameworks) decides what "
+            '"selective" recomputation keeps, what sequence parallelism saves, the default attention kernel, '
+            "fusion and overlap.")
+    overlap_grad_reduce: bool = setting(
+        True, kind="boolean", plan="always",
+        doc="Gradient reduction overlapped with the last micro-batch's backward (PyTorch DDP/FSDP buckets, "
+            "Megatron-Core --overlap-grad-reduce, DeepSpeed overlap_comm); false reduces after the backward.")
+    fp8_recipe: str | None = setting(
+        None, kind="choice", choices=FP8_RECIPES, optional=True, flags=("--fp8-recipe",),
+        help="with --dtype fp8: delayed | tensorwise | mxfp8 | blockwise (default delayed)",
+        doc="The FP8 scaling recipe (dtype fp8 only; None: DEFAULT_FP8_RECIPE).")
+    tp_comm_overlap: bool = setting(
+        False, kind="boolean",
+        doc="Tensor-parallel collectives overlapped with the GEMMs they feed (Megatron --tp-comm-overlap with "
+            "Transformer Engine userbuffers; MindFormers' fine_grain_interleave; torchtitan's async TP).")
+    ep_comm_overlap: bool = setting(
+        False, kind="boolean",
+        doc="Expert-parallel all-to-alls overlapped with another micro-batch's compute (Megatron-Core "
+            "overlap_moe_expert_parallel_comm).")
+    grad_reduce_dtype: str | None = setting(
+        None, kind="choice", choices=GRAD_DTYPES, optional=True,
+        doc="The dtype gradients are reduced (and, in Megatron, accumulated) in; None: the framework's default "
+            "(Megatron-LM: fp32 for bf16 models, --accumulate-allreduce-grads-in-fp32; PyTorch FSDP in "
+            "torchtitan: reduce_dtype fp32; MindSpore: fp32 parameters, fp32 gradients).")
+    attention_kernel: str | None = setting(
+        None, kind="choice", choices=ATTENTION_KERNELS, optional=True,
+        doc="The fused attention kernel (ATTENTION_KERNELS); None: the framework's.")
+    fp8_param_gather: bool = setting(
+        False, kind="boolean",
+        doc="FP8 primary weights (Megatron --fp8-param-gather, Transformer Engine fp8_model_init): the linear "
+            "layers' weights live in FP8 (no BF16 copy, no separate FP8 cache) and are gathered in FP8.")
+    fsdp_backward_prefetch: str = setting(
+        "pre", kind="choice", choices=("pre", "post"),
+        doc="FSDP's backward prefetch: \"pre\" issues the next unit's all-gather before the current unit's "
+            "gradient computation (FSDP1 BACKWARD_PRE, FSDP2's implicit prefetch, Megatron-FSDP), \"post\" after "
+            "it, so that the next unit waits for it (FSDP1 BACKWARD_POST).")
+    fused_kernels: bool | None = setting(
+        None, kind="boolean", optional=True,
+        doc="Memory-bound kernels fused (Transformer Engine, MindSpore graph mode, torch.compile) or run "
+            "operator by operator (eager PyTorch); None: the framework's default.")
+    comm_priority: bool = setting(
+        False, kind="boolean", flags=("--comm-priority",),
+        help="price the layers' transfers ahead of overlapped data-parallel traffic on shared links "
+             "(MindPipe-style communication priority; default: fair sharing)",
+        doc="Critical-path traffic (TP/EP/CP collectives, pipeline transfers) ahead of overlapped data-parallel "
+            "traffic on a shared link (MindPipe's communication scheduling; ByteScheduler): the data-parallel "
+            "collective yields instead of slowing the layers (advisor.cost.contention).")
+    recompute_modules: tuple[str, ...] | None = setting(
+        None, kind="names", choices=RECOMPUTE_MODULES, optional=True, flags=("--recompute-modules",), parse=_names,
+        help="with --framework megatron: what selective recomputation replays, comma-separated core_attn, "
+             "layernorm, moe_act, mla_up_proj, mlp (Megatron's --recompute-modules; default core_attn)",
+        doc="What Megatron's selective recomputation replays (--recompute-modules, RECOMPUTE_MODULES; framework "
+            "megatron only); None: Megatron-Core's default, the attention core.")
+    cuda_graphs: tuple[str, ...] = setting(
+        (), kind="names", choices=CUDA_GRAPH_MODULES, flags=("--cuda-graphs",), parse=_names, cli_default=None,
+        help="with --framework megatron: per-layer CUDA graphs over these modules, comma-separated full (the "
+             "whole layer), full_iteration, attn, mlp, moe, moe_router, moe_preprocess (Megatron's "
+             "--cuda-graph-scope); default none",
+        doc="Megatron-Core's per-layer CUDA graphs (--cuda-graph-impl transformer_engine with --cuda-graph-scope; "
+            'CUDA_GRAPH_MODULES, "full" = the whole layer; advisor.cost.cuda_graphs): the captured kernels launch '
+            "as one graph. Empty: eager launches.")
+    moe_dropless: bool = setting(
+        True, kind="boolean", flags=("--moe-token-drop",), invert=True,
+        help="MoE: drop tokens beyond capacity factor 1 and pad each expert to it (Megatron's "
+             "--moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity): static shapes, no host "
+             "synchronization, whole-layer CUDA graphs; default: dropless",
+        doc="Dropless MoE (every routed token computed; Megatron-Core's default without a capacity factor): the "
+            "tokens per expert are copied to the host before the grouped GEMMs and all-to-alls can be sized, a "
+            "device-to-host synchronization per MoE layer and pass. False: a capacity factor with padding keeps "
+            "shapes static (no synchronization; advisor.cost.step prices both).")
+    optimizer_impl: str = setting(
+        "fused", kind="choice", choices=OPTIMIZER_IMPLS, flags=("--optimizer-impl",), cli_default=None,
+        help="fused | unfused: the optimizer step as one fused kernel (the default; Megatron's only choice) or "
+             "one kernel per operation (torch.optim foreach / for-loop, torchtitan implementation foreach, "
+             "MindFormers AdamW use_fused False)",
+        doc="The optimizer step's kernels (OPTIMIZER_IMPLS; advisor.cost.optimizer_step).")
+
+
+@dataclass(frozen=True)
+class TrainingJob(Site, Runtime, Workload):
+    """The training job: what is trained (Workload), how the framework runs it (Runtime) and where it
+    runs (advisor.specs.site.Site), one flat set of fields declared by concern. Each field's Setting
+    record (advisor.specs.setting) says how it is given, checked, saved and searched."""
 
     def __post_init__(self) -> None:
-        for key, bound in (("global_batch_size", limits.MAX_GLOBAL_BATCH), ("seq_length", limits.MAX_SEQ_LENGTH)):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise AdvisorError(f"training: '{key}' must be a positive integer, got {prefix(value)}")
-            if value > bound:
-                raise AdvisorError(f"training: '{key}' = {value} exceeds the bound {bound:,} advisor accepts "
-                                   f"(advisor/specs/limits.py)")
-        if self.dtype not in DTYPE_BYTES:
-            raise AdvisorError(f"training: 'dtype' must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise AdvisorError(f"training: 'optimizer' must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        check_optimizer_impl(self.optimizer_impl, self.framework, "training: 'optimizer_impl'")
-        if self.attention not in ATTENTION:
-            raise AdvisorError(f"training: 'attention' must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
-        if self.framework not in FRAMEWORKS:
-            raise AdvisorError(f"training: 'framework' must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
-        if self.fp8_recipe is not None and (self.fp8_recipe not in FP8_RECIPES or self.dtype != "fp8"):
-            raise AdvisorError(f"training: 'fp8_recipe' must be one of {', '.join(FP8_RECIPES)} with dtype fp8, "
-                               f"got {self.fp8_recipe!r} with dtype {self.dtype!r}")
-        if self.grad_reduce_dtype is not None and self.grad_reduce_dtype not in GRAD_DTYPES:
-            raise AdvisorError(f"training: 'grad_reduce_dtype' must be one of {', '.join(GRAD_DTYPES)}, got {self.grad_reduce_dtype!r}")
-        if self.attention_kernel is not None and self.attention_kernel not in ATTENTION_KERNELS:
-            raise AdvisorError(f"training: 'attention_kernel' must be one of {', '.join(ATTENTION_KERNELS)}, "
-                               f"got {self.attention_kernel!r}")
-        if self.fsdp_backward_prefetch not in ("pre", "post"):
-            raise AdvisorError(f"training: 'fsdp_backward_prefetch' must be pre or post, got {self.fsdp_backward_prefetch!r}")
-        if self.fp8_param_gather and self.dtype != "fp8":
-            raise AdvisorError("training: 'fp8_param_gather' needs dtype fp8")
-        if self.recompute_modules is not None:
-            check_recompute_modules(self.recompute_modules, self.framework, "training: 'recompute_modules'")
-        if self.cuda_graphs:
-            check_cuda_graphs(self.cuda_graphs, self.framework, None, self.moe_dropless, "training: 'cuda_graphs'")
-        if not (math.isfinite(self.pue) and 1.0 <= self.pue <= MAX_PUE):
-            raise AdvisorError(f"training: 'pue' must be between 1 and {MAX_PUE:g}, got {prefix(self.pue)}")
-        if self.grid_gco2e_per_kwh is not None and not (
-                math.isfinite(self.grid_gco2e_per_kwh) and 0 <= self.grid_gco2e_per_kwh <= MAX_GRID_GCO2E_PER_KWH):
-            raise AdvisorError(f"training: 'grid_gco2e_per_kwh' must be between 0 and {MAX_GRID_GCO2E_PER_KWH:g}, "
-                               f"got {prefix(self.grid_gco2e_per_kwh)}")
-        if self.train_tokens is not None and not 0 < self.train_tokens <= limits.MAX_QUANTITY:
-            raise AdvisorError(f"training: 'train_tokens' must be a positive number of at most "
-                               f"{limits.MAX_QUANTITY:g}, got {prefix(self.train_tokens)}")
+        check_fields(self, lambda name: f"training: '{name}'")
+        check_job_relations(self, lambda name: f"training: '{name}'")
+
+    @property
+    def framework_record(self) -> Framework:
+        """The record of the framework that runs the plan (advisor.specs.frameworks)."""
+        return FRAMEWORK_RECORDS[self.framework]
 
     @property
     def selective_modules(self) -> tuple[str, ...]:
@@ -252,7 +289,7 @@ class TrainingJob:
     @property
     def kernel(self) -> str:
         """The fused attention kernel in force."""
-        return self.attention_kernel or DEFAULT_KERNEL[self.framework]
+        return self.attention_kernel or self.framework_record.attention_kernel
 
     @property
     def grad_reduce_bytes(self) -> float:
@@ -261,8 +298,8 @@ class TrainingJob:
             return float(DTYPE_BYTES[self.grad_reduce_dtype])
         if not self.mixed_precision:
             return 4.0
-        if self.framework == "megatron" and self.compute_dtype == "fp16":
-            return 2.0     # Megatron-LM reduces fp16 gradients in fp16 unless asked otherwise
+        if self.compute_dtype == "fp16":
+            return self.framework_record.fp16_grad_reduce_bytes
         return 4.0
 
     @property
