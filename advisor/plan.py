@@ -12,25 +12,19 @@ from pathlib import Path
 from typing import Any
 
 from advisor import __version__
+from advisor.families import family_of_model, registered
 from advisor.errors import AdvisorError
-from advisor.space.rules import violations
 from advisor.plan_codec import strategy_from_dict, strategy_to_dict, training_from_dict, training_to_dict
 from advisor.space.strategy import Strategy
 from advisor.specs import _fields as f
 from advisor.specs import limits
 from advisor.specs.untrusted import check_tree, load_tree, prefix
 from advisor.specs.hardware import HardwareProfile, hardware_from_dict
-from advisor.specs.job import TRANSFORMER_OPTIMIZERS, Cluster, TrainingJob
+from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec, model_from_dict, model_to_dict
-from advisor.specs.recommendation import RecModelSpec
 from advisor.specs.mixed import MixedHardware, MixedLayout, mixed_from_list
-from advisor.plan_mixed import check_cluster, layout_from_dict
-from advisor.plan_supernet import check_strategy, run_from_dict
+from advisor.plan_mixed import check_cluster
 from advisor.cost.supernet import SupernetRun
-from advisor.specs.supernet import SupernetSpec
-from advisor.plan_ps import (
-    embedding_placement_from_dict, host_tables_from_dict, parameter_server_from_dict, rec_violations,
-)
 
 SCHEMA_VERSION = 1
 _TOP_REQUIRED = ("schema_version", "model", "hardware", "cluster", "training", "parallel")
@@ -72,16 +66,9 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     if plan.target is not None:
         training["target"] = dict(plan.target)
     parallel = strategy_to_dict(plan.strategy, plan.model.num_layers)
-    if plan.parameter_server is not None or isinstance(plan.model, RecModelSpec):
-        parallel["parameter_server"] = plan.parameter_server
-    if plan.embedding_placement is not None:
-        parallel["embedding_placement"] = plan.embedding_placement
-    if plan.host_tables is not None:
-        parallel["host_tables"] = list(plan.host_tables)
-    if plan.layout is not None:
-        parallel.update(plan.layout.to_parallel())
-    if plan.supernet is not None:
-        parallel["supernet"] = plan.supernet.to_dict()
+    for fam in registered():             # the keys each family adds (advisor.families)
+        if fam.plan_parallel_writer is not None:
+            parallel.update(fam.hook("plan_parallel_writer")(plan))
     return {
         "schema_version": SCHEMA_VERSION,
         "advisor_version": plan.advisor_version,
@@ -115,25 +102,27 @@ def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
     f.check_keys(data["cluster"], co, ("nodes", "devices"))
     cluster = Cluster(nodes=f.positive_int(data["cluster"], "nodes", co, maximum=limits.MAX_DEVICES),
                       devices=f.positive_int(data["cluster"], "devices", co, maximum=limits.MAX_DEVICES))
+    fam = family_of_model(model)
     if mixed is not None:
         check_cluster(mixed, cluster, co)
-        if not isinstance(model, ModelSpec):
+        if fam.name != "transformer":
             raise AdvisorError(f"{origin}: a mixed cluster (hardware list) runs transformer plans; {model.name} is a "
-                               f"{getattr(model, 'family', 'different')} model")
+                               f"{fam.name} model")
     elif cluster.devices > cluster.nodes * hardware.node.devices_per_node:
         raise AdvisorError(
             f"{co}: key 'devices' = {cluster.devices} exceeds nodes x devices per node = "
             f"{cluster.nodes} x {hardware.node.devices_per_node}"
         )
     training = training_from_dict(data["training"], origin, extra_keys=("target",))
-    if not isinstance(model, RecModelSpec) and training.optimizer not in TRANSFORMER_OPTIMIZERS:
+    if fam.optimizers is not None and training.optimizer not in fam.optimizers:
         raise AdvisorError(f"{origin}: training: optimizer {training.optimizer!r} is priced for recommendation models "
-                           f"only; transformer plans train with {', '.join(TRANSFORMER_OPTIMIZERS)}")
+                           f"only; {fam.name} plans train with {', '.join(fam.optimizers)}")
     strategy = strategy_from_dict(data["parallel"], origin, extra_keys=_PARALLEL_EXTRA)
-    if isinstance(model, SupernetSpec):
-        check_strategy(model, data["parallel"], origin)
-    rules_model = model.base if isinstance(model, SupernetSpec) else model
-    broken = (rec_violations if isinstance(model, RecModelSpec) else violations)(rules_model, cluster, training, strategy)
+    extras: dict[str, Any] = {}
+    for kind in registered():            # each family reads (or refuses) its own keys (advisor.families)
+        if kind.plan_parallel is not None:
+            extras.update(kind.hook("plan_parallel")(data["parallel"], origin, model, cluster, strategy, training, mixed))
+    broken = fam.hook("violations")(model, cluster, training, strategy)
     if broken:
         raise AdvisorError(f"{origin}: parallel: {broken[0]}")
     for key in ("prediction", "search"):
@@ -145,13 +134,8 @@ def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
         model=model, hardware=hardware, cluster=cluster, training=training, strategy=strategy,
         operator_strategies=data.get("operator_strategies"), prediction=data.get("prediction"),
         search=data.get("search"), advisor_version=str(data.get("advisor_version", __version__)),
-        model_raw=data["model"],
-        parameter_server=(ps := parameter_server_from_dict(data["parallel"].get("parameter_server"), origin, model, cluster)),
-        embedding_placement=(placement := embedding_placement_from_dict(data["parallel"], origin, model, ps)),
-        host_tables=host_tables_from_dict(data["parallel"], origin, model, placement),
-        target=_target_from_dict(data["training"].get("target"), f"{origin}: training: target"),
-        mixed=mixed, layout=layout_from_dict(data["parallel"], origin, mixed, strategy, training),
-        supernet=run_from_dict(data["parallel"], origin, model),
+        model_raw=data["model"], target=_target_from_dict(data["training"].get("target"), f"{origin}: training: target"),
+        mixed=mixed, **extras,
     )
 
 

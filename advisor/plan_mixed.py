@@ -65,3 +65,13 @@ def layout_from_dict(parallel: dict[str, Any], origin: str, mixed: MixedHardware
     if reasons:
         raise AdvisorError(f"{o}: {reasons[0]}")
     return layout
+
+
+def parallel_from_dict(parallel: dict[str, Any], origin: str, model, cluster: Cluster, strategy: Strategy,
+                       training: TrainingJob, mixed: MixedHardware | None = None) -> dict[str, Any]:
+    """The Plan field of a mixed cluster (advisor.families): which device type runs which stages or replicas."""
+    return {"layout": layout_from_dict(parallel, origin, mixed, strategy, training)}
+
+
+def parallel_to_dict(plan) -> dict[str, Any]:
+    return plan.layout.to_parallel() if plan.layout is not None else {}

@@ -122,3 +122,24 @@ def rec_violations(model: RecModelSpec, cluster: Cluster, job: TrainingJob, stra
         return [f"dp x micro_batch_size x num_micro_batches = {s.dp * s.micro_batch_size * s.num_micro_batches} "
                 f"must equal the global batch {job.global_batch_size}"]
     return []
+
+
+def parallel_from_dict(parallel: dict[str, Any], origin: str, model, cluster: Cluster, strategy, training: TrainingJob,
+                       mixed=None) -> dict[str, Any]:
+    """The Plan fields of the recommendation family (advisor.families): its servers and table placement."""
+    ps = parameter_server_from_dict(parallel.get("parameter_server"), origin, model, cluster)
+    placement = embedding_placement_from_dict(parallel, origin, model, ps)
+    return {"parameter_server": ps, "embedding_placement": placement,
+            "host_tables": host_tables_from_dict(parallel, origin, model, placement)}
+
+
+def parallel_to_dict(plan) -> dict[str, Any]:
+    """The keys the recommendation family adds to a plan's parallel block."""
+    out: dict[str, Any] = {}
+    if plan.parameter_server is not None or isinstance(plan.model, RecModelSpec):
+        out["parameter_server"] = plan.parameter_server
+    if plan.embedding_placement is not None:
+        out["embedding_placement"] = plan.embedding_placement
+    if plan.host_tables is not None:
+        out["host_tables"] = list(plan.host_tables)
+    return out

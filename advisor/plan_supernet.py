@@ -49,3 +49,23 @@ def check_strategy(model: SupernetSpec, parallel: dict[str, Any], origin: str) -
         if parallel.get(key, 1) != 1:
             raise AdvisorError(f"{origin}: parallel: key '{key}' = {parallel[key]!r}: a supernet plan runs each "
                                "subnet's batch as one pipeline task (NASPipe), so it must be 1")
+
+
+def parallel_from_dict(parallel: dict[str, Any], origin: str, model, cluster, strategy, training,
+                       mixed=None) -> dict[str, Any]:
+    """The Plan field of the supernet family (advisor.families): its sampling; a supernet's strategy is checked
+    as a NASPipe pipeline."""
+    if isinstance(model, SupernetSpec):
+        check_strategy(model, parallel, origin)
+    return {"supernet": run_from_dict(parallel, origin, model)}
+
+
+def parallel_to_dict(plan) -> dict[str, Any]:
+    return {"supernet": plan.supernet.to_dict()} if plan.supernet is not None else {}
+
+
+def violations(model: SupernetSpec, cluster, job, strategy) -> list[str]:
+    """The transformer rules on the supernet's base model."""
+    from advisor.space.rules import violations as transformer_violations
+
+    return transformer_violations(model.base, cluster, job, strategy)

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from advisor.errors import AdvisorError, InfeasibleError
-from advisor.commands.inputs import DEFAULT_BATCH_TOKENS, check_dtype, default_dtype, site_settings
+from advisor.commands.inputs import DEFAULT_BATCH_TOKENS, check_dtype, default_dtype, site_values
 from advisor.plan import Plan, strategy_to_dict
 from advisor.specs.hardware import HardwareProfile, load_hardware
-from advisor.specs.job import Cluster, TrainingJob, parse_token_count
+from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec, load_model
 
 MAX_POINTS = 2000
@@ -279,8 +279,8 @@ def whatif(
     if (check_objective(objective) == "time-to-target") != (target is not None):
         raise AdvisorError("whatif: --objective time-to-target goes with a target (--target-loss or --target-tokens), "
                            "and a target with that objective")
-    train_tokens = parse_token_count(tokens) if isinstance(tokens, str) else tokens
-    site = site_settings(grid_intensity, pue, train_tokens)
+    site = site_values(tokens, pue, grid_intensity)
+    train_tokens = site.pop("train_tokens", None)
     profiles = {name: load_hardware(name) for name in hardware}
     if dtype is not None:
         for prof in profiles.values():

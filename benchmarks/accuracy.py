@@ -158,7 +158,7 @@ def recommend_examples() -> None:
 
     print("\n== 7. recommend on the examples, next to the closest measured run (MFU in advisor's convention)")
     for ex in EXAMPLES:
-        inputs = resolve_inputs(ex.model, ex.hardware, devices=ex.devices, dtype=ex.dtype, global_batch=ex.global_batch)
+        inputs = resolve_inputs(ex.model, ex.hardware, devices=ex.devices, dtype=ex.dtype, global_batch_size=ex.global_batch)
         result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, top_k=1, suggest=False)
         s, e = result.best.strategy, result.estimates[0]
         near = closest_runs(inputs.model.num_active_params, ex.devices, inputs.job.seq_length, ex.hardware, ex.dtype)

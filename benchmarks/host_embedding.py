@@ -32,7 +32,7 @@ CASES = [("llama3-8b", 8, 64, 4096), ("llama3-8b", 64, 512, 4096), ("llama3-70b"
 
 
 def one_plan() -> None:
-    i = resolve_inputs("llama3-8b", "ascend-910b", devices=8, global_batch=64, seq_len=4096, framework="mindspore")
+    i = resolve_inputs("llama3-8b", "ascend-910b", devices=8, global_batch_size=64, seq_length=4096, framework="mindspore")
     s = Strategy(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=8, zero_stage=1)
     print("== llama3-8b, 8 x Ascend 910B, batch 64 x 4096, dp 8, ZeRO-1, no recomputation, no optimizer offload")
     for hosted in (False, True):
@@ -50,7 +50,7 @@ def one_plan() -> None:
 def searches() -> None:
     print("\n== enumerator's best on Ascend 910B, --framework mindspore: searched / pinned on / pinned off")
     for name, devices, gbs, seq in CASES:
-        i = resolve_inputs(name, "ascend-910b", devices=devices, global_batch=gbs, seq_len=seq, framework="mindspore")
+        i = resolve_inputs(name, "ascend-910b", devices=devices, global_batch_size=gbs, seq_length=seq, framework="mindspore")
         row = []
         for pins in (Pins(), Pins(host_embedding=True), Pins(host_embedding=False)):
             t0 = time.perf_counter()

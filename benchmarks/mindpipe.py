@@ -143,12 +143,12 @@ def mixed_section() -> None:
     spec = "dgx-a100-80g:16,dgx-h100:16"
     print(f"\nmixed cluster {spec}: llama3-70b, batch 512 x 8192, bf16")
     for label, pins in (("best plan", Pins()), ("pipeline pinned dp1 tp8 pp16", Pins(dp=1, tp=8, pp=16))):
-        mixed, inputs = mixed_inputs("llama3-70b", spec, None, None, global_batch=512)
+        mixed, inputs = mixed_inputs("llama3-70b", spec, None, None, global_batch_size=512)
         result = recommend_mixed(inputs, mixed, pins, top_k=1)
         s, e = result.best.strategy, result.estimates[0]
         halves = []
         for part in mixed.parts:
-            half = resolve_inputs("llama3-70b", part.profile, nodes=part.nodes, global_batch=512)
+            half = resolve_inputs("llama3-70b", part.profile, nodes=part.nodes, global_batch_size=512)
             best = recommend(half.model, part.profile, half.cluster, half.job, top_k=1).estimates[0]
             halves.append((part.profile.name, best.tokens_per_s))
         side_by_side = sum(t for _, t in halves)

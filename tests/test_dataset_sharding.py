@@ -26,7 +26,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def inputs():
-    return resolve_inputs("llama3-8b", "dgx-a100-80g", nodes=2, global_batch=256, seq_len=4096)
+    return resolve_inputs("llama3-8b", "dgx-a100-80g", nodes=2, global_batch_size=256, seq_length=4096)
 
 
 def test_full_batch_reads_dp_times_more_and_holds_it_on_the_device(inputs):

@@ -18,7 +18,7 @@ from advisor.cli import app
 from advisor.errors import AdvisorError
 from advisor.render.formatting import count, step_time
 from advisor.commands.inputs import resolve_inputs
-from advisor.commands.estimate_request import strategy_from_flags
+from advisor.commands.estimate_request import strategy_from_values
 from advisor.search.neighbours import closest_fit, single_knob_changes
 from advisor.specs.hardware import PROFILES_DIR, hardware_from_dict, load_hardware
 from advisor.specs.input_notes import input_warnings
@@ -138,9 +138,8 @@ def test_estimate_prints_warnings_on_stderr_and_in_json(tmp_path):
 
 # ---- closest change: two knobs when one is not enough --------------------------------------------
 def test_closest_fit_names_a_pair_when_no_single_change_fits():
-    i = resolve_inputs("gpt3-175b", "dgx-a100-80g", nodes=8, global_batch=512)
-    s = strategy_from_flags(i, tp=1, pp=1, dp=None, cp=1, ep=1, mbs=1, vpp=1, zero=0, recompute="none",
-                            recompute_layers=None, sequence_parallel=False, schedule=None, offload_optimizer=False)
+    i = resolve_inputs("gpt3-175b", "dgx-a100-80g", nodes=8, global_batch_size=512)
+    s = strategy_from_values(i, {"tp": 1, "pp": 1, "zero_stage": 0, "recompute": "none"})
     assert not estimate(i.model, i.hardware, i.cluster, i.job, s).feasible
     for _, single in single_knob_changes(s):                 # no one change is enough here
         assert not estimate(i.model, i.hardware, i.cluster, i.job, single).feasible
@@ -150,9 +149,8 @@ def test_closest_fit_names_a_pair_when_no_single_change_fits():
 
 
 def test_closest_single_change_is_still_the_first_that_fits():
-    i = resolve_inputs("gpt3-13b", "dgx-a100-80g", nodes=1, global_batch=64)
-    s = strategy_from_flags(i, tp=2, pp=1, dp=None, cp=1, ep=1, mbs=1, vpp=1, zero=0, recompute="none",
-                            recompute_layers=None, sequence_parallel=False, schedule=None, offload_optimizer=False)
+    i = resolve_inputs("gpt3-13b", "dgx-a100-80g", nodes=1, global_batch_size=64)
+    s = strategy_from_values(i, {"tp": 2, "pp": 1, "zero_stage": 0, "recompute": "none"})
     label, e = closest_fit(i.model, i.hardware, i.cluster, i.job, s)
     assert label == "--zero 1" and e.feasible
 

@@ -52,7 +52,7 @@ def _refused(load, *named: str) -> str:
 
 @pytest.fixture(scope="module")
 def plan_dict():
-    i = resolve_inputs("gpt3-1.3b", "dgx-h100", nodes=1, global_batch=64)
+    i = resolve_inputs("gpt3-1.3b", "dgx-h100", nodes=1, global_batch_size=64)
     return json.loads(dumps_plan(recommend(i.model, i.hardware, i.cluster, i.job, top_k=1).best))
 
 

@@ -46,7 +46,7 @@ def test_parse_mixed_reads_parts_and_refuses_malformed_specs():
 @pytest.mark.parametrize("layout", ["pipeline", "data"])
 def test_identical_parts_price_like_one_homogeneous_cluster(layout):
     mixed = _twin()
-    inputs = resolve_inputs("llama3-8b", mixed.parts[0].profile, devices=mixed.devices, global_batch=64)
+    inputs = resolve_inputs("llama3-8b", mixed.parts[0].profile, devices=mixed.devices, global_batch_size=64)
     if layout == "pipeline":
         s = Strategy(dp=2, tp=8, pp=2, micro_batch_size=1, num_micro_batches=32, zero_stage=1, recompute="selective",
                      mesh_order=("pp", "dp", "cp", "tp"))
@@ -70,7 +70,7 @@ def test_a_slower_link_between_types_slows_the_pipeline_boundary_only():
     slow = a100.with_overrides(inter_node_gbps=1.0)
     slow = hardware_from_dict({**slow.raw, "name": "a100-slow-nic"}, "test")
     mixed = MixedHardware((ClusterPart(a100, 2), ClusterPart(slow, 2)))
-    inputs = resolve_inputs("llama3-8b", a100, devices=32, global_batch=64)
+    inputs = resolve_inputs("llama3-8b", a100, devices=32, global_batch_size=64)
     s = Strategy(dp=1, tp=8, pp=4, micro_batch_size=1, num_micro_batches=64, recompute="selective")
     fast_first = estimate_mixed(inputs.model, mixed, inputs.job, s, MixedLayout("pipeline", stage_devices=mixed.names[:1] * 2 + mixed.names[1:] * 2))
     homo = estimate(inputs.model, a100, Cluster(4, 32), inputs.job, s)
@@ -106,13 +106,13 @@ def test_micro_batches_follow_speed_and_sum_to_the_batch():
 
 # ---- the search ---------------------------------------------------------------------------------
 def test_mixed_cluster_beats_either_half_and_the_faster_type_gets_more_work():
-    mixed, inputs = mixed_inputs("llama3-8b", "dgx-a100-80g:2,dgx-h100:2", None, None, global_batch=256)
+    mixed, inputs = mixed_inputs("llama3-8b", "dgx-a100-80g:2,dgx-h100:2", None, None, global_batch_size=256)
     result = recommend_mixed(inputs, mixed, top_k=3)
     best = result.estimates[0]
     halves = []
     for name in mixed.names:
         hw = load_hardware(name)
-        half = resolve_inputs("llama3-8b", hw, nodes=2, global_batch=256)
+        half = resolve_inputs("llama3-8b", hw, nodes=2, global_batch_size=256)
         from advisor.commands.recommend import recommend
         halves.append(recommend(half.model, hw, half.cluster, half.job, top_k=1).estimates[0].tokens_per_s)
     assert best.feasible
@@ -135,7 +135,7 @@ def test_mixed_cluster_beats_either_half_and_the_faster_type_gets_more_work():
 
 def test_mixed_search_offers_both_context_parallel_kinds():
     from advisor.search.mixed import _rows
-    mixed, inputs = mixed_inputs("llama3-8b", "dgx-a100-80g:2,dgx-h100:2", None, None, global_batch=256)
+    mixed, inputs = mixed_inputs("llama3-8b", "dgx-a100-80g:2,dgx-h100:2", None, None, global_batch_size=256)
     rows = _rows(inputs.model, mixed, inputs.job, Pins(cp=4))
     assert set(rows["cp_comm"].tolist()) == {0, 1}
     only_ring = _rows(inputs.model, mixed, inputs.job, Pins(cp=4, cp_comm="p2p"))
@@ -143,7 +143,7 @@ def test_mixed_search_offers_both_context_parallel_kinds():
 
 
 def test_pinned_pipeline_sizes_stages_by_type():
-    mixed, inputs = mixed_inputs("llama3-70b", "dgx-a100-80g:4,dgx-h100:4", None, None, global_batch=128)
+    mixed, inputs = mixed_inputs("llama3-70b", "dgx-a100-80g:4,dgx-h100:4", None, None, global_batch_size=128)
     result = recommend_mixed(inputs, mixed, Pins(dp=1, pp=4, tp=4), top_k=1)
     plan, e = result.best, result.estimates[0]
     assert e.layout.kind == "pipeline" and e.feasible
@@ -154,7 +154,7 @@ def test_pinned_pipeline_sizes_stages_by_type():
 
 # ---- plans ----------------------------------------------------------------------------------------
 def test_mixed_plan_round_trips_and_refuses_a_layout_that_does_not_place(tmp_path):
-    mixed, inputs = mixed_inputs("llama3-8b", "dgx-a100-80g:1,dgx-h100:1", None, None, global_batch=32)
+    mixed, inputs = mixed_inputs("llama3-8b", "dgx-a100-80g:1,dgx-h100:1", None, None, global_batch_size=32)
     plan = recommend_mixed(inputs, mixed, top_k=1).best
     text = dumps_plan(plan)
     data = json.loads(text)
@@ -206,7 +206,7 @@ def test_cli_recommend_estimate_export_and_refusals(monkeypatch, capsys, tmp_pat
 
 
 def test_a_data_layout_plan_is_not_exported(tmp_path, monkeypatch, capsys):
-    mixed, inputs = mixed_inputs("llama3-8b", "dgx-a100-80g:1,dgx-h100:1", None, None, global_batch=32)
+    mixed, inputs = mixed_inputs("llama3-8b", "dgx-a100-80g:1,dgx-h100:1", None, None, global_batch_size=32)
     plan = recommend_mixed(inputs, mixed, Pins(pp=1), top_k=1).best
     assert plan.layout.kind == "data"
     path = tmp_path / "data.json"
@@ -231,7 +231,7 @@ def test_whatif_replace_half_adds_a_mixed_twin_of_each_even_point():
 
 
 def test_malformed_mixed_plans_are_refused_with_a_sentence(tmp_path, monkeypatch, capsys):
-    mixed, inputs = mixed_inputs("llama3-8b", "dgx-a100-80g:1,dgx-h100:1", None, None, global_batch=32)
+    mixed, inputs = mixed_inputs("llama3-8b", "dgx-a100-80g:1,dgx-h100:1", None, None, global_batch_size=32)
     plan = recommend_mixed(inputs, mixed, Pins(pp=1), top_k=1).best
     data = json.loads(dumps_plan(plan))
     too_big = json.loads(json.dumps(data))

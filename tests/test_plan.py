@@ -17,7 +17,7 @@ from _cli import run_cli as _run_cli
 
 @pytest.fixture(scope="module")
 def recommended():
-    i = resolve_inputs("llama3-8b", "dgx-a100-80g", nodes=2, global_batch=64, tokens="1T")
+    i = resolve_inputs("llama3-8b", "dgx-a100-80g", nodes=2, global_batch_size=64, train_tokens="1T")
     return recommend(i.model, i.hardware, i.cluster, i.job, top_k=3)
 
 

@@ -51,7 +51,7 @@ def test_recommendation_plot(tmp_path, keep_figures):
     from advisor.commands.inputs import resolve_inputs
     from advisor.commands.recommend import recommend
 
-    inputs = resolve_inputs("gpt3-1.3b", "dgx-a100-80g", nodes=1, global_batch=64)
+    inputs = resolve_inputs("gpt3-1.3b", "dgx-a100-80g", nodes=1, global_batch_size=64)
     result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, top_k=3)
     out = recommend_plot(result, tmp_path / "r.png")
     assert out.stat().st_size > 10_000
@@ -112,7 +112,7 @@ def test_recommendation_plot_labels_tell_plans_apart_and_legends_stay_off_the_ba
     from advisor.commands.inputs import resolve_inputs
     from advisor.commands.recommend import recommend
 
-    inputs = resolve_inputs("gpt3-1.3b", "dgx-a100-80g", nodes=1, global_batch=64)
+    inputs = resolve_inputs("gpt3-1.3b", "dgx-a100-80g", nodes=1, global_batch_size=64)
     result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, top_k=5)
     recommend_plot(result, tmp_path / "r.png")
     (fig,) = keep_figures

@@ -25,7 +25,7 @@ from advisor.space.strategy import Strategy, StrategyBatch
 
 def _inputs(model="llama3-8b", hardware="dgx-a100-80g", **size):
     size = size or {"nodes": 2}
-    size.setdefault("global_batch", 64)
+    size.setdefault("global_batch_size", 64)
     return resolve_inputs(model, hardware, **size)
 
 
@@ -88,7 +88,7 @@ def test_results_do_not_depend_on_top_k(llama):
 
 
 def test_ascend_tp_group_stays_in_one_hccs_group():
-    i = _inputs("gpt3-13b", "ascend-910", nodes=8, global_batch=128)
+    i = _inputs("gpt3-13b", "ascend-910", nodes=8, global_batch_size=128)
     result = _recommend(i, top_k=5)
     hw = i.hardware
     for plan in result.plans:
@@ -100,7 +100,7 @@ def test_ascend_tp_group_stays_in_one_hccs_group():
 
 
 def test_moe_plans_use_expert_parallelism_legally():
-    i = _inputs("mixtral-8x7b", "dgx-h100", nodes=4, global_batch=64, seq_len=4096)
+    i = _inputs("mixtral-8x7b", "dgx-h100", nodes=4, global_batch_size=64, seq_length=4096)
     result = _recommend(i, top_k=3)
     for plan in result.plans:
         s = plan.strategy
@@ -139,7 +139,7 @@ def test_bad_pin_values_are_refused():
 
 def test_nothing_fits_names_the_smallest_change():
     """llama3-70b on one 8 x 80 GB node with ZeRO pinned off: ZeRO 3 or more nodes would fit."""
-    i = _inputs("llama3-70b", "dgx-a100-80g", nodes=1, global_batch=32, seq_len=4096)
+    i = _inputs("llama3-70b", "dgx-a100-80g", nodes=1, global_batch_size=32, seq_length=4096)
     with pytest.raises(InfeasibleError) as err:
         _recommend(i, pins=Pins(zero_stage=0))
     text = str(err.value)
@@ -149,7 +149,7 @@ def test_nothing_fits_names_the_smallest_change():
 
 
 def test_smallest_cluster_is_found_by_searching():
-    i = _inputs("llama3-70b", "dgx-a100-40g", devices=4, global_batch=32, seq_len=4096)
+    i = _inputs("llama3-70b", "dgx-a100-40g", devices=4, global_batch_size=32, seq_length=4096)
     bigger = rec.smallest_cluster(i.model, i.hardware, i.cluster, i.job, Pins())
     assert bigger is not None and bigger.devices > 4
     assert rec.fits_somewhere(i.model, i.hardware, bigger, i.job, Pins())
@@ -285,7 +285,7 @@ def test_progress_bar_only_after_a_second_on_a_terminal(monkeypatch):
 
 
 def test_sweeps_can_skip_the_suggestion_searches():
-    i = _inputs("llama3-70b", "dgx-a100-40g", devices=2, global_batch=8, seq_len=2048)
+    i = _inputs("llama3-70b", "dgx-a100-40g", devices=2, global_batch_size=8, seq_length=2048)
     with pytest.raises(InfeasibleError) as err:
         _recommend(i, suggest=False)
     assert "no strategy for llama3-70b fits" in str(err.value) and "smallest change" not in str(err.value)

@@ -138,7 +138,7 @@ def test_recommend_uses_balanced_stages_for_a_large_vocabulary():
     from advisor.commands.recommend import recommend
     from advisor.search import Pins
 
-    i = resolve_inputs("bloom-176b", "dgx-a100-80g", nodes=48, global_batch=2048)
+    i = resolve_inputs("bloom-176b", "dgx-a100-80g", nodes=48, global_batch_size=2048)
     best = recommend(i.model, i.hardware, i.cluster, i.job, top_k=1, pins=Pins(pp=12, tp=4)).best
     layers = best.strategy.stage_layers
     assert sum(layers) == i.model.num_layers and layers[-1] < max(layers)

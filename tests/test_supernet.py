@@ -138,7 +138,7 @@ def test_cli_estimate_and_execute(monkeypatch, capsys, pipeline_plan):
     code, text, _ = run_cli(monkeypatch, capsys, "recommend", "--model", HAT, "--hardware", "dgx-a100-80g",
                             "--devices", "4", "--global-batch", "32", "--json")
     plans = json.loads(text)["plans"]
-    assert code == 0 and plans[0]["parallel"]["dp"] == 4 and plans[-1]["overtakes"] > 0
+    assert code == 0 and plans[0]["parallel"]["dp"] == 4 and plans[-1]["prediction"]["supernet"]["overtakes"] > 0
     code, text, _ = run_cli(monkeypatch, capsys, "execute", str(pipeline_plan), "--tiny", "--steps", "8", "--json")
     assert code == 0 and json.loads(text)["losses_match"] is True
     code, _, err = run_cli(monkeypatch, capsys, "recommend", "--model", HAT, "--hardware", "dgx-a100-80g",

@@ -5,13 +5,14 @@ Shared by every command that takes --model/--hardware/--nodes|--devices/--gbs/--
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.specs import limits
 from advisor.specs.hardware import HardwareProfile, load_hardware
-from advisor.specs.job import (ATTENTION, CUDA_GRAPH_MODULES, FP8_RECIPES, FRAMEWORKS, Cluster, TrainingJob, check_cuda_graphs,
-                               check_optimizer_impl, check_recompute_modules, parse_token_count)
+from advisor.specs.job import Cluster, TrainingJob, check_cuda_graphs, check_job_relations
+from advisor.specs.setting import field_default, settings_of
 from advisor.specs.model import ModelSpec, load_model
 from advisor.specs.recommendation import RecModelSpec
 from advisor.specs.untrusted import prefix
@@ -54,96 +55,94 @@ def check_count(flag: str, value, bound: int, minimum: int = 1) -> int:
     return value
 
 
-def resolve_inputs(
-    model: str,
-    hardware: str | HardwareProfile,
-    nodes: int | None = None,
-    devices: int | None = None,
-    global_batch: int | None = None,
-    seq_len: int | None = None,
-    dtype: str | None = None,
-    tokens: str | float | None = None,
-    attention: str = "flash",
-    dropout: bool = False,
-    framework: str = "megatron",
-    fp8_recipe: str | None = None,
-    recompute_modules: str | None = None,
-    grid_intensity: str | None = None,
-    pue: float | None = None,
-    comm_priority: bool = False,
-    cuda_graphs: str | None = None,
-    token_drop: bool = False,
-    optimizer_impl: str = "fused",
-) -> Inputs:
+def resolve_inputs(model: str, hardware: str | HardwareProfile, nodes: int | None = None, devices: int | None = None,
+                   **job: Any) -> Inputs:
+    """The model, the hardware, the cluster and the training job from command-line values: ``job`` holds
+    TrainingJob settings by field name (text where the command line gives text: "2T", "attn,mlp"), each
+    checked naming its flag; what is not given takes its default (the sequence the model's, the batch
+    about 4M tokens, the dtype the device's)."""
     spec = load_model(model)
     if getattr(spec, "family", None) == "supernet":
         raise AdvisorError(f"{spec.name} is a supernet (family: supernet): advisor recommend and estimate plan it on "
                            "one hardware profile with NASPipe's schedule (--pp, --global-batch); other options do not apply")
     hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
     cluster = Cluster.of(hw, nodes=nodes, devices=devices)
-    seq = check_count("--seq-len", seq_len if seq_len is not None else spec.seq_length, limits.MAX_SEQ_LENGTH)
-    gbs = check_count("--global-batch", global_batch if global_batch is not None else max(DEFAULT_BATCH_TOKENS // seq, 1),
+    return Inputs(spec, hw, cluster, job_from_values(spec, hw, cluster, job))
+
+
+def given_settings(cls, values: dict[str, Any]) -> dict[str, Any]:
+    """The given (not None) settings of a config class, parsed and checked, each error naming its flag
+    (or its key where it has none)."""
+    records = {fl.name: s for fl, s in settings_of(cls)}
+    out = {}
+    for name, value in values.items():
+        if name not in records:
+            raise AdvisorError(f"{cls.__name__} has no setting {prefix(name)}")
+        if value is not None:
+            out[name] = records[name].given(value, f"{cls.__name__}: '{name}'")
+    return out
+
+
+def job_from_values(spec, hw: HardwareProfile, cluster: Cluster, values: dict[str, Any],
+                    base: TrainingJob | None = None) -> TrainingJob:
+    """The training job from given settings (given_settings) and the defaults that depend on the model and the
+    hardware, or (``base``, a plan's job) the given settings over that job; the checks between settings name
+    the flags."""
+    v = given_settings(TrainingJob, values)
+    if base is not None:
+        v = {**{name: getattr(base, name) for name in TRAINING_FIELDS}, **v}
+    seq = check_count("--seq-len", v.get("seq_length", spec.seq_length), limits.MAX_SEQ_LENGTH)
+    gbs = check_count("--global-batch", v.get("global_batch_size", max(DEFAULT_BATCH_TOKENS // seq, 1)),
                       limits.MAX_GLOBAL_BATCH)
     if isinstance(spec, RecModelSpec):
         if seq != 1:
             raise AdvisorError(f"--seq-len {seq}: {spec.name} is a recommendation model (one sample per row)")
-        if cuda_graphs is not None or token_drop:
+        if v.get("cuda_graphs") or v.get("moe_dropless") is False:
             raise AdvisorError(f"--cuda-graphs/--moe-token-drop: {spec.name} is a recommendation model; they are "
                                "transformer settings")
-        if global_batch is None:   # the published batch, rounded up to a multiple of the devices
+        if "global_batch_size" not in v:   # the published batch, rounded up to a multiple of the devices
             gbs = -(-(spec.global_batch_size or cluster.devices) // cluster.devices) * cluster.devices
-    dt = check_dtype(hw, dtype or default_dtype(hw))
-    if attention not in ATTENTION:
-        raise AdvisorError(f"--attention must be one of {', '.join(ATTENTION)}, got {prefix(attention)}")
-    if framework not in FRAMEWORKS:
-        raise AdvisorError(f"--framework must be one of {', '.join(FRAMEWORKS)}, got {prefix(framework)}")
-    if fp8_recipe is not None and (dt != "fp8" or fp8_recipe not in FP8_RECIPES):
-        raise AdvisorError(f"--fp8-recipe must be one of {', '.join(FP8_RECIPES)} and goes with --dtype fp8 "
-                           f"(got --fp8-recipe {prefix(fp8_recipe)} with --dtype {dt})")
-    check_optimizer_impl(optimizer_impl, framework, "--optimizer-impl")
-    train_tokens = parse_token_count(tokens) if isinstance(tokens, str) else tokens
-    modules = None
-    if recompute_modules is not None:
-        modules = tuple(m.strip() for m in recompute_modules.split(",") if m.strip())
-        check_recompute_modules(modules, framework, "--recompute-modules")
-    return Inputs(spec, hw, cluster, TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens,
-                                                  attention=attention, dropout=dropout, framework=framework,
-                                                  fp8_recipe=fp8_recipe, recompute_modules=modules,
-                                                  comm_priority=comm_priority, optimizer_impl=optimizer_impl,
-                                                  **graph_settings(spec, framework, cuda_graphs, token_drop),
-                                                  **site_settings(grid_intensity, pue, train_tokens)))
-
-
-def graph_settings(spec, framework: str, cuda_graphs: str | None, token_drop: bool, dropless: bool = True) -> dict:
-    """TrainingJob's moe_dropless and cuda_graphs from --moe-token-drop and --cuda-graphs (on a
-    model's own settings: ``dropless``, and its graphs where --cuda-graphs is not given)."""
+    v.update(global_batch_size=gbs, seq_length=seq, dtype=check_dtype(hw, v.get("dtype") or default_dtype(hw)))
+    check_job_relations(_Defaults(v), flag_or_key)
     moe = getattr(spec, "moe", None) is not None
-    if token_drop and not moe:
+    if v.get("moe_dropless") is False and not moe:
         raise AdvisorError(f"--moe-token-drop: {spec.name} has no mixture-of-experts layers")
-    out: dict = {"moe_dropless": dropless and not token_drop}
-    if cuda_graphs is not None:
-        out["cuda_graphs"] = parse_cuda_graphs(cuda_graphs, framework, moe, out["moe_dropless"])
-    return out
+    if v.get("cuda_graphs"):
+        check_cuda_graphs(v["cuda_graphs"], v.get("framework", "megatron"), moe, v.get("moe_dropless", True),
+                          "--cuda-graphs")
+    _grid_needs_tokens(v)
+    return TrainingJob(**v)
 
 
-def parse_cuda_graphs(text: str | None, framework: str, moe: bool, dropless: bool = True) -> tuple[str, ...]:
-    """--cuda-graphs attn,moe_router -> ('attn', 'moe_router'); checked as Megatron-Core checks it
-    (dropless MoE, the default, cannot graph whole MoE layers)."""
-    if text is None:
-        return ()
-    graphs = tuple(m.strip() for m in text.split(",") if m.strip())
-    if not graphs:
-        raise AdvisorError(f"--cuda-graphs needs at least one module ({', '.join(CUDA_GRAPH_MODULES)})")
-    check_cuda_graphs(graphs, framework, moe, dropless, "--cuda-graphs")
-    return graphs
-
-
-def site_settings(grid_intensity: str | None, pue: float | None, train_tokens: float | None) -> dict:
-    """TrainingJob's pue and grid_gco2e_per_kwh from --pue and --grid-intensity (advisor.cost.carbon);
-    emissions are those of training a token budget, so the grid needs --tokens."""
-    from advisor.cost.carbon import DEFAULT_PUE, check_pue, grid_intensity as parse_grid
-
-    grid = parse_grid(grid_intensity)
-    if grid is not None and train_tokens is None:
+def _grid_needs_tokens(v: dict[str, Any]) -> None:
+    if v.get("grid_gco2e_per_kwh") is not None and v.get("train_tokens") is None:
         raise AdvisorError("--grid-intensity prices the emissions of a token budget: give --tokens too")
-    return {"pue": DEFAULT_PUE if pue is None else check_pue(pue), "grid_gco2e_per_kwh": grid}
+
+
+def site_values(train_tokens: Any, pue: Any, grid: Any) -> dict[str, Any]:
+    """The token budget and the site's settings given (whatif's, for every point), checked."""
+    v = given_settings(TrainingJob, {"train_tokens": train_tokens, "pue": pue, "grid_gco2e_per_kwh": grid})
+    _grid_needs_tokens(v)
+    return v
+
+
+class _Defaults:
+    """Given settings with the job's defaults behind them (for the checks between settings)."""
+
+    def __init__(self, given: dict[str, Any]) -> None:
+        self._given = given
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._given:
+            return self._given[name]
+        fl = TRAINING_FIELDS[name]
+        return field_default(fl)
+
+
+TRAINING_FIELDS = {fl.name: fl for fl in fields(TrainingJob)}
+
+
+def flag_or_key(name: str) -> str:
+    """A TrainingJob setting as messages name it: its flag, or training: 'key' where it has none."""
+    s = TRAINING_FIELDS[name].metadata["setting"]
+    return s.flag or f"training: '{name}'"

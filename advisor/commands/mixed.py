@@ -15,16 +15,11 @@ from typing import Any
 from advisor.commands.inputs import Inputs, check_dtype, resolve_inputs
 from advisor.cost.mixed_estimate import MixedEstimate, estimate_mixed
 from advisor.errors import AdvisorError, InfeasibleError
+from advisor.families import family_of_model
 from advisor.plan import Plan
 from advisor.search import Pins
 from advisor.search.mixed import MixedStats, search_mixed
 from advisor.specs.mixed import MixedHardware, parse_mixed
-
-# what the mixed searcher does not take (it runs the collective strategies of the enumerator)
-UNSUPPORTED = {"searcher": "--searcher (the mixed searcher is exhaustive over the enumerator's strategies)",
-               "operator_strategies": "--operator-strategies", "ps_mode": "--ps-mode",
-               "objective": "--objective other than throughput", "plot": "--plot"}
-
 
 @dataclass(frozen=True)
 class MixedResult:
@@ -38,24 +33,10 @@ class MixedResult:
         return self.plans[0]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hardware": self.mixed.label,
-                "plans": [{"rank": i + 1, "parallel": _parallel(p), **e.to_dict()}
-                          for i, (p, e) in enumerate(zip(self.plans, self.estimates))],
-                "search": self.stats.to_dict()}
+        """As every recommend --json: the plans (their prediction holds the figures) and the search."""
+        from advisor.plan import plan_to_dict
 
-
-def _parallel(plan: Plan) -> dict[str, Any]:
-    from advisor.plan import strategy_to_dict
-
-    return strategy_to_dict(plan.strategy, plan.model.num_layers)
-
-
-def refuse_unsupported(**given: Any) -> None:
-    """One sentence naming the first option a mixed cluster does not take."""
-    for key, flag in UNSUPPORTED.items():
-        value = given.get(key)
-        if value not in (None, False, "enumerate", "throughput", "none"):
-            raise AdvisorError(f"{flag} is not available on a mixed cluster (--hardware PROFILE:NODES,...)")
+        return {"plans": [plan_to_dict(p) for p in self.plans], "search": self.stats.to_dict()}
 
 
 def mixed_inputs(model: str, hardware: str, nodes: int | None, devices: int | None, **job: Any) -> tuple[MixedHardware, Inputs]:
@@ -64,8 +45,9 @@ def mixed_inputs(model: str, hardware: str, nodes: int | None, devices: int | No
         raise AdvisorError("--nodes/--devices: a mixed cluster's size is given per part (--hardware PROFILE:NODES,...)")
     mixed = parse_mixed(hardware)
     inputs = resolve_inputs(model, mixed.parts[0].profile, devices=mixed.devices, **job)
-    if getattr(inputs.model, "family", None) == "recommendation":
-        raise AdvisorError(f"{inputs.model.name} is a recommendation model; mixed clusters run transformer plans")
+    kind = family_of_model(inputs.model).name
+    if kind != "transformer":
+        raise AdvisorError(f"{inputs.model.name} is a {kind} model; mixed clusters run transformer plans")
     for part in mixed.parts[1:]:
         check_dtype(part.profile, inputs.job.dtype)
     return mixed, replace(inputs, cluster=mixed.cluster)

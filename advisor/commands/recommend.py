@@ -15,9 +15,10 @@ from typing import Any, Callable
 
 from advisor.cost.estimate import Estimate, estimate_batch, from_batch
 from advisor.errors import AdvisorError, InfeasibleError
+from advisor.families import family_of_model
 from advisor.plan import Plan, plan_to_dict
 from advisor.search.rank import rank, simplicity_key
-from advisor.search import PIN_FLAGS, Pins, Progress, SearchOutcome, SearchStats
+from advisor.search import MAX_TOP_K, PIN_FLAGS, Pins, Progress, SearchOutcome, SearchStats, check_top_k  # noqa: F401
 from advisor.search import comm_knobs
 from advisor.search import enumerate as enumerate_searcher
 from advisor.search import operator_plan
@@ -30,7 +31,6 @@ from advisor.specs.frameworks import FRAMEWORKS
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
-from advisor.specs.recommendation import RecModelSpec
 
 Searcher = Callable[[ModelSpec, HardwareProfile, Cluster, TrainingJob, Pins, int, Progress], SearchOutcome]
 
@@ -40,7 +40,6 @@ SEARCHERS: dict[str, Searcher] = {
     "ilp": operator_plan.ilp_searcher,
 }
 
-MAX_TOP_K = 1000
 BALANCE_LEADERS = 4               # candidates per requested plan whose pipeline stages are balanced
 MAX_CLUSTER_GROWTH = 2 ** 12      # the "more devices" suggestion looks up to 4096x the cluster
 
@@ -72,12 +71,14 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
     models (family: recommendation) go to advisor.search.parameter_server (ps_pins: --ps-mode etc.).
     ``objective``: "throughput" ranks by tokens/s, "carbon" by tokens per unit of energy
     (advisor.cost.carbon: device power rises with the achieved compute fraction)."""
-    if isinstance(model, RecModelSpec) or (ps_pins is not None and (ps_pins.mode not in (None, "none") or ps_pins.servers
-                                                                       is not None or not ps_pins.synchronous)):
-        if objective != "throughput":
-            raise AdvisorError(f"--objective {objective} ranks transformer plans; parameter-server and "
-                               f"recommendation plans are ranked by throughput")
-        return _recommend_recsys(model, hardware, cluster, job, pins, top_k, searcher, ps_pins)
+    fam = family_of_model(model)
+    if fam.search is not None:            # a family with its own searcher (advisor.families)
+        return fam.hook("search")(model, hardware, cluster, job, pins, top_k, searcher, ps_pins, objective)
+    if ps_pins is not None and ps_pins.given():
+        from advisor.search.parameter_server import describe
+
+        raise AdvisorError(f"{describe(ps_pins)}: parameter servers serve the embedding tables of "
+                           f"recommendation models (family: recommendation); {model.name} is a {fam.name}")
     search = find_searcher(searcher)
     if operator_strategies is not None:     # semi-automatic: user-fixed operator strategies (drec / ilp only)
         if searcher not in ("drec", "ilp"):
@@ -140,21 +141,6 @@ def _score(objective: str, hardware: HardwareProfile, cluster: Cluster, job: Tra
 
 def _semi_auto(model, hardware, cluster, job, pins, top_k, progress, *, searcher, fixed) -> SearchOutcome:
     return operator_plan.operator_plan(model, hardware, cluster, job, searcher, pins, top_k, progress, fixed=fixed)
-
-
-def _recommend_recsys(model, hardware, cluster, job, pins, top_k, searcher, ps_pins):
-    from advisor.search.parameter_server import PsPins, describe, recommend_recsys
-
-    if not isinstance(model, RecModelSpec):
-        raise AdvisorError(f"{describe(ps_pins)}: parameter servers serve the embedding tables of "
-                           f"recommendation models (family: recommendation); {model.name} is a transformer")
-    check_top_k(top_k)
-    return recommend_recsys(model, hardware, cluster, job, ps_pins or PsPins(), top_k, searcher, pins)
-
-
-def check_top_k(top_k) -> None:
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
-        raise AdvisorError(f"--top must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}")
 
 
 def find_searcher(name: str) -> Searcher:

@@ -10,10 +10,9 @@ from advisor.cost.recsys import RecEstimate, RecsysConfig
 from advisor.cost.recsys_estimate import estimate_recsys
 from advisor.errors import AdvisorError
 from advisor.commands.inputs import resolve_inputs
-from advisor.plan import Plan, load_plan, read_plan_dict
+from advisor.plan import Plan, load_plan
 from advisor.search.parameter_server import PsPins, recommend_recsys
-from advisor.specs.model import load_model
-from advisor.specs.recommendation import RecModelSpec, is_recommendation
+from advisor.search import check_top_k
 
 
 @dataclass(frozen=True)
@@ -23,14 +22,6 @@ class RecsysEstimateResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"title": self.title, **self.estimate.to_dict()}
-
-
-def wants_recsys(model: str | None, plan: str | None) -> bool:
-    """Whether an estimate request is about a recommendation model (by its model file or plan)."""
-    if plan is not None:
-        data = read_plan_dict(plan)
-        return is_recommendation(data.get("model"))
-    return model is not None and isinstance(load_model(model), RecModelSpec)
 
 
 def config_of(plan: Plan) -> RecsysConfig:
@@ -46,31 +37,62 @@ def config_of(plan: Plan) -> RecsysConfig:
 
 
 def recsys_estimate_request(*, model: str | None, hardware: str | None, nodes: int | None, devices: int | None,
-                            gbs: int | None, dtype: str | None, plan: str | None, ps_pins: PsPins) -> RecsysEstimateResult:
+                            job: dict[str, Any], plan: str | None, ps_pins: PsPins) -> RecsysEstimateResult:
+    """A recommendation model's best configuration under the pinned --ps-* choices, or a plan's."""
     if plan is not None:
         p = load_plan(plan)
         e = estimate_recsys(p.model, p.hardware, p.cluster, p.training, config_of(p))
         return RecsysEstimateResult(f"{p.model.name} on {p.cluster.devices} x {p.hardware.device.name}, plan {plan}", e)
-    if hardware is None:
+    if model is None or hardware is None:
         raise AdvisorError("advisor estimate needs --model and --hardware (or --plan PLAN.json)")
-    i = resolve_inputs(model, hardware, nodes=nodes, devices=devices, global_batch=gbs, dtype=dtype)
+    i = resolve_inputs(model, hardware, nodes=nodes, devices=devices, **job)
     result = recommend_recsys(i.model, i.hardware, i.cluster, i.job, ps_pins, top_k=1)
     return RecsysEstimateResult(f"{i.model.name} on {i.cluster.devices} x {i.hardware.device.name} ({i.hardware.name}), "
                                 f"batch {i.job.global_batch_size}", result.estimates[0])
 
 
-def estimate_recsys_cmd(model, hardware, nodes, devices, gbs, dtype, plan, ps_mode, ps_servers, ps_async, as_json) -> None:
-    """advisor estimate for a recommendation model or a PS plan (advisor.cli): the table or JSON."""
+def ps_pins_of(request) -> PsPins:
+    return PsPins(request.get("ps_mode"), request.get("ps_servers"), not request.get("ps_async"))
+
+
+def estimate_cmd(request) -> None:
+    """advisor estimate for a recommendation model or a PS plan (advisor.families): the table or JSON."""
     from advisor.commands.cli_options import console, print_json
     from advisor.errors import InfeasibleError
     from advisor.render.report_recsys import render_recsys_estimate
-    from advisor.search.parameter_server import PsPins
+    from advisor.specs.job import TrainingJob
 
-    result = recsys_estimate_request(model=model, hardware=hardware, nodes=nodes, devices=devices, gbs=gbs, dtype=dtype,
-                                     plan=plan, ps_pins=PsPins(ps_mode, ps_servers, not ps_async))
-    if as_json:
+    r = request
+    result = recsys_estimate_request(model=r.get("model"), hardware=r.get("hardware"), nodes=r.get("nodes"),
+                                     devices=r.get("devices"), job=r.values_of(TrainingJob), plan=r.get("plan"),
+                                     ps_pins=ps_pins_of(r))
+    if r.get("json"):
         print_json(result.to_dict())
     else:
         render_recsys_estimate(console, result.title, result.estimate)
     if not result.estimate.feasible:
         raise InfeasibleError(f"the plan does not fit: {result.estimate.reasons[0]}")
+
+
+def recommend_cmd(request) -> None:
+    """advisor recommend for a recommendation model (advisor.families): the parameter-server search."""
+    from advisor.commands.cli_options import print_warnings
+    from advisor.commands.transformer_cmd import show
+    from advisor.search import Pins
+    from advisor.space.strategy import Strategy
+    from advisor.specs.input_notes import input_warnings
+    from advisor.specs.job import TrainingJob
+
+    r = request
+    if r.get("objective") != "throughput":
+        raise AdvisorError(f"--objective {r.get('objective')} ranks transformer plans; parameter-server and "
+                           f"recommendation plans are ranked by throughput")
+    i = resolve_inputs(r.get("model"), r.get("hardware"), nodes=r.get("nodes"), devices=r.get("devices"),
+                       **r.values_of(TrainingJob))
+    warnings = input_warnings(i.hardware, i.cluster)
+    if not r.get("json"):
+        print_warnings(warnings)
+    check_top_k(r.get("top"))
+    result = recommend_recsys(i.model, i.hardware, i.cluster, i.job, ps_pins_of(r), r.get("top"), r.get("searcher"),
+                              Pins.from_values(r.values_of(Strategy)))
+    show(r, result, warnings)

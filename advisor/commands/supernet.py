@@ -18,7 +18,7 @@ from rich.table import Table
 from advisor.commands.cli_options import console, print_json, wide_console
 from advisor.cost.supernet import SupernetEstimate, SupernetRun
 from advisor.errors import AdvisorError, InfeasibleError
-from advisor.plan import Plan, save_plan, strategy_to_dict
+from advisor.plan import Plan, plan_to_dict, save_plan, strategy_to_dict
 from advisor.render.formatting import step_time
 
 # tokens per subnet step: NASPipe's default batch (hku-systems/naspipe reproducible/translation/
@@ -30,9 +30,6 @@ LEGEND = ("NASPipe, sequential, bound: seconds for the subnets; sequential: one 
           "fit: what NASPipe's runtime does where the plain run does not fit: ckpt recomputes each stage's "
           "forward, host keeps the candidates' weights in host memory and swaps each subnet's blocks in (context "
           "switching)")
-_REFUSED = ("tp", "cp", "ep", "vpp", "zero", "operator_strategies", "ps_mode", "plot", "full_batch", "offload_params",
-            "offload_fraction", "cuda_graphs", "token_drop", "host_embedding")
-
 
 def _description(model: str) -> tuple[str, dict[str, Any]]:
     """(path, mapping) of a --model value: a bundled name or a file."""
@@ -43,43 +40,34 @@ def _description(model: str) -> tuple[str, dict[str, Any]]:
     return str(path), f.read_mapping(path, "model description")
 
 
-def is_supernet(model: str | None) -> bool:
-    if model is None:
-        return False
-    try:
-        return _description(model)[1].get("family") == "supernet"
-    except AdvisorError:
-        return False          # the regular path reports the problem
-
-
-def _refuse(o: dict[str, Any]) -> None:
-    for key in _REFUSED:
-        value = o.get(key)
-        given = value is True or (value not in (None, False, 1, 0) and not isinstance(value, bool))
-        if given:
-            raise AdvisorError(f"--{key.replace('_', '-')} is not available for a supernet (NASPipe trains each subnet "
-                               "as one pipeline task; give --pp and --global-batch)")
-    if o.get("recompute") not in (None, "none"):
+def _refuse(r) -> None:
+    """What the supernet record (advisor.families) does not refuse by name: recomputation other than none, and
+    another searcher or objective."""
+    if r.get("recompute") not in (None, "none"):
         raise AdvisorError("--recompute is not available for a supernet: where a plan does not fit, recommend and "
                            "estimate checkpoint each stage as NASPipe does (parallel.supernet.checkpoint)")
-    if o.get("searcher", "enumerate") != "enumerate" or o.get("objective", "throughput") != "throughput":
+    if r.get("searcher", "enumerate") != "enumerate" or r.get("objective", "throughput") != "throughput":
         raise AdvisorError("a supernet plan is ranked by subnets per second with NASPipe's schedule; --searcher and "
                            "--objective do not apply")
 
 
-def _inputs(o: dict[str, Any]):
-    from advisor.commands.inputs import check_dtype, default_dtype
+def _inputs(r):
+    from advisor.commands.inputs import check_dtype, default_dtype, given_settings
     from advisor.specs.hardware import load_hardware
     from advisor.specs.job import Cluster, TrainingJob
     from advisor.specs.model import model_from_dict
 
-    path, raw = _description(o["model"])
+    if r.get("model") is None or r.get("hardware") is None:
+        raise AdvisorError("a supernet plan needs --model and --hardware")
+    path, raw = _description(r.get("model"))
     net = model_from_dict(raw, path)
-    hw = load_hardware(o["hardware"])
-    cluster = Cluster.of(hw, nodes=o.get("nodes"), devices=o.get("devices"))
-    dtype = check_dtype(hw, o.get("dtype") or default_dtype(hw))
-    seq = o.get("seq_len") or net.base.seq_length
-    job = TrainingJob(global_batch_size=o.get("gbs") or max(1, DEFAULT_BATCH_TOKENS // seq), seq_length=seq, dtype=dtype)
+    hw = load_hardware(r.get("hardware"))
+    cluster = Cluster.of(hw, nodes=r.get("nodes"), devices=r.get("devices"))
+    given = given_settings(TrainingJob, r.values_of(TrainingJob))
+    dtype = check_dtype(hw, given.get("dtype") or default_dtype(hw))
+    seq = given.get("seq_length") or net.base.seq_length
+    job = TrainingJob(global_batch_size=given.get("global_batch_size") or max(1, DEFAULT_BATCH_TOKENS // seq),
+                      seq_length=seq, dtype=dtype)
     return net, raw, hw, cluster, job
 
 
@@ -106,7 +94,7 @@ def _table(title: str, rows: list[tuple]) -> Table:
     return table
 
 
-def recommend_supernet_cmd(o: dict[str, Any]) -> None:
+def recommend_supernet_cmd(o) -> None:
     import time
 
     from advisor.search.supernet import search_supernet
@@ -117,20 +105,20 @@ def recommend_supernet_cmd(o: dict[str, Any]) -> None:
     started = time.perf_counter()
     plans = search_supernet(net, hw, cluster, job, run, pp=o.get("pp"), top_k=o.get("top") or 5)
     seconds = time.perf_counter() - started
-    chosen = replace(run, context_switch=plans[0].estimate.context_switch, checkpoint=plans[0].estimate.checkpoint)
-    best = _plan(net, raw, hw, cluster, job, plans[0], chosen, 1, seconds)
+    saved = [_plan(net, raw, hw, cluster, job, p, replace(run, context_switch=p.estimate.context_switch,
+                                                          checkpoint=p.estimate.checkpoint), i, seconds)
+             for i, p in enumerate(plans, start=1)]
     if o.get("out"):
-        save_plan(best, o["out"])
-    if o.get("as_json"):
-        print_json({"plans": [{"parallel": strategy_to_dict(p.strategy, net.num_layers), **p.estimate.to_dict()}
-                              for p in plans], "search": {"searcher": "naspipe", "seconds": seconds}})
+        save_plan(saved[0], o.get("out"))
+    if o.get("json"):     # as every recommend --json: the plans (their prediction holds the figures) and the search
+        print_json({"plans": [plan_to_dict(p) for p in saved], "search": {"searcher": "naspipe", "seconds": seconds}})
         return
     wide_console().print(_table(f"{net.name} supernet on {cluster.devices} x {hw.device.name}: {run.subnets} subnets of "
                          f"{job.global_batch_size} x {job.seq_length} tokens, NASPipe schedule",
                          [(p.strategy, p.estimate) for p in plans]))
     console.print(LEGEND, highlight=False)
     if o.get("out"):
-        console.print(f"best plan saved to {o['out']}")
+        console.print(f"best plan saved to {o.get('out')}")
 
 
 def estimate_supernet_plan(plan: Plan) -> SupernetEstimate:
@@ -139,18 +127,18 @@ def estimate_supernet_plan(plan: Plan) -> SupernetEstimate:
     return estimate_supernet(plan.model, plan.hardware, plan.training, plan.strategy, plan.supernet or SupernetRun())
 
 
-def estimate_supernet_cmd(o: dict[str, Any]) -> None:
+def estimate_supernet_cmd(o) -> None:
     from advisor.plan import load_plan
     from advisor.search.supernet import supernet_strategy
 
     _refuse(o)
     if o.get("plan"):
-        plan = load_plan(o["plan"])
-        s, e = plan.strategy, estimate_supernet_plan(plan)
-        title = f"{plan.model.name} supernet (plan {o['plan']})"
+        plan = load_plan(o.get("plan"))
+        s, e, layers = plan.strategy, estimate_supernet_plan(plan), plan.model.num_layers
+        title = f"{plan.model.name} supernet (plan {o.get('plan')})"
     else:
         net, _, hw, cluster, job = _inputs(o)
-        pp = 1 if o.get("pp") is None else o["pp"]
+        pp = o.get("pp", 1)
         if not isinstance(pp, int) or not 1 <= pp <= net.num_layers or cluster.devices % pp \
                 or job.global_batch_size % (cluster.devices // pp):
             raise AdvisorError(f"--pp {pp}: it must be 1 to the {net.num_layers} layers, divide the {cluster.devices} "
@@ -159,9 +147,9 @@ def estimate_supernet_cmd(o: dict[str, Any]) -> None:
         from advisor.search.supernet import fitting_estimate
 
         e = fitting_estimate(net, hw, job, s, SupernetRun())     # as recommend: what NASPipe does to fit
-        title = f"{net.name} supernet on {cluster.devices} x {hw.device.name}"
-    if o.get("as_json"):
-        print_json({"parallel": {"dp": s.dp, "pp": s.pp, "stage_layers": list(s.stage_layers or [])}, **e.to_dict()})
+        title, layers = f"{net.name} supernet on {cluster.devices} x {hw.device.name}", net.num_layers
+    if o.get("json"):
+        print_json({"strategy": strategy_to_dict(s, layers), **e.to_dict()})     # the plan's parallel block
     else:
         wide_console().print(_table(title, [(s, e)]))
         console.print(LEGEND, highlight=False)

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.errors import AdvisorError
+from advisor.export._common import display
+from advisor.families import family_of_model
 from advisor.plan import Plan
 
 TARGETS = ("megatron", "deepspeed", "torchtitan", "mindspore", "k8s")
@@ -69,29 +71,43 @@ def supported_versions(target: str) -> tuple[tuple[str, ...], str]:
     return tuple(module.VERSIONS), module.DEFAULT_VERSION
 
 
-def export_plan(plan: Plan, target: str, target_version: str | None = None, launch=None) -> ExportResult:
+K8S_FRAMEWORKS = ("pytorch", "mindspore")
+
+
+def k8s_module(plan: Plan, framework: str | None) -> str:
+    """The module writing the plan's Kubernetes job: a MindSpore Operator MSJob (k8s_mindspore) for --framework
+    mindspore or a recommendation plan's server and worker roles, a Kubeflow PyTorchJob (k8s) otherwise."""
+    if framework is not None and framework not in K8S_FRAMEWORKS:
+        raise AdvisorError(f"--framework goes with --to k8s and takes pytorch or mindspore, got {display(framework[:20])!r}")
+    if framework == "mindspore" or (framework is None and family_of_model(plan.model).name == "recommendation"):
+        return "k8s_mindspore"
+    return "k8s"
+
+
+def export_plan(plan: Plan, target: str, target_version: str | None = None, launch=None,
+                k8s_framework: str | None = None) -> ExportResult:
     """Export one plan to one target (one of TARGETS) for one release of it (None: the target's
     DEFAULT_VERSION; each target module has a VERSIONS table and refuses others with AdvisorError).
     ``launch`` (advisor.export.mindspore_launch.LaunchOptions: the nodes' hosts and the master port)
-    goes to the mindspore target's launchers; the other targets take none."""
+    goes to the mindspore target's launchers; the other targets take none. ``k8s_framework`` (pytorch or
+    mindspore) picks the Kubernetes job's kind (k8s_module)."""
     if target not in TARGETS:
         raise AdvisorError(f"--to: unknown export target {target[:20]!r} (choose one of: {', '.join(TARGETS)})")
+    if k8s_framework is not None and target != "k8s":
+        raise AdvisorError(f"--framework goes with --to k8s and takes pytorch or mindspore, got "
+                           f"{display(k8s_framework[:20])!r}")
     if launch is not None and target != "mindspore":
         raise AdvisorError(f"--hosts and --master-port go with --to mindspore (its msrun, mpirun and rank-table "
                            f"launchers), not --to {target[:20]}")
     from advisor.export._mixed import check_mixed
 
-    if getattr(plan.model, "family", None) == "supernet":
-        raise AdvisorError(f"{plan.model.name} is a supernet: no launcher runs NASPipe's causal pipeline schedule, "
-                           "so there is nothing to export; advisor execute runs the plan")
-
-    if getattr(plan.model, "family", None) == "recommendation" and target not in ("mindspore", "k8s"):
-        raise AdvisorError(f"{plan.model.name} is a recommendation model: --to {target} writes transformer launchers; "
-                           "export it --to mindspore (parameter servers, host tables) or --to k8s --framework "
-                           "mindspore")
+    fam = family_of_model(plan.model)
+    if fam.export_targets is not None and target not in fam.export_targets:
+        raise AdvisorError(fam.export_refusal.format(model=plan.model.name, target=target))
     mixed_notes = check_mixed(plan, target)
-    result = _exporter(target)(plan, target_version, launch) if launch is not None else \
-        _exporter(target)(plan, target_version)
+    module = k8s_module(plan, k8s_framework) if target == "k8s" else target
+    result = _exporter(module)(plan, target_version, launch) if launch is not None else \
+        _exporter(module)(plan, target_version)
     if mixed_notes:
         result = replace(result, notes=result.notes + mixed_notes)
     if plan.strategy.swap_layers is not None and target != "mindspore":

@@ -8,6 +8,14 @@ from advisor.errors import AdvisorError
 from advisor.plan import Plan
 from advisor.space.strategy import DEFAULT_MESH_ORDER
 
+def device_resource(plan: Plan) -> str:
+    """The extended resource a device plugin advertises for the plan's accelerator."""
+    name = plan.hardware.device.name.lower()
+    if "ascend" in name:
+        return "huawei.com/Ascend910"
+    return "nvidia.com/gpu"
+
+
 DTYPE_TORCH = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32", "fp8": "bfloat16"}
 
 

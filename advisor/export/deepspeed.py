@@ -35,7 +35,7 @@ import json
 
 from advisor.errors import AdvisorError
 from advisor.export import ExportResult
-from advisor.export import _comm_knobs
+from advisor.export import _comm_knobs, _settings
 from advisor.export._common import (
     comment_block, header_lines, is_even_split, mesh_text, non_default_mesh, pick_version, procs_per_node,
     stage_layers, unwritten_model_features,
@@ -166,7 +166,7 @@ def ds_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
         cfg["sequence_parallel_size"] = s.cp
         unsupported.append(f"parallel.cp = {s.cp}: DeepSpeed's sequence parallelism is Ulysses (all-to-all over "
                            "attention heads), not the ring exchange of K and V the plan was priced with")
-    return cfg
+    return _settings.merge(cfg, _settings.keys(plan, "deepspeed", unsupported))   # the settings whose records spell them
 
 
 def pipeline_settings(plan: Plan, unsupported: list[str], notes: list[str]) -> str:

@@ -18,20 +18,12 @@ import re
 import yaml
 
 from advisor.export import ExportResult
-from advisor.export._common import comment_block, display, header_lines
+from advisor.export._common import comment_block, device_resource, display, header_lines
 from advisor.export.megatron import DEFAULT_VERSION, SCRIPT, VERSIONS, megatron_launch
 from advisor.plan import Plan
 
 MEGATRON_DIR = "/workspace/megatron-lm"
 MEGATRON_REPO = "https://github.com/NVIDIA/Megatron-LM.git"
-
-
-def device_resource(plan: Plan) -> str:
-    """The extended resource a device plugin advertises for the plan's accelerator."""
-    name = plan.hardware.device.name.lower()
-    if "ascend" in name:
-        return "huawei.com/Ascend910"
-    return "nvidia.com/gpu"
 
 
 def job_name(plan: Plan) -> str:
@@ -107,9 +99,6 @@ DEFAULT_VERSION = DEFAULT_VERSION
 
 
 def export(plan: Plan, target_version: str | None = None) -> ExportResult:
-    if getattr(plan.model, "family", None) == "recommendation":   # roles of a PS job: a MindSpore Operator MSJob
-        from advisor.export.k8s_mindspore import export as export_msjob
-        return export_msjob(plan, target_version)
     unsupported: list[str] = []
     notes: list[str] = []
     doc = manifest(plan, unsupported, notes, target_version)

@@ -20,8 +20,7 @@ import re
 import yaml
 
 from advisor.export import ExportResult
-from advisor.export._common import display
-from advisor.export.k8s import device_resource
+from advisor.export._common import device_resource, display
 from advisor.plan import Plan
 
 IMAGE = "swr.cn-south-1.myhuaweicloud.com/mindspore/mindspore-gpu:2.2.0"   # a MindSpore GPU image (replace)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from advisor.errors import AdvisorError
 from advisor.export import ExportResult
-from advisor.export import _comm_knobs
+from advisor.export import _comm_knobs, _settings
 from advisor.export._common import (
     chunk_layers, comment_block, header_lines, is_even_split, mesh_text, pick_version, procs_per_node, stage_layers,
     train_steps, unwritten_model_features,
@@ -213,13 +213,12 @@ def megatron_launch(plan: Plan, target_version: str | None = None) -> MegatronLa
         # MXFP8 is E4M3 throughout (Megatron-Bridge's bf16_with_mxfp8_mixed); the per-tensor recipes
         # use the hybrid format (E4M3 forward, E5M2 gradients)
         train += ["--bf16", "--fp8-format", "e4m3" if j.recipe == "mxfp8" else "hybrid", "--fp8-recipe", j.recipe]
-        if j.fp8_param_gather:
-            train.append("--fp8-param-gather")
     if j.grad_reduce_dtype == "bf16" and j.dtype in ("bf16", "fp8"):
         train.append("--grad-reduce-in-bf16")
     elif j.grad_reduce_dtype not in (None, "fp32") or (j.grad_reduce_dtype == "fp32" and j.dtype == "fp16"):
         unsupported.append(f"training.grad_reduce_dtype = {j.grad_reduce_dtype} with dtype {j.dtype}: Megatron-LM "
                            "reduces fp16 models' gradients in fp16 and bf16 models' in fp32 or bf16")
+    train += _settings.flags(plan, "megatron", unsupported)   # the settings whose records spell them
     if j.framework != "megatron":
         notes.append(f"the plan was priced for framework {j.framework}; Megatron-LM runs its own fused kernels, "
                      "so re-price with --framework megatron for its time and memory")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import yaml
 
 from advisor.export import ExportResult
-from advisor.export import _comm_knobs
+from advisor.export import _comm_knobs, _settings
 from advisor.export._common import (
     chunk_layers, comment_block, header_lines, mesh_text, non_default_mesh, pick_version, stage_layers,
     unwritten_model_features,
@@ -207,7 +207,7 @@ def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> 
         # the optimizer step priced (advisor.cost.optimizer_step): MindFormers' AdamW picks FusedAdamW with
         # use_fused True, its per-operation AdamW otherwise (mindformers/core/optim/__init__.py, 1.7.0 and 2.1.0)
         out["optimizer"] = {"type": "AdamW", "use_fused": j.optimizer_impl == "fused"}
-    return out
+    return _settings.merge(out, _settings.keys(plan, "mindspore", unsupported))   # the settings whose records spell them
 
 
 def swap_config(plan: Plan) -> dict:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from math import gcd
 
 from advisor.export import ExportResult
-from advisor.export import _comm_knobs
+from advisor.export import _comm_knobs, _settings
 from advisor.export._common import (
     chunk_layers, comment_block, header_lines, mesh_text, non_default_mesh, pick_version, stage_layers, train_steps,
     unwritten_model_features,
@@ -163,7 +163,8 @@ def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, 
     if s.cp > 1 and s.cp_comm == "a2a":
         unsupported.append("parallel.cp_comm = a2a: torchtitan's context parallelism is ring attention "
                            "(context_parallel_rotate_method allgather or alltoall), not Ulysses")
-    return {"parallelism": par, "training": train, "activation_checkpoint": ac}
+    secs = {"parallelism": par, "training": train, "activation_checkpoint": ac}
+    return _settings.merge(secs, _settings.keys(plan, "torchtitan", unsupported), sections=True)
 
 
 def toml_string(text: str) -> str:

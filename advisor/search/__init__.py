@@ -7,64 +7,45 @@ looked at. ``advisor.commands.recommend`` estimates, ranks and reports them; sea
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Callable, Optional
 
 from advisor.errors import AdvisorError
-from advisor.space.strategy import CP_COMM, RECOMPUTE, SCHEDULES, StrategyBatch
+from advisor.space.strategy import Strategy, StrategyBatch
+from advisor.specs.setting import settings_of
+
+MAX_TOP_K = 1000
+
+
+def check_top_k(top_k) -> None:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        raise AdvisorError(f"--top must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}")
+
+
 
 # progress(done, total): called by long searches as work completes (units are the searcher's own).
 Progress = Optional[Callable[[float, float], None]]
 
-# Pin field -> the command-line flag that sets it (for error messages).
-PIN_FLAGS = {
-    "dp": "--dp", "tp": "--tp", "pp": "--pp", "cp": "--cp", "ep": "--ep",
-    "zero_stage": "--zero", "recompute": "--recompute", "micro_batch_size": "--mbs",
-    "virtual_pipeline_stages": "--vpp", "pipeline_schedule": "--schedule",
-    "sequence_parallel": "--sequence-parallel", "offload_optimizer": "--offload", "cp_comm": "--cp-comm",
-    "offload_params": "--offload-params", "host_embedding": "--host-embedding",
-}
-
-
-@dataclass(frozen=True)
-class Pins:
-    """Choices fixed by the user; None means searched."""
-
-    dp: int | None = None
-    tp: int | None = None
-    pp: int | None = None
-    cp: int | None = None
-    ep: int | None = None
-    zero_stage: int | None = None
-    recompute: str | None = None
-    micro_batch_size: int | None = None
-    virtual_pipeline_stages: int | None = None
-    pipeline_schedule: str | None = None
-    sequence_parallel: bool | None = None
-    offload_optimizer: bool | None = None
-    cp_comm: str | None = None
-    offload_params: bool | None = None
-    host_embedding: bool | None = None
+class _Pinned:
+    """What the generated Pins class does (its fields: the searched settings of Strategy, None when searched)."""
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch_size", "virtual_pipeline_stages"):
+        for name, s in SEARCHED:
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise AdvisorError(f"{PIN_FLAGS[name]} must be a positive integer, got {value!r}")
-        if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
-            raise AdvisorError(f"--zero must be 0, 1, 2 or 3, got {self.zero_stage!r}")
-        if self.recompute is not None and self.recompute not in RECOMPUTE:
-            raise AdvisorError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
-        if self.cp_comm is not None and self.cp_comm not in CP_COMM:
-            raise AdvisorError(f"--cp-comm must be one of {', '.join(CP_COMM)}, got {self.cp_comm!r}")
-        if self.pipeline_schedule is not None and self.pipeline_schedule not in SCHEDULES:
-            raise AdvisorError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.pipeline_schedule!r}")
+            if value is not None:
+                s.check(value, s.flag)
         if self.offload_params and (self.zero_stage not in (None, 3) or self.offload_optimizer is False):
             raise AdvisorError(f"--offload-params needs ZeRO stage 3 and the optimizer offloaded, got "
                                f"--zero {self.zero_stage}" + (" --no-offload" if self.offload_optimizer is False else ""))
         if self.offload_params and self.host_embedding:
             raise AdvisorError("--offload-params and --host-embedding: parameter offload already keeps every weight "
                                "in host memory; give one of them")
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any]):
+        """Pins from command-line values by field name (parsed and checked, naming each flag)."""
+        records = dict(SEARCHED)
+        return cls(**{name: records[name].given(value, name) for name, value in values.items() if value is not None})
 
     def pinned(self) -> dict[str, Any]:
         """The fields that are set, by name."""
@@ -73,6 +54,17 @@ class Pins:
     def describe(self) -> str:
         """'--tp 8 --zero 1' (for messages)."""
         return " ".join(f"{PIN_FLAGS[k]} {_flag_value(v)}" for k, v in self.pinned().items())
+
+
+# The choices recommend searches and the user may pin: Strategy's settings with search=True
+SEARCHED = [(fl.name, s) for fl, s in settings_of(Strategy) if s.search]
+# Pin field -> the command-line flag that sets it (for error messages)
+PIN_FLAGS = {name: s.flag for name, s in SEARCHED}
+Pins = make_dataclass("Pins", [(name, f"{fl.type} | None", field(default=None, metadata=fl.metadata))
+                               for fl in fields(Strategy) for name, _ in SEARCHED if fl.name == name],
+                      bases=(_Pinned,), frozen=True)
+Pins.__module__ = __name__
+Pins.__doc__ = "Choices fixed by the user; None means searched (one field per searched Strategy setting)."
 
 
 def _flag_value(value: Any) -> str:

@@ -54,6 +54,10 @@ class PsPins:
         if not self.synchronous and self.mode == "none":
             raise AdvisorError("--ps-async conflicts with --ps-mode none (no servers)")
 
+    def given(self) -> bool:
+        """Whether the pins ask for parameter servers at all."""
+        return self.mode not in (None, "none") or self.servers is not None or not self.synchronous
+
 
 @dataclass(frozen=True)
 class RecsysRecommendResult:
@@ -204,3 +208,15 @@ def describe(pins: PsPins) -> str:
     if not pins.synchronous:
         parts.append("--ps-async")
     return " ".join(parts)
+
+
+def recommend_family(model, hardware: HardwareProfile, cluster: Cluster, job: TrainingJob, pins, top_k: int,
+                     searcher: str, ps_pins: PsPins | None, objective: str) -> RecsysRecommendResult:
+    """advisor.commands.recommend.recommend for the recommendation family (advisor.families)."""
+    from advisor.search import check_top_k
+
+    if objective != "throughput":
+        raise AdvisorError(f"--objective {objective} ranks transformer plans; parameter-server and "
+                           f"recommendation plans are ranked by throughput")
+    check_top_k(top_k)
+    return recommend_recsys(model, hardware, cluster, job, ps_pins or PsPins(), top_k, searcher, pins)

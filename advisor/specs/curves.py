@@ -17,6 +17,7 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.specs import _fields as f
+from advisor.specs.frameworks import ATTENTION_KERNELS
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
@@ -75,8 +76,6 @@ def efficiency_curve(value: Any, origin: str, name: str = "matmul_efficiency",
 
 def attention_curves(value: Any, origin: str):
     """((kernel, curve), ...) from a kernel -> [[tokens, efficiency], ...] mapping (optional)."""
-    from advisor.specs.job import ATTENTION_KERNELS
-
     if value is None:
         return ()
     if not isinstance(value, dict) or not value:

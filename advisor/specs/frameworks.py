@@ -18,6 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Fused attention kernels, each with its own efficiency curve in a profile (advisor.cost.attention):
+# te = Transformer Engine's fused attention (cuDNN; FlashAttention-3-class on Hopper and later),
+# sdpa = PyTorch scaled_dot_product_attention's flash backend (FlashAttention-2), triton = the
+# Triton FlashAttention of flash-attn 1.x that llm-foundry's attn_impl "triton" ran, npu = Ascend's
+# FlashAttentionScore (MindSpore).
+ATTENTION_KERNELS = ("te", "sdpa", "triton", "npu")
+
 
 @dataclass(frozen=True)
 class Framework:
@@ -41,7 +48,7 @@ class Framework:
     """FP8 GEMMs keep their inputs for the backward in FP8, not the compute dtype (Transformer Engine's
     Linear and GroupedLinear save the quantized copy; advisor.cost.activations)."""
     attention_kernel: str
-    """The fused attention kernel it runs by default (advisor.specs.job.ATTENTION_KERNELS)."""
+    """The fused attention kernel it runs by default (ATTENTION_KERNELS)."""
     expert_gemm_per_expert: bool
     """Grouped expert GEMMs issued as one GEMM launch per local expert (Transformer Engine's GroupedLinear,
     multi_stream_cublas_gemm) rather than one grouped kernel (torch._grouped_mm, MindSpore GroupedMatmul;

@@ -7,10 +7,10 @@ from typing import Callable
 
 from advisor.errors import AdvisorError
 from advisor.specs import limits
-from advisor.specs.frameworks import FRAMEWORKS as FRAMEWORK_RECORDS, Framework, frameworks_with
+from advisor.specs.frameworks import ATTENTION_KERNELS, FRAMEWORKS as FRAMEWORK_RECORDS, Framework, frameworks_with
 from advisor.specs.hardware import HardwareProfile
-from advisor.specs.setting import check_fields, setting
-from advisor.specs.site import DEFAULT_PUE, MAX_GRID_GCO2E_PER_KWH, MAX_PUE, Site  # noqa: F401 (re-exported)
+from advisor.specs.setting import check_fields, check_frameworks, setting
+from advisor.specs.site import Site
 from advisor.specs.untrusted import prefix
 
 # Bytes per element of weights, gradients and activations as stored. FP8 training keeps them in
@@ -39,12 +39,6 @@ FRAMEWORKS = tuple(FRAMEWORK_RECORDS)
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 DEFAULT_FP8_RECIPE = "delayed"   # Megatron-LM's --fp8-recipe default
 GRAD_DTYPES = ("fp32", "bf16", "fp16")
-# Fused attention kernels, each with its own efficiency curve in a profile (advisor.cost.attention):
-# te = Transformer Engine's fused attention (cuDNN; FlashAttention-3-class on Hopper and later),
-# sdpa = PyTorch scaled_dot_product_attention's flash backend (FlashAttention-2), triton = the
-# Triton FlashAttention of flash-attn 1.x that llm-foundry's attn_impl "triton" ran, npu = Ascend's
-# FlashAttentionScore (MindSpore).
-ATTENTION_KERNELS = ("te", "sdpa", "triton", "npu")
 # Megatron-Core's selective recomputation modules (--recompute-modules) that the cost model prices
 # (advisor.cost.recompute): the attention core (the default), the two norms, the MoE experts'
 # activation function, MLA's up-projections and the dense layers' MLP.
@@ -116,6 +110,7 @@ def check_job_relations(job, where: Callable[[str], str]) -> None:
         check_recompute_modules(job.recompute_modules, job.framework, where("recompute_modules"))
     if job.cuda_graphs:
         check_cuda_graphs(job.cuda_graphs, job.framework, None, job.moe_dropless, where("cuda_graphs"))
+    check_frameworks(TrainingJob, job, job.framework, "bf16" if job.dtype == "fp8" else job.dtype, where)
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -129,7 +124,7 @@ class Workload:
     which optimizer, for how many tokens."""
 
     global_batch_size: int = setting(
-        kind="positive_int", maximum=limits.MAX_GLOBAL_BATCH, flags=("--gbs", "--global-batch"), cli_default=None,
+        kind="positive_int", maximum=limits.MAX_GLOBAL_BATCH, flags=("--global-batch", "--gbs"), cli_default=None,
         plan="always", required=True, help="global batch (sequences); default ~4M tokens",
         doc="Sequences per optimizer step (default: about 4M tokens, advisor.commands.inputs).")
     seq_length: int = setting(
@@ -198,6 +193,9 @@ class Runtime:
         doc="The fused attention kernel (ATTENTION_KERNELS); None: the framework's.")
     fp8_param_gather: bool = setting(
         False, kind="boolean",
+        frameworks={"megatron": {"true": "--fp8-param-gather"},
+                    "torchtitan": {"true": "quantize.linear.float8.enable_fsdp_float8_all_gather = true"},
+                    "pytorch": {"true": "torchao Float8LinearConfig(enable_fsdp_float8_all_gather=True)"}},
         doc="FP8 primary weights (Megatron --fp8-param-gather, Transformer Engine fp8_model_init): the linear "
             "layers' weights live in FP8 (no BF16 copy, no separate FP8 cache) and are gathered in FP8.")
     fsdp_backward_prefetch: str = setting(

@@ -31,7 +31,7 @@ from advisor.specs import _fields as f
 from advisor.specs import limits as lim
 from advisor.specs.bundled import bundled_dir
 from advisor.specs.blocks import Linear, MLASpec, MoESpec, mla_from_dict, moe_from_dict
-from advisor.specs.recommendation import RecModelSpec, rec_model_from_dict, rec_model_to_dict
+from advisor.families import FAMILIES, family, family_of_model
 
 MODELS_DIR = bundled_dir("models")
 
@@ -278,16 +278,16 @@ class ModelSpec:
 
 
 def model_from_dict(data: dict[str, Any], origin: str) -> ModelSpec:
-    family = data.get("family") if isinstance(data, dict) else None
-    if family is not None:   # a model family other than the transformer (advisor.specs.recommendation)
-        f.choice(data, "family", origin, ("transformer", "recommendation", "supernet"))
-        if family == "recommendation":
-            return rec_model_from_dict(data, origin)
-        if family == "supernet":        # advisor.specs.supernet: its base is this parser's transformer
-            from advisor.specs.supernet import supernet_from_dict
+    """A model description of any family (advisor.families: its ``family`` key picks the reader)."""
+    name = data.get("family") if isinstance(data, dict) else None
+    if name is not None:
+        f.choice(data, "family", origin, tuple(FAMILIES))
+    return family(name).hook("model_reader")(data, origin)
 
-            return supernet_from_dict({k: v for k, v in data.items() if k != "family"}, origin)
-        data = {k: v for k, v in data.items() if k != "family"}
+
+def transformer_from_dict(data: dict[str, Any], origin: str) -> ModelSpec:
+    """A transformer's description (``family: transformer`` or no family key)."""
+    data = {k: v for k, v in data.items() if k != "family"}
     f.check_keys(data, origin, _REQUIRED, _OPTIONAL)
     name = f.name(data, "name", origin)
     source = f.text(data, "source", origin)
@@ -345,12 +345,11 @@ def model_from_dict(data: dict[str, Any], origin: str) -> ModelSpec:
 
 def model_to_dict(model: ModelSpec) -> dict[str, Any]:
     """The description as a plain mapping (round-trips through model_from_dict)."""
-    if isinstance(model, RecModelSpec):
-        return rec_model_to_dict(model)
-    if getattr(model, "family", None) == "supernet":
-        from advisor.specs.supernet import supernet_to_dict
+    return family_of_model(model).hook("model_writer")(model)
 
-        return supernet_to_dict(model)
+
+def transformer_to_dict(model: ModelSpec) -> dict[str, Any]:
+    """A transformer's description as a plain mapping."""
     out: dict[str, Any] = {
         "name": model.name, "source": model.source, "num_layers": model.num_layers,
         "hidden_size": model.hidden_size, "num_attention_heads": model.num_attention_heads,
@@ -390,6 +389,17 @@ def model_to_dict(model: ModelSpec) -> dict[str, Any]:
 def load_model(name_or_path: str) -> ModelSpec:
     path = f.resolve_bundled(name_or_path, MODELS_DIR, "model")
     return model_from_dict(f.read_mapping(path, "model description"), str(path))
+
+
+def model_family(name_or_path: str) -> str | None:
+    """The ``family`` key of a model description (a bundled name or a file; None: none given or unreadable,
+    the reader reports the problem)."""
+    try:
+        data = f.read_mapping(f.resolve_bundled(name_or_path, MODELS_DIR, "model"), "model description")
+    except AdvisorError:
+        return None
+    value = data.get("family")
+    return value if value in FAMILIES else None
 
 
 def bundled_models(family: str | None = None) -> list[str]:

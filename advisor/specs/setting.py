@@ -37,7 +37,7 @@ FIELD_DEFAULT = _FieldDefault()
 
 # The kinds of value a setting takes: (the plan reader in advisor.specs._fields, a description)
 KINDS = ("positive_int", "non_negative_int", "positive_float", "non_negative_float", "fraction", "choice",
-         "boolean", "names", "custom")
+         "boolean", "names", "text", "custom")
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,10 @@ class Setting:
     """The command-line help."""
     commands: tuple[str, ...] = ("estimate", "recommend")
     """The commands that take the flag."""
+    required_on: tuple[str, ...] = ()
+    """The commands on which the flag must be given."""
+    metavar: str = ""
+    """The value's name in the command-line help (default: its type)."""
     search: bool = False
     """``recommend`` searches it; its flag pins it (not given: searched)."""
     cli_default: Any = FIELD_DEFAULT
@@ -76,6 +80,12 @@ class Setting:
     """Settings of one group are written together when any of them is set (the site: pue and grid)."""
     required: bool = False
     """A plan must give it."""
+    frameworks: dict[str, dict[str, str]] | None = None
+    """Who runs the setting's values other than its default, and how each spells it: framework (or export
+    target) name -> value -> the flag ("--grad-reduce-in-bf16") or config key ("section.key = value") that
+    turns it on. A key "value@dtype" holds for that compute dtype only. None: every framework runs every value.
+    The frameworks' legality (check_frameworks) and every export's writing and notes (advisor.export._settings)
+    come from this map."""
     read: Callable[[dict, str, str], Any] | None = None
     """A custom plan reader (data, key, origin) -> value."""
     write: Callable[[Any], Any] | None = None
@@ -117,11 +127,23 @@ class Setting:
         elif kind == "boolean":
             if not isinstance(value, bool):
                 raise AdvisorError(f"{where} must be true or false, got {prefix(value)}")
+        elif kind == "text":
+            if not isinstance(value, str):
+                raise AdvisorError(f"{where} must be text, got {prefix(value)}")
         elif kind == "names":
             if not isinstance(value, tuple) or any(v not in self.choices for v in value) or len(set(value)) != len(value):
                 raise AdvisorError(f"{where} must be a list of distinct names among {', '.join(self.choices)}, "
                                    f"got {str(value)[:80]!r}")
         return value
+
+    def given(self, value: Any, fallback: str) -> Any:
+        """A command-line value as the setting holds it: text parsed, an inverted flag turned round, then
+        checked, named by the flag (``fallback`` where the setting has none)."""
+        if self.parse is not None and isinstance(value, str):
+            value = self.parse(value)
+        if self.invert:
+            value = not value
+        return self.check(value, self.flag or fallback)
 
     def read_plan(self, data: dict[str, Any], key: str, origin: str, default: Any) -> Any:
         """The value of ``key`` in a plan block (its default where absent), refused naming the key."""
@@ -185,3 +207,30 @@ def check_fields(obj: Any, where: Callable[[str], str]) -> None:
     """Check every setting of a config dataclass instance, naming each by ``where(field name)``."""
     for fl, s in settings_of(type(obj)):
         s.check(getattr(obj, fl.name), where(fl.name))
+
+
+def spelling(s: Setting, value: Any, runner: str, dtype: str) -> str | None:
+    """How ``runner`` (a framework or export target) turns ``value`` on (None: it does not run it); its
+    default needs nothing ("")."""
+    if s.frameworks is None:
+        return ""
+    table = s.frameworks.get(runner, {})
+    key = str(value).lower() if isinstance(value, bool) else str(value)
+    return table.get(f"{key}@{dtype}", table.get(key))
+
+
+def check_frameworks(cls, obj: Any, framework: str, dtype: str, where: Callable[[str], str]) -> None:
+    """Refuse a setting of ``cls`` (read from ``obj``) whose value the framework does not run (Setting.frameworks),
+    naming it by ``where``; ``dtype``: the compute dtype."""
+    for fl, s in settings_of(cls):
+        value = getattr(obj, fl.name)
+        if s.frameworks is None or value == field_default(fl):
+            continue
+        if spelling(s, value, framework, dtype) is None:
+            runs = [name for name, table in s.frameworks.items() if any(k.split("@")[0] == _key(value) for k in table)]
+            raise AdvisorError(f"{where(fl.name)} = {_key(value)}: framework {framework} does not run it"
+                               + (f" ({', '.join(runs)} do)" if runs else ""))
+
+
+def _key(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)

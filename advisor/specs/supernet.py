@@ -27,7 +27,7 @@ from typing import Any
 from advisor.errors import AdvisorError
 from advisor.specs import _fields as f
 from advisor.specs import limits as lim
-from advisor.specs.model import ModelSpec
+from advisor.specs.model import ModelSpec, transformer_from_dict
 from advisor.specs.untrusted import prefix
 
 KINDS = ("transformer", "conv")
@@ -111,9 +111,8 @@ def _candidate(item: Any, origin: str, base: ModelSpec) -> Candidate:
 
 
 def supernet_from_dict(data: dict[str, Any], origin: str) -> SupernetSpec:
-    """A model description of ``family: supernet`` (advisor.specs.model.model_from_dict hands it here,
-    without the family key)."""
-    from advisor.specs.model import model_from_dict
+    """A model description of ``family: supernet`` (advisor.specs.model.model_from_dict hands it here)."""
+    data = {k: v for k, v in data.items() if k != "family"}
 
     o = f"{origin}: supernet"
     if "supernet" not in data or not isinstance(block := data["supernet"], dict):
@@ -122,7 +121,7 @@ def supernet_from_dict(data: dict[str, Any], origin: str) -> SupernetSpec:
     items = block["candidates"]
     if not isinstance(items, list) or not 2 <= len(items) <= MAX_CANDIDATES:
         raise AdvisorError(f"{o}: key 'candidates' must list 2 to {MAX_CANDIDATES} blocks, got {prefix(items)}")
-    base = model_from_dict({k: v for k, v in data.items() if k != "supernet"}, origin)
+    base = transformer_from_dict({k: v for k, v in data.items() if k != "supernet"}, origin)
     if base.moe is not None or base.mla is not None:
         raise AdvisorError(f"{o}: a supernet's layers are its candidates; the base cannot also be MoE or MLA")
     candidates = tuple(_candidate(item, f"{o}: candidates[{i}]", base) for i, item in enumerate(items))

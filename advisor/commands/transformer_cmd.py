@@ -1,0 +1,99 @@
+"""``estimate`` and ``recommend`` for transformers (the transformer family, advisor.families): the
+command-line side, from a Request (advisor.commands.cli_settings) to the printed report."""
+
+from __future__ import annotations
+
+import sys
+
+from advisor.commands.cli_options import console, print_json, print_warnings
+from advisor.commands.cli_settings import Request
+from advisor.errors import AdvisorError, InfeasibleError
+from advisor.space.strategy import Strategy
+from advisor.specs.job import TrainingJob
+
+
+def estimate_cmd(request: Request) -> None:
+    """Score one strategy, with the full breakdown of memory and time."""
+    from advisor.commands.estimate_request import estimate_request
+    from advisor.render.breakdown import render_estimate
+    from advisor.specs.input_notes import input_warnings
+
+    r = request
+    result = estimate_request(r.get("model"), r.get("hardware"), r.get("nodes"), r.get("devices"),
+                              job=r.values_of(TrainingJob), strategy=r.values_of(Strategy), plan=r.get("plan"),
+                              operator_strategies=r.get("operator_strategies"))
+    warnings = input_warnings(result.inputs.hardware, result.inputs.cluster)
+    if r.get("json"):
+        print_json({**result.to_dict(), "warnings": warnings})
+    else:
+        print_warnings(warnings)
+        render_estimate(console, result.title, result.strategy, result.estimate)
+        if result.alternative:
+            console.print(f"closest change that fits: {result.alternative}")
+    if not result.estimate.feasible:
+        hint = f"; closest change that fits: {result.alternative}" if result.alternative else ""
+        raise InfeasibleError(f"the strategy does not fit: {result.estimate.reasons[0]}{hint}")
+
+
+def recommend_cmd(request: Request) -> None:
+    """Search the strategy space and rank the plans; the best is saved with --out."""
+    from advisor.commands.inputs import resolve_inputs
+    from advisor.commands.objective import target_for
+    from advisor.render.report import search_progress
+    from advisor.search import Pins
+    from advisor.specs.input_notes import input_warnings
+    from advisor.specs.operator_strategies import load_operator_strategies
+
+    r = request
+    inputs = resolve_inputs(r.get("model"), r.get("hardware"), nodes=r.get("nodes"), devices=r.get("devices"),
+                            **r.values_of(TrainingJob))
+    warnings = input_warnings(inputs.hardware, inputs.cluster)
+    if not r.get("json"):   # before the search: a mistaken cluster size is seen at once
+        print_warnings(warnings)
+    pins = Pins.from_values(r.values_of(Strategy))
+    objective, top, searcher = r.get("objective"), r.get("top"), r.get("searcher")
+    target = target_for(objective, r.get("target_tokens"), r.get("target_loss"), r.get("critical_batch"))
+    fixed = load_operator_strategies(r.get("operator_strategies")) if r.given("operator_strategies") else None
+    trials = None
+    if objective in ("time-to-target", "cost"):
+        if fixed is not None:
+            raise AdvisorError(f"--objective {objective} ranks the collective searchers' plans; it does not take "
+                               "--operator-strategies or --ps-mode")
+        from advisor.commands.objective import time_to_target
+        from advisor.commands.objective_cost import cheapest
+
+        result, trials = (time_to_target(inputs.model, inputs.hardware, inputs.cluster, inputs.job, target, pins=pins,
+                                         top_k=top, searcher=searcher) if target is not None else
+                          cheapest(inputs.model, inputs.hardware, inputs.cluster, inputs.job, pins, top, searcher))
+    else:
+        from advisor.commands.recommend import recommend
+
+        with search_progress(console, enabled=not r.get("json") and sys.stdout.isatty()) as progress:
+            result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, pins=pins, top_k=top,
+                               searcher=searcher, progress=progress, operator_strategies=fixed, objective=objective)
+    show(r, result, warnings, trials, objective)
+
+
+def show(r: Request, result, warnings: list[str], trials=None, objective: str = "throughput") -> None:
+    """Save, plot and print a recommendation (the plans table, or --json)."""
+    from advisor.plan import save_plan
+    from advisor.render.report import render_recommendation
+
+    out, plot = r.get("out"), r.get("plot")
+    if out:
+        save_plan(result.best, out)
+    if plot:
+        from advisor.render.plots import recommend_plot
+
+        recommend_plot(result, plot)
+    if r.get("json"):
+        extra = {"sizes" if objective == "cost" else "batches": [t.to_dict() for t in trials]} if trials else {}
+        print_json({**result.to_dict(), "warnings": warnings, **extra})
+        return
+    render_recommendation(console, result, saved_to=out)
+    if trials:
+        from advisor.render.objective import trials_table
+
+        console.print(trials_table(trials, result))
+    if plot:
+        console.print(f"plot written to {plot}", markup=False, highlight=False)
