@@ -213,11 +213,6 @@ def megatron_launch(plan: Plan, target_version: str | None = None) -> MegatronLa
         # MXFP8 is E4M3 throughout (Megatron-Bridge's bf16_with_mxfp8_mixed); the per-tensor recipes
         # use the hybrid format (E4M3 forward, E5M2 gradients)
         train += ["--bf16", "--fp8-format", "e4m3" if j.recipe == "mxfp8" else "hybrid", "--fp8-recipe", j.recipe]
-    if j.grad_reduce_dtype == "bf16" and j.dtype in ("bf16", "fp8"):
-        train.append("--grad-reduce-in-bf16")
-    elif j.grad_reduce_dtype not in (None, "fp32") or (j.grad_reduce_dtype == "fp32" and j.dtype == "fp16"):
-        unsupported.append(f"training.grad_reduce_dtype = {j.grad_reduce_dtype} with dtype {j.dtype}: Megatron-LM "
-                           "reduces fp16 models' gradients in fp16 and bf16 models' in fp32 or bf16")
     train += _settings.flags(plan, "megatron", unsupported)   # the settings whose records spell them
     if j.framework != "megatron":
         notes.append(f"the plan was priced for framework {j.framework}; Megatron-LM runs its own fused kernels, "

@@ -184,7 +184,25 @@ class Runtime:
         doc="Expert-parallel all-to-alls overlapped with another micro-batch's compute (Megatron-Core "
             "overlap_moe_expert_parallel_comm).")
     grad_reduce_dtype: str | None = setting(
-        None, kind="choice", choices=GRAD_DTYPES, optional=True,
+        None, kind="choice", choices=GRAD_DTYPES, optional=True, flags=("--grad-reduce-dtype",),
+        help="fp32 | bf16 | fp16: the dtype data-parallel gradients are reduced in (default: the framework's)",
+        frameworks={
+            # Megatron-LM arguments.py (core_v0.13-0.15): --bf16 forces accumulate_allreduce_grads_in_fp32
+            # unless --grad-reduce-in-bf16; fp16 models reduce in fp16 unless --accumulate-allreduce-grads-in-fp32
+            "megatron": {"fp32@bf16": "", "bf16@bf16": "--grad-reduce-in-bf16", "fp16@fp16": "",
+                         "fp32@fp16": "--accumulate-allreduce-grads-in-fp32", "fp32@fp32": "", "fp32@tf32": ""},
+            # FSDP2's MixedPrecisionPolicy(reduce_dtype=...), any dtype
+            "pytorch": {"fp32": "MixedPrecisionPolicy(reduce_dtype=torch.float32)",
+                        "bf16": "MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)",
+                        "fp16": "MixedPrecisionPolicy(reduce_dtype=torch.float16)"},
+            # ds_config communication_data_type (deepspeed/runtime/config.py), the deepspeed export's spelling
+            "deepspeed": {"fp32": "communication_data_type = fp32", "bf16": "communication_data_type = bf16",
+                          "fp16": "communication_data_type = fp16"},
+            # torchtitan 0.2.0 [training] mixed_precision_reduce accepts only "float32"
+            "torchtitan": {"fp32": "training.mixed_precision_reduce = float32"},
+            # MindSpore as advisor prices it: fp32 parameters, so fp32 gradients (gradient_fp32_sync's default)
+            "mindspore": {"fp32": ""},
+        },
         doc="The dtype gradients are reduced (and, in Megatron, accumulated) in; None: the framework's default "
             "(Megatron-LM: fp32 for bf16 models, --accumulate-allreduce-grads-in-fp32; PyTorch FSDP in "
             "torchtitan: reduce_dtype fp32; MindSpore: fp32 parameters, fp32 gradients).")
