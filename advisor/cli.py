@@ -30,21 +30,34 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 __all__ = ["app", "calibrate_cmd", "console", "err_console", "execute_cmd", "main", "print_json", "print_warnings"]
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from advisor import __version__
+
+        console.print(f"advisor {__version__}", markup=False, highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
     """advisor: how to split a model over devices, whether it fits, how fast it trains."""
 
 
 # ---- list ---------------------------------------------------------------------------------------
 @app.command("list")
-def list_cmd(what: str = typer.Argument(..., help="models | hardware")) -> None:
+def list_cmd(what: str = typer.Argument(..., help="models | hardware"),
+             as_json: bool = typer.Option(False, "--json", help="print only JSON: {models|hardware: [...]}")) -> None:
     """List the bundled model descriptions or hardware profiles."""
-    from advisor.render.listing import render_list
+    from advisor.render.listing import hardware_rows, model_rows, render_list
     from advisor.specs.untrusted import prefix
 
     if what not in ("models", "hardware"):
         raise AdvisorError(f"advisor list: expected 'models' or 'hardware', got {prefix(what)}")
-    render_list(console, what)
+    if as_json:
+        print_json({what: model_rows() if what == "models" else hardware_rows()})
+    else:
+        render_list(console, what)
 
 
 # ---- estimate and recommend: their options come from the settings' records -----------------------

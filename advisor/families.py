@@ -39,6 +39,8 @@ class Family:
     strategy, training, mixed)" -> the Plan's fields (None: none)."""
     plan_parallel_writer: str | None = None
     """Writes those keys: "module:function(plan)" -> mapping."""
+    objectives: tuple[str, ...] = ("throughput", "time-to-target", "cost", "carbon")
+    """What ``recommend`` ranks its plans by (advisor.commands.objective)."""
     optimizers: tuple[str, ...] | None = ("adamw", "adam", "sgd")
     """The optimizers its plans are priced with (None: any of advisor.specs.job.OPTIMIZERS)."""
     search: str | None = None
@@ -46,10 +48,16 @@ class Family:
     job, pins, top_k, searcher, ps_pins, objective)" (None: the collective searchers of advisor.search)."""
     violations: str = "advisor.space.rules:violations"
     """The legality check of a strategy: "module:function(model, cluster, job, strategy)" -> sentences."""
-    export_targets: tuple[str, ...] | None = None
-    """The export targets its plans are written for (None: every target)."""
+    exporters: dict[str, str] | None = None
+    """The export targets its plans are written for, each with its exporter "module:function(plan, version)"
+    (None: every target, with the target's own exporter, advisor.export)."""
     export_refusal: str = ""
     """Why its plans are not written for the other targets (``{target}``, ``{model}`` are filled in)."""
+    execute: str | None = None
+    """``advisor execute``'s runner for its plans: "module:function(plan mapping, path, options)" -> report (None:
+    the reference executor's transformer path)."""
+    render_recommend: str | None = None
+    """Its own ``recommend`` report: "module:function(console, result, saved_to)" (None: the plans table)."""
     whatif_refusal: str | None = None
     """Why ``whatif`` does not sweep it (None: it does); ``{model}`` is filled in."""
     refuses: dict[str, str] = field(default_factory=dict)
@@ -87,9 +95,11 @@ RECOMMENDATION = Family(
     model_reader="advisor.specs.recommendation:rec_model_from_dict",
     model_writer="advisor.specs.recommendation:rec_model_to_dict",
     plan_parallel="advisor.plan_ps:parallel_from_dict", plan_parallel_writer="advisor.plan_ps:parallel_to_dict",
-    optimizers=None, search="advisor.search.parameter_server:recommend_family",
+    optimizers=None, search="advisor.search.parameter_server:recommend_family", objectives=("throughput",),
+    execute="advisor.commands.execute:execute_recommendation",
+    render_recommend="advisor.render.report_recsys:render_recsys",
     violations="advisor.plan_ps:rec_violations",
-    export_targets=("mindspore", "k8s"),
+    exporters={"mindspore": "advisor.export.mindspore_ps:export", "k8s": "advisor.export.k8s_mindspore:export"},
     export_refusal=("{model} is a recommendation model: --to {target} writes transformer launchers; export it --to "
                     "mindspore (parameter servers, host tables) or --to k8s --framework mindspore"),
     whatif_refusal=("advisor whatif sweeps transformer plans; {model} is a recommendation model (compare clusters "
@@ -103,8 +113,9 @@ SUPERNET = Family(
     recommend="advisor.commands.supernet:recommend_supernet_cmd",
     model_reader="advisor.specs.supernet:supernet_from_dict", model_writer="advisor.specs.supernet:supernet_to_dict",
     plan_parallel="advisor.plan_supernet:parallel_from_dict", plan_parallel_writer="advisor.plan_supernet:parallel_to_dict",
-    violations="advisor.plan_supernet:violations",
-    export_targets=(),
+    violations="advisor.plan_supernet:violations", execute="advisor.commands.supernet:execute_plan",
+    objectives=("throughput",),
+    exporters={},
     export_refusal=("{model} is a supernet: no launcher runs NASPipe's causal pipeline schedule, so there is nothing "
                     "to export; advisor execute runs the plan"),
     whatif_refusal=("advisor whatif sweeps transformer plans; {model} is a supernet (compare pipeline depths with "
@@ -118,6 +129,7 @@ MIXED = Family(
     estimate="advisor.commands.mixed_cli:estimate_mixed_cmd",
     recommend="advisor.commands.mixed_cli:recommend_mixed_cmd",
     plan_parallel="advisor.plan_mixed:parallel_from_dict", plan_parallel_writer="advisor.plan_mixed:parallel_to_dict",
+    execute="advisor.commands.execute:refuse_mixed",
     whatif_refusal=None,
     refuses={name: _MIXED for name in (
         "recompute_layers", "grad_bucket_mb", "micro_batch_copies", "full_batch", "host_embedding", "offload_fraction",

@@ -24,7 +24,7 @@ from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec, model_from_dict, model_to_dict
 from advisor.specs.mixed import MixedHardware, MixedLayout, mixed_from_list
 from advisor.plan_mixed import check_cluster
-from advisor.cost.supernet import SupernetRun
+from advisor.specs.supernet import SupernetRun
 
 SCHEMA_VERSION = 1
 _TOP_REQUIRED = ("schema_version", "model", "hardware", "cluster", "training", "parallel")

@@ -1,11 +1,11 @@
 """Plan JSON for supernets (advisor.specs.supernet): ``parallel.supernet`` holds what the NASPipe pricing
-and the executor sample and how (advisor.cost.supernet.SupernetRun); advisor.plan calls these."""
+and the executor sample and how (advisor.specs.supernet.SupernetRun); advisor.plan calls these."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from advisor.cost.supernet import SupernetRun
+from advisor.specs.supernet import SupernetRun
 from advisor.errors import AdvisorError
 from advisor.specs import _fields as f
 from advisor.specs.supernet import SupernetSpec

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from advisor.errors import AdvisorError, InfeasibleError
+from advisor.families import family_of_model
 from advisor.commands.inputs import DEFAULT_BATCH_TOKENS, check_dtype, default_dtype, site_values
 from advisor.plan import Plan, strategy_to_dict
 from advisor.specs.hardware import HardwareProfile, load_hardware
@@ -261,12 +262,9 @@ def whatif(
     global _MODEL, _SEARCHER, _TARGET, _OBJECTIVE
     start = time.perf_counter()
     spec = model if isinstance(model, ModelSpec) else load_model(model)
-    if getattr(spec, "family", None) == "supernet":
-        raise AdvisorError(f"advisor whatif sweeps transformer plans; {spec.name} is a supernet (compare pipeline "
-                           "depths with advisor recommend)")
-    if getattr(spec, "family", None) == "recommendation":
-        raise AdvisorError(f"advisor whatif sweeps transformer plans; {spec.name} is a recommendation model "
-                           f"(compare clusters with advisor recommend, or benchmarks/parameter_server.py)")
+    refusal = family_of_model(spec).whatif_refusal
+    if refusal is not None:
+        raise AdvisorError(refusal.format(model=spec.name))
     if not hardware:
         raise AdvisorError("--hardware: give at least one hardware profile")
     if bool(nodes) == bool(devices):

@@ -183,7 +183,7 @@ def test_cli_recommend_estimate_export_and_refusals(monkeypatch, capsys, tmp_pat
                             "--top", "2", "--out", str(out))
     assert code == 0 and "pipeline: dgx-" in text and out.exists()
     code, text, _ = run_cli(monkeypatch, capsys, "estimate", "--plan", str(out), "--json")
-    assert code == 0 and json.loads(text)["estimate"]["layout"] == "pipeline"
+    assert code == 0 and json.loads(text)["layout"] == "pipeline"
     code, text, _ = run_cli(monkeypatch, capsys, "export", str(out), "--to", "megatron")
     assert code == 0 and "--pipeline-model-parallel-layout" in text
     code, _, err = run_cli(monkeypatch, capsys, "export", str(out), "--to", "k8s")
@@ -199,7 +199,7 @@ def test_cli_recommend_estimate_export_and_refusals(monkeypatch, capsys, tmp_pat
     code, text, _ = run_cli(monkeypatch, capsys, "estimate", "--model", "llama3-70b", "--hardware",
                             "dgx-a100-80g:4,dgx-h100:4", "--tp", "8", "--pp", "8", "--dp", "1", "--recompute", "full",
                             "--global-batch", "128", "--json")
-    assert code == 0 and json.loads(text)["estimate"]["feasible"] is True
+    assert code == 0 and json.loads(text)["feasible"] is True
     code, _, err = run_cli(monkeypatch, capsys, "estimate", "--model", "llama3-70b", "--hardware",
                            "dgx-a100-80g:4,dgx-h100:4", "--tp", "4", "--pp", "4", "--dp", "4")
     assert code == 1 and "fits in no layout" in err

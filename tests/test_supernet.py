@@ -122,7 +122,7 @@ def test_supernet_plan_round_trips(pipeline_plan):
 
 
 def test_pipeline_losses_equal_sequential_training_and_differ_without_the_causal_order(pipeline_plan):
-    from advisor.executor.supernet.run import run_supernet
+    from advisor.commands.supernet import execute_supernet as run_supernet
 
     plan = load_plan(pipeline_plan)
     report = run_supernet(plan, subnets=12, tiny=True, timeout_s=120)

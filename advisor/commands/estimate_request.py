@@ -26,7 +26,7 @@ class EstimateResult:
     operator_strategies: dict | None = None     # the priced operator layout (drec/ilp plans, --operator-strategies)
 
     def to_dict(self) -> dict[str, Any]:
-        out = self.estimate.to_dict()
+        out = {"title": self.title, **self.estimate.to_dict()}
         out["model"] = self.inputs.model.name
         out["hardware"] = self.inputs.hardware.name
         out["devices"] = self.inputs.cluster.devices

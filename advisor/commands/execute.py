@@ -26,7 +26,7 @@ from typing import Any
 
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.export._common import display
-from advisor.specs.recommendation import is_recommendation
+from advisor.families import family_of_plan
 from advisor.validation.execute_report import (COMPARED_PARTS, GIB, LOSS_GOAL, MEMORY_GOAL, TIME_GOAL, build_report,
                                     render_report, summary_rows, write_report)
 from advisor.executor.config import RunConfig, run_config_from_plan, run_config_to_dict
@@ -285,31 +285,9 @@ def execute(plan_path: str | Path, options: ExecuteOptions) -> dict[str, Any]:
 
     check_options(options)
     plan = read_plan(plan_path)
-    if isinstance(plan.get("model"), dict) and plan["model"].get("family") == "supernet":      # NASPipe's pipeline: advisor.executor.supernet
-        from advisor.executor.supernet.run import run_supernet
-        from advisor.plan import plan_from_dict
-
-        loaded = plan_from_dict(plan, str(plan_path))
-        if options.nproc not in (None, loaded.strategy.pp):
-            raise AdvisorError(f"--nproc {options.nproc}: the supernet plan runs one rank per pipeline stage "
-                               f"({loaded.strategy.pp})")
-        return run_supernet(loaded, subnets=options.steps, tiny=options.tiny,
-                            timeout_s=options.timeout_s, workdir=options.workdir)
-    if isinstance(plan.get("hardware"), list):
-        raise AdvisorError(f"{plan_path} is a plan for a mixed cluster: the executor runs one device type (this "
-                           "machine's), so it cannot measure what the plan predicts per type; price it with "
-                           "advisor estimate --plan")
-    if (plan.get("parallel") or {}).get("parameter_server"):      # servers and workers: advisor.executor.ps
-        from advisor.executor.ps.run import run_ps
-        return run_ps(plan, str(plan_path), steps=options.steps, tiny=options.tiny, dtype=options.dtype,
-                      nproc=options.nproc, timeout_s=options.timeout_s, pg_timeout_s=options.pg_timeout_s,
-                      workdir=options.workdir, results=options.results, oversubscribe=options.oversubscribe,
-                      predict=lambda executed: predict_ps(executed, options.time_hardware))
-    if is_recommendation(plan.get("model")):
-        raise AdvisorError(f"{plan_path}: a recommendation plan without parameter servers (tables "
-                           f"{display(str((plan.get('parallel') or {}).get('embedding_placement') or 'replicated'))[:20]}): "
-                           "the executor runs transformer plans and parameter-server or hybrid plans; price it with "
-                           "advisor estimate --plan")
+    family = family_of_plan(plan)
+    if family.execute is not None:          # the family's own runner (advisor.families)
+        return family.hook("execute")(plan, str(plan_path), options)
     prep = prepare_plan(plan, str(plan_path), options)
     if options.results is None:
         return run_prepared([prep], options)[0]
@@ -345,3 +323,24 @@ def _read_results(path: str, cfg: RunConfig) -> tuple[list[dict], str]:
     if data["configs"][0] != json.loads(json.dumps(run_config_to_dict(cfg))):
         raise AdvisorError(f"--results: {p} was produced by a different run (plan, --tiny, --steps or --dtype differ)")
     return [runs[0] for runs in ranks], data["backend"]
+
+
+def execute_recommendation(plan: dict[str, Any], plan_path: str, options: ExecuteOptions) -> dict[str, Any]:
+    """A recommendation plan with parameter servers: servers and workers (advisor.executor.ps)."""
+    if not (plan.get("parallel") or {}).get("parameter_server"):
+        raise AdvisorError(f"{plan_path}: a recommendation plan without parameter servers (tables "
+                           f"{display(str((plan.get('parallel') or {}).get('embedding_placement') or 'replicated'))[:20]}): "
+                           "the executor runs transformer plans and parameter-server or hybrid plans; price it with "
+                           "advisor estimate --plan")
+    from advisor.executor.ps.run import run_ps
+
+    return run_ps(plan, plan_path, steps=options.steps, tiny=options.tiny, dtype=options.dtype,
+                  nproc=options.nproc, timeout_s=options.timeout_s, pg_timeout_s=options.pg_timeout_s,
+                  workdir=options.workdir, results=options.results, oversubscribe=options.oversubscribe,
+                  predict=lambda executed: predict_ps(executed, options.time_hardware))
+
+
+def refuse_mixed(plan: dict[str, Any], plan_path: str, options: ExecuteOptions) -> dict[str, Any]:
+    raise AdvisorError(f"{plan_path} is a plan for a mixed cluster: the executor runs one device type (this "
+                       "machine's), so it cannot measure what the plan predicts per type; price it with "
+                       "advisor estimate --plan")

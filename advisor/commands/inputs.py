@@ -9,12 +9,12 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from advisor.errors import AdvisorError
+from advisor.families import RECOMMENDATION, SUPERNET, family_of_model
 from advisor.specs import limits
 from advisor.specs.hardware import HardwareProfile, load_hardware
 from advisor.specs.job import Cluster, TrainingJob, check_cuda_graphs, check_job_relations
 from advisor.specs.setting import field_default, settings_of
 from advisor.specs.model import ModelSpec, load_model
-from advisor.specs.recommendation import RecModelSpec
 from advisor.specs.untrusted import prefix
 
 # Default global batch: about 4M tokens per step, as Llama 2 and Llama 3 pre-training used
@@ -62,7 +62,7 @@ def resolve_inputs(model: str, hardware: str | HardwareProfile, nodes: int | Non
     checked naming its flag; what is not given takes its default (the sequence the model's, the batch
     about 4M tokens, the dtype the device's)."""
     spec = load_model(model)
-    if getattr(spec, "family", None) == "supernet":
+    if family_of_model(spec) is SUPERNET:
         raise AdvisorError(f"{spec.name} is a supernet (family: supernet): advisor recommend and estimate plan it on "
                            "one hardware profile with NASPipe's schedule (--pp, --global-batch); other options do not apply")
     hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
@@ -94,7 +94,7 @@ def job_from_values(spec, hw: HardwareProfile, cluster: Cluster, values: dict[st
     seq = check_count("--seq-len", v.get("seq_length", spec.seq_length), limits.MAX_SEQ_LENGTH)
     gbs = check_count("--global-batch", v.get("global_batch_size", max(DEFAULT_BATCH_TOKENS // seq, 1)),
                       limits.MAX_GLOBAL_BATCH)
-    if isinstance(spec, RecModelSpec):
+    if family_of_model(spec) is RECOMMENDATION:
         if seq != 1:
             raise AdvisorError(f"--seq-len {seq}: {spec.name} is a recommendation model (one sample per row)")
         if v.get("cuda_graphs") or v.get("moe_dropless") is False:

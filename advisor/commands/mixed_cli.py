@@ -72,8 +72,10 @@ def estimate_mixed_cmd(r: Request) -> None:
                                   f"estimate's defaults: ZeRO 0, no recomputation, micro-batch 1): {exc}; give --zero, "
                                   "--recompute or --mbs, or run recommend with these pins") from None
         e, title = estimate_plan(plan), f"{plan.model.name} on {mixed.label}, its best layout"
-    if r.get("json"):
-        print_json({"strategy": strategy_to_dict(plan.strategy, plan.model.num_layers), "estimate": e.to_dict()})
+    if r.get("json"):       # as every estimate --json: title, model, hardware, devices, strategy, the figures
+        print_json({"title": title, "model": plan.model.name, "hardware": plan.mixed.label,
+                    "devices": plan.cluster.devices, "strategy": strategy_to_dict(plan.strategy, plan.model.num_layers),
+                    **e.to_dict()})
     else:
         render_mixed_estimate(console, title, plan.strategy, e)
     if not e.feasible:

@@ -18,6 +18,7 @@ from typing import Any
 from advisor.commands.recommend import RecommendResult, recommend
 from advisor.cost.convergence import Convergence, Target, convergence
 from advisor.errors import AdvisorError, InfeasibleError
+from advisor.families import family_of_model
 from advisor.search import Pins
 from advisor.specs import limits
 from advisor.specs.hardware import HardwareProfile
@@ -60,8 +61,9 @@ def time_to_target(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster
     from advisor.commands.recommend import check_pins, check_top_k, find_searcher
 
     # what does not depend on the batch is refused once, before any search
-    if getattr(model, "family", None) == "recommendation":
-        raise AdvisorError(f"--objective time-to-target ranks transformer plans; {model.name} is a recommendation model")
+    fam = family_of_model(model)
+    if "time-to-target" not in fam.objectives:
+        raise AdvisorError(f"--objective time-to-target ranks transformer plans; {model.name} is a {fam.name} model")
     find_searcher(searcher)
     check_top_k(top_k)
     check_pins(cluster, pins)

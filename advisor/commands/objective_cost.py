@@ -19,6 +19,7 @@ from typing import Any
 
 from advisor.commands.recommend import RecommendResult, recommend
 from advisor.errors import AdvisorError, InfeasibleError
+from advisor.families import family_of_model
 from advisor.search import Pins
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
@@ -60,8 +61,9 @@ def cheapest(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job:
     price = hardware.price_per_device_hour_usd
     if not price:
         raise AdvisorError(f"--objective cost needs the profile's price_per_device_hour_usd ({hardware.name} has none)")
-    if getattr(model, "family", None) == "recommendation":
-        raise AdvisorError(f"--objective cost ranks transformer plans; {model.name} is a recommendation model")
+    fam = family_of_model(model)
+    if "cost" not in fam.objectives:
+        raise AdvisorError(f"--objective cost ranks transformer plans; {model.name} is a {fam.name} model")
     find_searcher(searcher)
     check_top_k(top_k)
     trials, priced = [], []

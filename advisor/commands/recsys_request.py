@@ -19,9 +19,14 @@ from advisor.search import check_top_k
 class RecsysEstimateResult:
     title: str
     estimate: RecEstimate
+    model: str = ""
+    hardware: str = ""
+    devices: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"title": self.title, **self.estimate.to_dict()}
+        """As every estimate --json (title, model, hardware, devices, feasible, step_time_s, ...)."""
+        return {"title": self.title, "model": self.model, "hardware": self.hardware, "devices": self.devices,
+                **self.estimate.to_dict()}
 
 
 def config_of(plan: Plan) -> RecsysConfig:
@@ -42,13 +47,15 @@ def recsys_estimate_request(*, model: str | None, hardware: str | None, nodes: i
     if plan is not None:
         p = load_plan(plan)
         e = estimate_recsys(p.model, p.hardware, p.cluster, p.training, config_of(p))
-        return RecsysEstimateResult(f"{p.model.name} on {p.cluster.devices} x {p.hardware.device.name}, plan {plan}", e)
+        return RecsysEstimateResult(f"{p.model.name} on {p.cluster.devices} x {p.hardware.device.name}, plan {plan}", e,
+                                    p.model.name, p.hardware.name, p.cluster.devices)
     if model is None or hardware is None:
         raise AdvisorError("advisor estimate needs --model and --hardware (or --plan PLAN.json)")
     i = resolve_inputs(model, hardware, nodes=nodes, devices=devices, **job)
     result = recommend_recsys(i.model, i.hardware, i.cluster, i.job, ps_pins, top_k=1)
     return RecsysEstimateResult(f"{i.model.name} on {i.cluster.devices} x {i.hardware.device.name} ({i.hardware.name}), "
-                                f"batch {i.job.global_batch_size}", result.estimates[0])
+                                f"batch {i.job.global_batch_size}", result.estimates[0], i.model.name,
+                                i.hardware.name, i.cluster.devices)
 
 
 def ps_pins_of(request) -> PsPins:

@@ -136,6 +136,7 @@ def estimate_supernet_cmd(o) -> None:
         plan = load_plan(o.get("plan"))
         s, e, layers = plan.strategy, estimate_supernet_plan(plan), plan.model.num_layers
         title = f"{plan.model.name} supernet (plan {o.get('plan')})"
+        where = (plan.model.name, plan.hardware.name, plan.cluster.devices)
     else:
         net, _, hw, cluster, job = _inputs(o)
         pp = o.get("pp", 1)
@@ -148,11 +149,48 @@ def estimate_supernet_cmd(o) -> None:
 
         e = fitting_estimate(net, hw, job, s, SupernetRun())     # as recommend: what NASPipe does to fit
         title, layers = f"{net.name} supernet on {cluster.devices} x {hw.device.name}", net.num_layers
+        where = (net.name, hw.name, cluster.devices)
     if o.get("json"):
-        print_json({"strategy": strategy_to_dict(s, layers), **e.to_dict()})     # the plan's parallel block
+        # as every estimate --json: title, model, hardware, devices, strategy (the plan's parallel block), figures
+        print_json({"title": title, "model": where[0], "hardware": where[1], "devices": where[2],
+                    "strategy": strategy_to_dict(s, layers), **e.to_dict()})
     else:
         wide_console().print(_table(title, [(s, e)]))
         console.print(LEGEND, highlight=False)
     if not e.feasible:
         raise InfeasibleError(f"the supernet plan needs {e.memory_gib:.1f} GiB per device, the device has "
                               f"{e.capacity_gib:g} GiB")
+
+
+def execute_supernet(plan: Plan, *, subnets: int, tiny: bool, timeout_s: float = 600.0, workdir: str | None = None,
+                     causal: bool = True) -> dict[str, Any]:
+    """``advisor execute`` of a supernet plan: ``subnets`` subnets sampled as the plan says, run on the pipeline in
+    the order NASPipe's schedule gives for the plan's hardware (context switching included; the executor itself
+    keeps every candidate of its supernet on its ranks) and one after another; ``causal=False`` drops NASPipe's
+    dependencies from the order (to show that the losses then differ)."""
+    from advisor.cost.naspipe import dependencies, sample_subnets, simulate, stage_blocks
+    from advisor.cost.supernet import action_times_s
+    from advisor.executor.supernet.run import check_plan, run_supernet
+
+    check_plan(plan)
+    net, s, run = plan.model, plan.strategy, plan.supernet or SupernetRun()
+    choices = sample_subnets(subnets, net.num_layers, len(net.candidates), run.seed)
+    fwd, bwd, p2p = action_times_s(net, plan.hardware, plan.training, s, choices, run.train_shared,
+                                   run.context_switch, run.checkpoint)
+    layers = s.resolved_stage_layers(net.num_layers)
+    schedule = simulate(fwd, bwd, p2p, dependencies(stage_blocks(choices, layers, run.train_shared), causal),
+                        run.window or s.pp)
+    return run_supernet(plan, choices=choices, orders=schedule.orders, overtakes=schedule.overtakes, tiny=tiny,
+                        timeout_s=timeout_s, workdir=workdir, causal=causal)
+
+
+def execute_plan(plan: dict[str, Any], plan_path: str, options) -> dict[str, Any]:
+    """``advisor execute`` of a supernet plan (advisor.families): NASPipe's pipeline (advisor.executor.supernet)."""
+    from advisor.plan import plan_from_dict
+
+    loaded = plan_from_dict(plan, plan_path)
+    if options.nproc not in (None, loaded.strategy.pp):
+        raise AdvisorError(f"--nproc {options.nproc}: the supernet plan runs one rank per pipeline stage "
+                           f"({loaded.strategy.pp})")
+    return execute_supernet(loaded, subnets=options.steps, tiny=options.tiny, timeout_s=options.timeout_s,
+                            workdir=options.workdir)

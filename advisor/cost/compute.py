@@ -38,7 +38,7 @@ from advisor.specs.model import ModelSpec
 # Operators one transformer layer's forward + backward dispatches in eager PyTorch, by feature,
 # counted with TorchDispatchMode on advisor's executor blocks (PyTorch 2.13, CPU; the counts add up
 # within 3 of every combination measured; re-counted by tests/test_executor.py). The cost model's kernels per layer (KERNELS_FORWARD +
-# KERNELS_BACKWARD in advisor.cost.estimate) describe the Megatron GPT-3 layer -- LayerNorm, GELU,
+# KERNELS_BACKWARD in advisor.cost.host_launch) describe the Megatron GPT-3 layer -- LayerNorm, GELU,
 # learned positions, biases, unfused attention -- whose count is REFERENCE_LAYER_OPS; other layers
 # issue proportionally more or fewer.
 LAYER_OPS = {"base": 157, "bias": 18, "rotary": 32, "rmsnorm": 24, "gated_mlp": 23, "fused_attention": -39}

@@ -16,12 +16,12 @@ supported with drop-padding MoE"), and a whole-layer graph holds the same expert
 is why Megatron-Bridge's 25.09 recipes that graphed whole MoE layers on B200/GB200 also dropped
 tokens (apply_moe_token_drop). advisor.specs.job.check_cuda_graphs refuses both for dropless MoE.
 
-The kernel counts of a layer (advisor.cost.step: KERNELS_FORWARD, MOE_KERNELS_FORWARD) split as
-step.py lists them: of the 16 kernels named for a Megatron layer, 10 belong to the attention half
+The kernel counts of a layer (advisor.cost.host_launch: KERNELS_FORWARD, MOE_KERNELS_FORWARD) split as
+host_launch.py lists them: of the 16 kernels named for a Megatron layer, 10 belong to the attention half
 (norm, QKV GEMM, layout copies, score batched matmul, softmax, dropout, context batched matmul,
 output GEMM, TP all-reduce, bias-dropout-add) and 6 to the MLP half (norm, FC1, activation, FC2,
 TP all-reduce, bias-dropout-add); in a MoE layer the MLP half's share stands for the norm and the
-router. Of the 12 kernels a MoE layer launches after routing (step.MOE_KERNELS_FORWARD, 24
+router. Of the 12 kernels a MoE layer launches after routing (host_launch.MOE_KERNELS_FORWARD, 24
 backward), the dispatcher's preprocessing is 2 forward (Megatron-Core's
 MoEAlltoAllTokenDispatcher.preprocess: the tokens per expert, routing_map.sum(dim=0).long()) and none
 backward (counts carry no gradient); the experts' per-expert GEMMs are never in a moe_preprocess graph.

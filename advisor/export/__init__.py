@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from advisor.errors import AdvisorError
 from advisor.export._common import display
-from advisor.families import family_of_model
+from advisor.families import family_of_model, resolve
 from advisor.plan import Plan
 
 TARGETS = ("megatron", "deepspeed", "torchtitan", "mindspore", "k8s")
@@ -74,14 +74,12 @@ def supported_versions(target: str) -> tuple[tuple[str, ...], str]:
 K8S_FRAMEWORKS = ("pytorch", "mindspore")
 
 
-def k8s_module(plan: Plan, framework: str | None) -> str:
-    """The module writing the plan's Kubernetes job: a MindSpore Operator MSJob (k8s_mindspore) for --framework
-    mindspore or a recommendation plan's server and worker roles, a Kubeflow PyTorchJob (k8s) otherwise."""
+def k8s_module(framework: str | None) -> str:
+    """The module writing a Kubernetes job: a MindSpore Operator MSJob (k8s_mindspore) for --framework mindspore,
+    a Kubeflow PyTorchJob (k8s) otherwise."""
     if framework is not None and framework not in K8S_FRAMEWORKS:
         raise AdvisorError(f"--framework goes with --to k8s and takes pytorch or mindspore, got {display(framework[:20])!r}")
-    if framework == "mindspore" or (framework is None and family_of_model(plan.model).name == "recommendation"):
-        return "k8s_mindspore"
-    return "k8s"
+    return "k8s_mindspore" if framework == "mindspore" else "k8s"
 
 
 def export_plan(plan: Plan, target: str, target_version: str | None = None, launch=None,
@@ -102,12 +100,15 @@ def export_plan(plan: Plan, target: str, target_version: str | None = None, laun
     from advisor.export._mixed import check_mixed
 
     fam = family_of_model(plan.model)
-    if fam.export_targets is not None and target not in fam.export_targets:
+    if fam.exporters is not None and target not in fam.exporters:
         raise AdvisorError(fam.export_refusal.format(model=plan.model.name, target=target))
     mixed_notes = check_mixed(plan, target)
-    module = k8s_module(plan, k8s_framework) if target == "k8s" else target
-    result = _exporter(module)(plan, target_version, launch) if launch is not None else \
-        _exporter(module)(plan, target_version)
+    if fam.exporters is not None:             # the family's own exporter (advisor.families)
+        result = resolve(fam.exporters[target])(plan, target_version)
+    else:
+        module = k8s_module(k8s_framework) if target == "k8s" else target
+        result = _exporter(module)(plan, target_version, launch) if launch is not None else \
+            _exporter(module)(plan, target_version)
     if mixed_notes:
         result = replace(result, notes=result.notes + mixed_notes)
     if plan.strategy.swap_layers is not None and target != "mindspore":

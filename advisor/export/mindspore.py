@@ -273,9 +273,6 @@ def context_script(plan: Plan, ctx: dict) -> str:
 
 def export(plan: Plan, target_version: str | None = None, launch=None) -> ExportResult:
     """``launch``: advisor.export.mindspore_launch.LaunchOptions (hosts, master port) for the launchers."""
-    if getattr(plan.model, "family", None) == "recommendation":   # PS / hybrid / collective recsys plans
-        from advisor.export.mindspore_ps import export as export_recsys
-        return export_recsys(plan, target_version)
     version = pick_version("mindspore", target_version, VERSIONS, DEFAULT_VERSION)
     unsupported: list[str] = []
     notes: list[str] = []

@@ -10,7 +10,7 @@ from rich.text import Text
 from advisor.render.formatting import count
 from advisor.specs.hardware import bundled_hardware, load_hardware
 from advisor.specs.model import bundled_models, load_model
-from advisor.specs.recommendation import RecModelSpec
+from advisor.families import family_of_model
 
 
 def _table(title: str, columns: tuple[str, ...], right: tuple[str, ...]) -> Table:
@@ -28,28 +28,47 @@ def _source(text: str, limit: int = 160) -> str:
     return first if len(first) <= limit else first[: limit - 1] + "…"
 
 
+def model_rows() -> list[dict]:
+    """One row per bundled model: name, family (moe for a transformer with experts), parameters, active
+    parameters, layers, source."""
+    rows = []
+    for name in bundled_models():
+        m = load_model(name)
+        family = family_of_model(m).name
+        if family == "transformer" and m.moe is not None:
+            family = "moe"
+        rows.append({"name": name, "family": family, "parameters": m.num_params,
+                     "active_parameters": m.num_active_params, "layers": m.num_layers, "source": m.source})
+    return rows
+
+
+def hardware_rows() -> list[dict]:
+    """One row per bundled hardware profile: name, device, devices per node, memory, source."""
+    rows = []
+    for name in bundled_hardware():
+        hw = load_hardware(name)
+        rows.append({"name": name, "device": hw.device.name, "devices_per_node": hw.node.devices_per_node,
+                     "memory_gib": hw.device.memory_gib, "source": hw.source})
+    return rows
+
+
 def models_table() -> Table:
     table = _table("bundled models (models/)", ("name", "family", "parameters", "layers", "source"),
                    ("parameters", "layers"))
-    for name in bundled_models():
-        m = load_model(name)
-        size = count(m.num_params)
-        supernet = getattr(m, "family", None) == "supernet"
-        if m.num_active_params != m.num_params:      # MoE: the parameters one token passes through
-            size += f" ({count(m.num_active_params)} {'per subnet' if supernet else 'active'})"
-        family = ("recommendation" if isinstance(m, RecModelSpec) else "supernet" if supernet
-                  else "moe" if m.moe is not None else "transformer")
-        table.add_row(*map(Text, (name, family, size, str(m.num_layers), _source(m.source))))
+    for r in model_rows():
+        size = count(r["parameters"])
+        if r["active_parameters"] != r["parameters"]:      # MoE: the parameters one token passes through
+            size += f" ({count(r['active_parameters'])} {'per subnet' if r['family'] == 'supernet' else 'active'})"
+        table.add_row(*map(Text, (r["name"], r["family"], size, str(r["layers"]), _source(r["source"]))))
     return table
 
 
 def hardware_table() -> Table:
     table = _table("bundled hardware profiles (hardware_profiles/)",
                    ("name", "device", "devices/node", "memory GiB", "source"), ("devices/node", "memory GiB"))
-    for name in bundled_hardware():
-        hw = load_hardware(name)
-        table.add_row(*map(Text, (name, hw.device.name, str(hw.node.devices_per_node), f"{hw.device.memory_gib:g}",
-                                  _source(hw.source))))
+    for r in hardware_rows():
+        table.add_row(*map(Text, (r["name"], r["device"], str(r["devices_per_node"]), f"{r['memory_gib']:g}",
+                                  _source(r["source"]))))
     return table
 
 

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from advisor.cost.estimate import Estimate
+from advisor.families import family
 from advisor.render.formatting import duration, step_time, training_figures
 from advisor.render.breakdown import offload_knob
 from advisor.search import Progress as ProgressHook
@@ -98,9 +99,9 @@ def _training_time(e: Estimate) -> str | None:
 
 
 def render_recommendation(console: Console, result: RecommendResult, saved_to: str | None = None) -> None:
-    if getattr(result, "family", None) == "recommendation":      # advisor.search.parameter_server
-        from advisor.render.report_recsys import render_recsys
-        return render_recsys(console, result, saved_to)
+    fam = family(getattr(result, "family", None))
+    if fam.render_recommend is not None:            # the family's own report (advisor.families)
+        return fam.hook("render_recommend")(console, result, saved_to)
     console.print(plans_table(result))
     console.print(f"GiB: memory per device (of {result.estimates[0].capacity_gib:g}); knobs: sp = sequence parallel, "
                   "z = ZeRO stage (+off: optimizer offload, +off50%: half of it, +offp: parameters too, +hemb: the "

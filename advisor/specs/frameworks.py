@@ -40,7 +40,7 @@ class Framework:
     run as one GEMM each (advisor.cost.compute)."""
     one_qkv_weight: bool
     """Q, K and V are one weight tensor (Megatron-Core's linear_qkv) rather than one each (PyTorch models,
-    MindFormers' wq/wk/wv): the tensors a per-tensor optimizer cost counts (advisor.cost.step)."""
+    MindFormers' wq/wk/wv): the tensors a per-tensor optimizer cost counts (advisor.cost.optimizer)."""
     norm_fused_linears: bool
     """The input norms fused with the QKV and FC1 GEMMs (Transformer Engine's LayerNormLinear: the norm
     writes the FP8 cast; advisor.cost.compute, fp8)."""
@@ -52,7 +52,7 @@ class Framework:
     expert_gemm_per_expert: bool
     """Grouped expert GEMMs issued as one GEMM launch per local expert (Transformer Engine's GroupedLinear,
     multi_stream_cublas_gemm) rather than one grouped kernel (torch._grouped_mm, MindSpore GroupedMatmul;
-    advisor.cost.step)."""
+    advisor.cost.host_launch)."""
 
     # ---- activations and recomputation --------------------------------------------------------
     keeps_gathered_sp_inputs: bool
@@ -117,17 +117,17 @@ class Framework:
     (MindFormers' fine_grain_interleave: 2); None: tp chunks (Megatron's ring exchange; advisor.cost.layer_comm)."""
     overlaps_interleaved_p2p: bool
     """The interleaved schedule overlaps each chunk's sends and receives with the next chunk's compute
-    (Megatron's --overlap-p2p-communication, on by default; advisor.cost.step)."""
+    (Megatron's --overlap-p2p-communication, on by default; advisor.cost.pipeline_p2p)."""
 
     # ---- the optimizer (advisor.cost.optimizer_step) ------------------------------------------
     optimizer_step: str
-    """Whose kernels run the optimizer step, a row of advisor.cost.optimizer_step.STEPS: "torch" (fused
+    """Whose kernels run the optimizer step (advisor.cost.optimizer_step.bytes_per_param): "torch" (fused
     Adam of Transformer Engine / Apex / torch.optim, or torch.optim's per-operation AdamW) or
     "mindformers" (MindSpore's AdamWeightDecay on fp32 weights with MindFormers' clipping, loss-scale
     division and MindSpore's gradient accumulation pass)."""
     offload_grads_at_step: bool
     """Optimizer offload copies the gradients to the host at the step (Megatron's HybridDeviceOptimizer)
-    rather than per micro-batch as the backward produces them (DeepSpeed ZeRO-Offload; advisor.cost.step)."""
+    rather than per micro-batch as the backward produces them (DeepSpeed ZeRO-Offload; advisor.cost.offload)."""
 
     # ---- what it can run ----------------------------------------------------------------------
     recompute_modules: bool

@@ -142,3 +142,25 @@ def supernet_to_dict(net: SupernetSpec) -> dict[str, Any]:
                 "num_attention_heads": c.num_attention_heads}
 
     return {"family": "supernet", **model_to_dict(net.base), "supernet": {"candidates": [candidate(c) for c in net.candidates]}}
+
+
+@dataclass(frozen=True)
+class SupernetRun:
+    """What to price: subnets sampled with a seed, the pipeline, and whether the ends train."""
+    subnets: int = 64
+    seed: int = 0
+    train_shared: bool = False
+    window: int | None = None      # subnets in flight (None: the pipeline depth)
+    context_switch: bool = False   # candidates' weights in host memory, swapped in per subnet (NASPipe)
+    checkpoint: bool = False       # each stage's forward recomputed in the backward (NASPipe's runtime)
+
+    def to_dict(self) -> dict:
+        return {"subnets": self.subnets, "seed": self.seed, "train_shared": self.train_shared,
+                **({"window": self.window} if self.window is not None else {}),
+                **({"context_switch": True} if self.context_switch else {}),
+                **({"checkpoint": True} if self.checkpoint else {})}
+
+    @property
+    def memory_knobs(self) -> str:
+        """The table's label of what this run does to fit: ckpt, host, both, or -."""
+        return "+".join(k for k, on in (("ckpt", self.checkpoint), ("host", self.context_switch)) if on) or "-"

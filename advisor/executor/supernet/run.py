@@ -5,7 +5,9 @@ order, and one after another in this process; the losses must agree (same seed, 
 width and heads scaled with the hidden size to 32, head size hidden / heads of the base), a 64-token
 vocabulary, 16-token sequences and at most 4 sequences per subnet. ``--steps`` is the number of
 subnets trained (each trains one step). The action order is NASPipe's schedule for the plan's
-hardware (advisor.cost.naspipe); any order that schedule allows gives the same losses.
+hardware, which advisor.commands.supernet.execute_supernet computes with the cost model and hands over
+(the executor reads the plan and that order, never the cost model); any order that schedule allows gives
+the same losses.
 """
 
 from __future__ import annotations
@@ -14,12 +16,11 @@ import json
 import time
 from typing import Any
 
-from advisor.cost.naspipe import dependencies, sample_subnets, simulate, stage_blocks
-from advisor.cost.supernet import SupernetRun, action_times_s
 from advisor.errors import AdvisorError
 from advisor.executor.supernet.model import CandidateShape, NetShape, sequential_losses
 from advisor.runtime.files import temporary_folder, write_json
 from advisor.runtime.launch import LaunchOptions, launch_module
+from advisor.specs.supernet import SupernetRun
 
 TINY_HIDDEN, TINY_VOCAB, TINY_SEQ, TINY_BATCH = 32, 64, 16, 4
 # Plain SGD; the check is equality with sequential training, not convergence, so any rate that keeps
@@ -40,28 +41,29 @@ def net_shape(net, batch: int, tiny: bool) -> NetShape:
                     TINY_SEQ if tiny else base.seq_length, min(batch, TINY_BATCH) if tiny else batch, cands)
 
 
-def run_supernet(plan, *, subnets: int, tiny: bool, timeout_s: float = 600.0, workdir: str | None = None,
-                 causal: bool = True) -> dict[str, Any]:
-    """Train ``subnets`` subnets both ways and report the losses, their largest difference and times.
-    ``causal=False`` drops NASPipe's dependencies from the order (to show that the losses then differ)."""
-    net, s, hw, job = plan.model, plan.strategy, plan.hardware, plan.training
+def check_plan(plan) -> None:
+    s = plan.strategy
     if s.dp != 1 or s.tp != 1 or s.cp != 1:
         raise AdvisorError("the supernet executor runs the pipeline alone (dp = tp = cp = 1); this plan has "
                            f"dp {s.dp}, tp {s.tp}, cp {s.cp}")
+
+
+def run_supernet(plan, *, choices, orders, overtakes: int, tiny: bool, timeout_s: float = 600.0,
+                 workdir: str | None = None, causal: bool = True) -> dict[str, Any]:
+    """Train the subnets ``choices`` (one row of candidate indices per subnet) both ways, the pipeline's
+    ranks in ``orders`` (per stage, NASPipe's action order), and report the losses, their largest difference
+    and times. ``causal``: whether the order kept NASPipe's dependencies (reported)."""
+    check_plan(plan)
+    net, s = plan.model, plan.strategy
     run = plan.supernet or SupernetRun()
+    subnets = len(choices)
     shape = net_shape(net, s.micro_batch_size, tiny)
-    choices = sample_subnets(subnets, net.num_layers, len(net.candidates), run.seed)
-    # the order the plan was priced with (context switching included); the executor itself keeps every
-    # candidate of its supernet on its ranks
-    fwd, bwd, p2p = action_times_s(net, hw, job, s, choices, run.train_shared, run.context_switch, run.checkpoint)
     layers = s.resolved_stage_layers(net.num_layers)
-    schedule = simulate(fwd, bwd, p2p, dependencies(stage_blocks(choices, layers, run.train_shared), causal),
-                        run.window or s.pp)
     bounds = [0]
     for n in layers:
         bounds.append(bounds[-1] + n)
     spec = {"shape": shape.to_dict(), "bounds": bounds, "choices": choices.tolist(), "seed": run.seed,
-            "lr": LEARNING_RATE, "train_shared": run.train_shared, "orders": [list(o) for o in schedule.orders]}
+            "lr": LEARNING_RATE, "train_shared": run.train_shared, "orders": [list(o) for o in orders]}
     started = time.perf_counter()
     reference = sequential_losses(shape, choices.tolist(), run.seed, LEARNING_RATE, run.train_shared)
     sequential_s = time.perf_counter() - started
@@ -76,7 +78,7 @@ def run_supernet(plan, *, subnets: int, tiny: bool, timeout_s: float = 600.0, wo
             "tiny": tiny, "train_shared": run.train_shared, "losses": losses, "sequential_losses": reference,
             "max_loss_difference": diff, "losses_match": diff <= TOLERANCE, "tolerance": TOLERANCE,
             "pipeline_s": max(r["seconds"] for r in ranks), "sequential_s": sequential_s,
-            "overtakes": schedule.overtakes, "causal": causal, "orders": [list(o) for o in schedule.orders],
+            "overtakes": overtakes, "causal": causal, "orders": [list(o) for o in orders],
             **({"notes": ["the plan was priced with NASPipe's checkpointing or context switching; the executor keeps "
                           "every candidate of its supernet on its ranks and stores its activations (the same losses)"]}
                if run.context_switch or run.checkpoint else {})}
