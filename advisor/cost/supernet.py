@@ -84,7 +84,9 @@ class SupernetEstimate:
         return self.memory_gib <= self.capacity_gib and self.host_gib <= self.host_capacity_gib
 
     def to_dict(self) -> dict:
-        return {"makespan_s": self.naspipe.makespan_s, "sequential_s": self.sequential_s,
+        # feasible and step_time_s (a subnet's share of the makespan) as every estimate --json has them
+        return {"feasible": self.feasible, "step_time_s": self.naspipe.makespan_s / self.subnets,
+                "makespan_s": self.naspipe.makespan_s, "sequential_s": self.sequential_s,
                 "no_dependency_s": self.no_dependency.makespan_s, "speedup_over_sequential": self.speedup,
                 "subnets": self.subnets, "subnets_per_s": self.subnets_per_s, "tokens_per_s": self.tokens_per_s,
                 "utilization": self.naspipe.utilization, "overtakes": self.naspipe.overtakes,

@@ -16,7 +16,7 @@ Records:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Fused attention kernels, each with its own efficiency curve in a profile (advisor.cost.attention):
 # te = Transformer Engine's fused attention (cuDNN; FlashAttention-3-class on Hopper and later),
@@ -186,20 +186,11 @@ PYTORCH = Framework(
     activation_swap=False,
 )
 
-TORCHTITAN = Framework(
-    name="torchtitan", title="torchtitan",
-    fused_kernels=False, one_qkv_weight=False, norm_fused_linears=False, quantized_saved_inputs=False, attention_kernel="sdpa", expert_gemm_per_expert=False,
-    keeps_gathered_sp_inputs=True, loss_logit_bytes=(4.0, 8.0), selective_recompute=("op_sac",),
-    recompute_layer_counts=None, selective_layer_counts=False,
-    reshards_under_pipeline=False, grad_buffer_in_reduce_dtype=False, fp16_grad_reduce_bytes=4.0,
-    sample_bytes_per_token=8.0 + 8.0, sample_extra_tokens=0, builds_attention_mask=False,
-    reads_on_end_stages_only=False, sinks_whole_step=False,
-    gathers_under_next_forward=(), bucket_params=None, bucket_params_per_dp_rank=0, bucket_mb=25.0,
-    tp_overlap_slices=None, overlaps_interleaved_p2p=False,
-    optimizer_step="torch", offload_grads_at_step=False,
-    recompute_modules=False, cuda_graphs=False, unfused_optimizer=True, parameter_offload=True,
-    offload_fraction_zero_stages=(), host_embedding=False, full_batch=False, multi_copy=False,
-    activation_swap=False,
+# torchtitan runs the PyTorch stack with its own policies: op-level selective checkpointing, FSDP2 keeping the
+# gathered weights under pipelining, the loss in fp32 (advisor.cost.activations), and no partial optimizer offload
+TORCHTITAN = replace(
+    PYTORCH, name="torchtitan", title="torchtitan", loss_logit_bytes=(4.0, 8.0), selective_recompute=("op_sac",),
+    reshards_under_pipeline=False, offload_fraction_zero_stages=(),
 )
 
 MINDSPORE = Framework(

@@ -239,7 +239,7 @@ class Runtime:
         doc="What Megatron's selective recomputation replays (--recompute-modules, RECOMPUTE_MODULES; framework "
             "megatron only); None: Megatron-Core's default, the attention core.")
     cuda_graphs: tuple[str, ...] = setting(
-        (), kind="names", choices=CUDA_GRAPH_MODULES, flags=("--cuda-graphs",), parse=_names, cli_default=None,
+        (), kind="names", choices=CUDA_GRAPH_MODULES, flags=("--cuda-graphs",), parse=_names,
         help="with --framework megatron: per-layer CUDA graphs over these modules, comma-separated full (the "
              "whole layer), full_iteration, attn, mlp, moe, moe_router, moe_preprocess (Megatron's "
              "--cuda-graph-scope); default none",
@@ -256,7 +256,7 @@ class Runtime:
             "device-to-host synchronization per MoE layer and pass. False: a capacity factor with padding keeps "
             "shapes static (no synchronization; advisor.cost.step prices both).")
     optimizer_impl: str = setting(
-        "fused", kind="choice", choices=OPTIMIZER_IMPLS, flags=("--optimizer-impl",), cli_default=None,
+        "fused", kind="choice", choices=OPTIMIZER_IMPLS, flags=("--optimizer-impl",),
         help="fused | unfused: the optimizer step as one fused kernel (the default; Megatron's only choice) or "
              "one kernel per operation (torch.optim foreach / for-loop, torchtitan implementation foreach, "
              "MindFormers AdamW use_fused False)",

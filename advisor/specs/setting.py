@@ -9,7 +9,7 @@ those records, and nothing else, come
 * the plan JSON's ``training`` and ``parallel`` blocks, written and read (advisor.plan_codec),
 * the pins ``recommend`` takes for what it searches (advisor.search.Pins),
 * the checks of a value, naming the flag or the plan key it came from (``Setting.check``),
-* the documentation of the settings (docs/settings.md, ``python -m advisor.specs.setting``).
+* the documentation of the settings (docs/settings.md, ``python -m advisor.commands.settings_doc``).
 
 Which frameworks run a setting, and with which of their flags, is in the framework records
 (advisor.specs.frameworks), not here.

@@ -49,7 +49,6 @@ class Site:
 
     pue: float = setting(
         DEFAULT_PUE, kind="positive_float", minimum=1.0, maximum=MAX_PUE, flags=("--pue",), group="site",
-        cli_default=None,
         help="the data centre's power usage effectiveness (default 1.58)",
         doc="The data centre's power usage effectiveness: facility energy over IT energy (advisor.cost.carbon).")
     grid_gco2e_per_kwh: float | None = setting(
