@@ -4,8 +4,9 @@
 options are the flags of the given config dataclasses' settings (advisor.specs.setting) that the
 command takes: a searched strategy setting is a pin on ``recommend`` ("pin the ..."), a boolean
 setting is an on/off pair, and every option is None until given, so that the command knows what the
-user said. The Request holds the values by field name; ``Request.values_of(cls)`` parses, checks
-(naming the flag) and returns the settings of one class that were given.
+user said. The Request holds the values by field name; ``Request.values_of(cls)`` returns the settings
+of one class that were given, as typed (advisor.commands.inputs.given_settings parses and checks them,
+naming the flag).
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ class Request:
         return default if value is None else value
 
     def given(self, name: str) -> bool:
+        """Whether the option was given: a setting is None until given; a command's own flag is false until
+        given (an option with another default, --top or --searcher, is read with get)."""
         return self.values.get(name) not in (None, False)
 
     def values_of(self, cls) -> dict[str, Any]:

@@ -91,38 +91,41 @@ def job_from_values(spec, hw: HardwareProfile, cluster: Cluster, values: dict[st
     v = given_settings(TrainingJob, values)
     if base is not None:
         v = {**{name: getattr(base, name) for name in TRAINING_FIELDS}, **v}
-    seq = check_count("--seq-len", v.get("seq_length", spec.seq_length), limits.MAX_SEQ_LENGTH)
-    gbs = check_count("--global-batch", v.get("global_batch_size", max(DEFAULT_BATCH_TOKENS // seq, 1)),
+    seq = check_count(flag_or_key("seq_length"), v.get("seq_length", spec.seq_length), limits.MAX_SEQ_LENGTH)
+    gbs = check_count(flag_or_key("global_batch_size"), v.get("global_batch_size", max(DEFAULT_BATCH_TOKENS // seq, 1)),
                       limits.MAX_GLOBAL_BATCH)
     if family_of_model(spec) is RECOMMENDATION:
         if seq != 1:
-            raise AdvisorError(f"--seq-len {seq}: {spec.name} is a recommendation model (one sample per row)")
+            raise AdvisorError(f"{flag_or_key('seq_length')} {seq}: {spec.name} is a recommendation model (one sample "
+                               "per row)")
         if v.get("cuda_graphs") or v.get("moe_dropless") is False:
             raise AdvisorError(f"--cuda-graphs/--moe-token-drop: {spec.name} is a recommendation model; they are "
                                "transformer settings")
         if "global_batch_size" not in v:   # the published batch, rounded up to a multiple of the devices
             gbs = -(-(spec.global_batch_size or cluster.devices) // cluster.devices) * cluster.devices
     v.update(global_batch_size=gbs, seq_length=seq, dtype=check_dtype(hw, v.get("dtype") or default_dtype(hw)))
-    check_job_relations(_Defaults(v), flag_or_key)
+    job = _Defaults(v)
+    check_job_relations(job, flag_or_key)
     moe = getattr(spec, "moe", None) is not None
-    if v.get("moe_dropless") is False and not moe:
-        raise AdvisorError(f"--moe-token-drop: {spec.name} has no mixture-of-experts layers")
-    if v.get("cuda_graphs"):
-        check_cuda_graphs(v["cuda_graphs"], v.get("framework", "megatron"), moe, v.get("moe_dropless", True),
-                          "--cuda-graphs")
-    _grid_needs_tokens(v)
+    if not job.moe_dropless and not moe:
+        raise AdvisorError(f"{flag_or_key('moe_dropless')}: {spec.name} has no mixture-of-experts layers")
+    if job.cuda_graphs:
+        check_cuda_graphs(job.cuda_graphs, job.framework, moe, job.moe_dropless, flag_or_key("cuda_graphs"))
+    _grid_needs_tokens(job)
     return TrainingJob(**v)
 
 
-def _grid_needs_tokens(v: dict[str, Any]) -> None:
-    if v.get("grid_gco2e_per_kwh") is not None and v.get("train_tokens") is None:
-        raise AdvisorError("--grid-intensity prices the emissions of a token budget: give --tokens too")
+def _grid_needs_tokens(job) -> None:
+    """The emissions are those of training a token budget: a grid intensity needs one."""
+    if job.grid_gco2e_per_kwh is not None and job.train_tokens is None:
+        raise AdvisorError(f"{flag_or_key('grid_gco2e_per_kwh')} prices the emissions of a token budget: give "
+                           f"{flag_or_key('train_tokens')} too")
 
 
 def site_values(train_tokens: Any, pue: Any, grid: Any) -> dict[str, Any]:
     """The token budget and the site's settings given (whatif's, for every point), checked."""
     v = given_settings(TrainingJob, {"train_tokens": train_tokens, "pue": pue, "grid_gco2e_per_kwh": grid})
-    _grid_needs_tokens(v)
+    _grid_needs_tokens(_Defaults(v))
     return v
 
 
