@@ -98,3 +98,26 @@ def test_mindspore_selective_with_flash_replays_only_the_activation():
     flash, math = _selective("mindspore", "flash"), _selective("mindspore", "math")
     assert flash.hfu == pytest.approx(flash.mfu, rel=1e-12)
     assert math.hfu > math.mfu * 1.001
+
+
+def test_a_strategy_setting_with_a_frameworks_map_is_a_rule_of_the_search():
+    """An on/off Strategy setting whose record names its frameworks is illegal, vectorized, elsewhere."""
+    from dataclasses import replace
+
+    from advisor.space.rules import framework_rule
+    from advisor.space.strategy import StrategyBatch
+    from advisor.specs.setting import Setting
+
+    rule, sentence = framework_rule("full_batch", Setting(doc="every rank reads the whole batch", kind="boolean",
+                                                          flags=("--full-batch",),
+                                                          frameworks={"mindspore": {"true": "full_batch = true"}}))
+    s = Strategy(dp=8, num_micro_batches=2)
+    b = StrategyBatch.from_strategies([s, replace(s, full_batch=True)], 32)
+    model, cluster = load_model("llama3-8b"), Cluster(nodes=1, devices=8)
+    megatron = TrainingJob(global_batch_size=16, seq_length=4096)
+    mindspore = replace(megatron, framework="mindspore")
+    assert rule(model, cluster, megatron, b).tolist() == [False, True]
+    assert rule(model, cluster, mindspore, b).tolist() == [False, False]
+    assert sentence == "--full-batch needs a framework that runs it (mindspore)"
+    with pytest.raises(TypeError, match="on/off"):
+        framework_rule("tp", Setting(doc="x", kind="positive_int", frameworks={"megatron": {"2": "--tp 2"}}))

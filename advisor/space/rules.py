@@ -18,6 +18,7 @@ from advisor.space.strategy import (INTERLEAVED, RECOMPUTE_FULL, RECOMPUTE_NONE,
                                     StrategyBatch)
 from advisor.specs.job import WHOLE_LAYER_GRAPHS, Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
+from advisor.specs.setting import Setting, settings_of, spelling
 
 Rule = Callable[[ModelSpec, Cluster, TrainingJob, StrategyBatch], np.ndarray]
 
@@ -228,6 +229,33 @@ RULES: dict[str, tuple[Rule, str]] = {
     "full batch": (_full_batch, "reading the full batch on every rank (full_batch) is MindSpore's: give framework "
                    "mindspore"),
 }
+
+
+def _framework_rules() -> dict[str, tuple[Rule, str]]:
+    """A rule per Strategy setting whose record names the frameworks that run it (Setting.frameworks): set
+    (on) with a framework that does not run it is illegal. Only on/off settings can declare one here; the
+    others are refused at import, so that no declared framework support goes unenforced in the search."""
+    out: dict[str, tuple[Rule, str]] = {}
+    for fl, s in settings_of(Strategy):
+        if s.frameworks is None:
+            continue
+        out[f"{fl.name} framework"] = framework_rule(fl.name, s)
+    return out
+
+
+def framework_rule(name: str, s: Setting) -> tuple[Rule, str]:
+    """The rule and sentence of an on/off Strategy setting that only the frameworks of its record run."""
+    if s.kind != "boolean":
+        raise TypeError(f"Strategy.{name}: a frameworks map is enforced for on/off settings only")
+
+    def rule(m, c, j, b):
+        runs = spelling(s, True, j.framework, j.compute_dtype) is not None
+        return getattr(b, name).astype(bool) & (not runs)
+
+    return rule, f"{s.flag or name} needs a framework that runs it ({', '.join(sorted(s.frameworks))})"
+
+
+RULES.update(_framework_rules())
 
 
 def illegal_masks(model: ModelSpec, cluster: Cluster, job: TrainingJob, batch: StrategyBatch) -> dict[str, np.ndarray]:

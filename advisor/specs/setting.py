@@ -84,7 +84,8 @@ class Setting:
     """Who runs the setting's values other than its default, and how each spells it: framework (or export
     target) name -> value -> the flag ("--grad-reduce-in-bf16") or config key ("section.key = value") that
     turns it on. A key "value@dtype" holds for that compute dtype only. None: every framework runs every value.
-    The frameworks' legality (check_frameworks) and every export's writing and notes (advisor.export._settings)
+    The frameworks' legality (check_frameworks for the job; advisor.space.rules.framework_rule for the
+    strategy's on/off settings, in the search) and every export's writing and notes (advisor.export._settings)
     come from this map."""
     read: Callable[[dict, str, str], Any] | None = None
     """A custom plan reader (data, key, origin) -> value."""
