@@ -98,3 +98,17 @@ def test_the_settings_reference_is_what_the_records_say():
     from advisor.commands.settings_doc import DOC, render
 
     assert DOC.read_text() == render(), "run python -m advisor.commands.settings_doc"
+
+
+def test_every_family_hook_resolves_to_a_function():
+    from dataclasses import fields
+
+    from advisor.families import registered, resolve
+
+    for family in registered():
+        for fl in fields(family):
+            value = getattr(family, fl.name)
+            hooks = value.values() if isinstance(value, dict) and fl.name == "exporters" else [value]
+            for hook in hooks:
+                if isinstance(hook, str) and ":" in hook and hook.startswith("advisor."):
+                    assert callable(resolve(hook)), (family.name, fl.name, hook)

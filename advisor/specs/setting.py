@@ -5,14 +5,16 @@ framework runs it, where it runs; advisor.space.strategy: how it is parallelised
 ``setting(...)``: its default, a docstring, the kind of value it takes and how it is given. From
 those records, and nothing else, come
 
-* the command-line options of ``estimate`` and ``recommend`` (advisor.commands.cli_options),
+* the command-line options of ``estimate`` and ``recommend`` (advisor.commands.cli_settings),
 * the plan JSON's ``training`` and ``parallel`` blocks, written and read (advisor.plan_codec),
 * the pins ``recommend`` takes for what it searches (advisor.search.Pins),
 * the checks of a value, naming the flag or the plan key it came from (``Setting.check``),
-* the documentation of the settings (docs/settings.md, ``python -m advisor.commands.settings_doc``).
+* the documentation of the settings (docs/settings.md, ``python -m advisor.commands.settings_doc``),
+* which frameworks run each value, how each spells it, and so the refusal of a value the plan's
+  framework does not run and what every export writes or reports (``Setting.frameworks``).
 
-Which frameworks run a setting, and with which of their flags, is in the framework records
-(advisor.specs.frameworks), not here.
+How a framework runs a plan (what the cost model prices) and what it runs structurally are its
+record's (advisor.specs.frameworks).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from advisor.specs import _fields as f
 from advisor.specs import limits
 from advisor.specs.untrusted import prefix
 
+
 class _FieldDefault:
     """The marker of a flag whose default is the field's own."""
 
@@ -35,7 +38,7 @@ class _FieldDefault:
 
 FIELD_DEFAULT = _FieldDefault()
 
-# The kinds of value a setting takes: (the plan reader in advisor.specs._fields, a description)
+# The kinds of value a setting takes (checked by Setting.check, read from a plan by Setting.read_plan)
 KINDS = ("positive_int", "non_negative_int", "positive_float", "non_negative_float", "fraction", "choice",
          "boolean", "names", "text", "custom")
 
