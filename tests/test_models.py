@@ -25,6 +25,7 @@ EXPECTED_MODELS = {
     "llama2-7b", "llama2-13b", "llama2-70b",
     "llama3-8b", "llama3-70b", "llama3-405b",
     "mixtral-8x7b",
+    "deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b",
     "pangu-alpha-13b", "pangu-alpha-200b",
     "bert-large",
 }
@@ -124,6 +125,29 @@ def test_mixtral_total_and_active_parameters():
     embeddings = 2 * vocab * h + h
     assert model.num_params == layers * (shared + 8 * 3 * h * ff) + embeddings
     assert model.num_active_params == layers * (shared + 2 * 3 * h * ff) + embeddings
+
+
+@pytest.mark.parametrize(
+    "name, published, counts_input_embedding, unit",
+    [
+        # DeepSeek-V3 report section 4.2: "37B are activated for each token"; it does not say whether the
+        # input embedding counts: 36.63e9 without it, 37.55e9 with it, both within one unit of "37B"
+        ("deepseek-v3", 37e9, False, 1e9),
+        ("deepseek-v3", 37e9, True, 1e9),
+        # Qwen3 model cards: "3.3B activated", "22B activated" (every weight a token passes through)
+        ("qwen3-30b-a3b", 3.3e9, True, 0.1e9),
+        ("qwen3-235b-a22b", 22e9, True, 1e9),
+        # gpt-oss model card Table 1: 3.61B and 5.13B active, "Unembedding parameters are counted towards
+        # active, but not embeddings"
+        ("gpt-oss-20b", 3.61e9, False, 0.01e9),
+        ("gpt-oss-120b", 5.13e9, False, 0.01e9),
+    ],
+)
+def test_moe_active_parameters_match_published(name, published, counts_input_embedding, unit):
+    """Active figures are published to two or three digits: the count is within one unit of the last."""
+    model = load_model(name)
+    active = model.num_active_params - (0 if counts_input_embedding else model.vocab_size * model.hidden_size)
+    assert abs(active - published) < unit, f"{name}: {active:,} vs published {published:,.0f}"
 
 
 # ---- FLOPs -------------------------------------------------------------------------------------

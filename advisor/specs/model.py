@@ -29,6 +29,7 @@ import numpy as np
 from advisor.errors import AdvisorError
 from advisor.specs import _fields as f
 from advisor.specs import limits as lim
+from advisor.specs import hf_config as hf
 from advisor.specs.bundled import bundled_dir
 from advisor.specs.blocks import Linear, MLASpec, MoESpec, mla_from_dict, moe_from_dict
 from advisor.families import FAMILIES, family, family_of_model
@@ -387,13 +388,17 @@ def transformer_to_dict(model: ModelSpec) -> dict[str, Any]:
 
 
 def load_model(name_or_path: str) -> ModelSpec:
+    """A bundled name, a model description file, or a Hugging Face config.json (advisor.specs.hf_config)."""
     path = f.resolve_bundled(name_or_path, MODELS_DIR, "model")
-    return model_from_dict(f.read_mapping(path, "model description"), str(path))
+    data = f.read_mapping(path, "model description")
+    if path.suffix == ".json" and hf.is_hf_config(data):
+        data = hf.model_from_hf_config(data, str(path), hf.default_name(data, path))
+    return model_from_dict(data, str(path))
 
 
 def model_family(name_or_path: str) -> str | None:
     """The ``family`` key of a model description (a bundled name or a file; None: none given or unreadable,
-    the reader reports the problem)."""
+    the reader reports the problem). A Hugging Face config.json has none: it describes a transformer."""
     try:
         data = f.read_mapping(f.resolve_bundled(name_or_path, MODELS_DIR, "model"), "model description")
     except AdvisorError:
