@@ -153,8 +153,12 @@ def export_cmd(
                                         "names, comma-separated, node 0 first (default: placeholders)"),
     master_port: Optional[int] = typer.Option(None, "--master-port", help="with --to mindspore: the scheduler's "
                                               "port (msrun --master_port; default 8118)"),
+    lossy: bool = typer.Option(False, "--lossy", help="write the closest launch even where the target cannot run "
+                               "the plan as priced (a warning names each difference); without it such an export "
+                               "exits 2"),
 ) -> None:
-    """Launch configuration for Megatron-LM, DeepSpeed, torchtitan, MindSpore or Kubernetes."""
+    """Launch configuration for Megatron-LM, DeepSpeed, torchtitan, MindSpore or Kubernetes: exactly the plan as
+    priced, or exit 2 naming what the target cannot run."""
     from dataclasses import replace
 
     from advisor.export import export_plan, write_export
@@ -175,6 +179,12 @@ def export_cmd(
         result = replace(result, notes=result.notes + (
             "an Ascend plan: a MindSpore Operator MSJob with MindSpore's Ascend image (--framework pytorch "
             "writes a PyTorchJob instead)",))
+    if result.unsupported and not lossy:
+        if as_json:
+            print_json(result.to_dict())
+        more = f" (and {len(result.unsupported) - 1} more)" if len(result.unsupported) > 1 else ""
+        raise AdvisorError(f"--to {to} cannot launch this plan as priced: {display(result.unsupported[0])}{more}; "
+                           "--lossy writes the closest launch with a warning for each difference")
     if as_json:
         print_json(result.to_dict())
     elif out:

@@ -122,7 +122,9 @@ def plan_from_dict(data: dict[str, Any], origin: str = "plan") -> Plan:
     for kind in registered():            # each family reads (or refuses) its own keys (advisor.families)
         if kind.plan_parallel is not None:
             extras.update(kind.hook("plan_parallel")(data["parallel"], origin, model, cluster, strategy, training, mixed))
-    broken = fam.hook("violations")(model, cluster, training, strategy)
+    # what the plan's framework runs is checked where the plan is used (estimate, export, execute), so that
+    # a plan can be re-priced for another framework (advisor estimate --plan P --framework F)
+    broken = fam.hook("violations")(model, cluster, training, strategy, framework_rules=False)
     if broken:
         raise AdvisorError(f"{origin}: parallel: {broken[0]}")
     for key in ("prediction", "search"):

@@ -105,8 +105,10 @@ def host_tables_from_dict(data: dict[str, Any], origin: str, model, placement: s
     return tuple(value)
 
 
-def rec_violations(model: RecModelSpec, cluster: Cluster, job: TrainingJob, strategy) -> list[str]:
-    """A recommendation plan trains its towers data parallel over every device (no tp/pp/cp/ep)."""
+def rec_violations(model: RecModelSpec, cluster: Cluster, job: TrainingJob, strategy,
+                   framework_rules: bool = True) -> list[str]:
+    """A recommendation plan trains its towers data parallel over every device (no tp/pp/cp/ep); it has no
+    framework rules (``framework_rules`` is taken for the family hook's signature)."""
     s = strategy
     if s.full_batch:
         return ["full_batch: a recommendation model's workers each read their share of the batch"]

@@ -64,8 +64,8 @@ def parallel_to_dict(plan) -> dict[str, Any]:
     return {"supernet": plan.supernet.to_dict()} if plan.supernet is not None else {}
 
 
-def violations(model: SupernetSpec, cluster, job, strategy) -> list[str]:
+def violations(model: SupernetSpec, cluster, job, strategy, framework_rules: bool = True) -> list[str]:
     """The transformer rules on the supernet's base model."""
     from advisor.space.rules import violations as transformer_violations
 
-    return transformer_violations(model.base, cluster, job, strategy)
+    return transformer_violations(model.base, cluster, job, strategy, framework_rules)

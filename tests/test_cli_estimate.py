@@ -90,7 +90,7 @@ def test_good_call_exits_0_and_prints_the_breakdown():
     ["--model", "mixtral-8x7b", "--hardware", "dgx-h100", "--nodes", "8", "--tp", "2", "--pp", "4", "--ep", "8",
      "--gbs", "64", "--seq-len", "4096", "--recompute", "full", "--zero", "1"],
     GPT + ["--devices", "8", "--tp", "2", "--cp", "2", "--gbs", "16", "--schedule", "gpipe", "--pp", "2",
-           "--zero", "3", "--attention", "math"],
+           "--zero", "3", "--attention", "math", "--framework", "pytorch"],
 ], ids=["gpt3-tp2-pp2", "megatron-22b-sp", "llama3-8b-ascend-vpp", "mixtral-ep", "gpt3-cp-zero3-gpipe"])
 def test_json_output_is_one_object_with_consistent_figures(args):
     r = advisor_estimate(*args, "--json")
@@ -243,7 +243,7 @@ def test_global_batch_not_divisible_by_dp_x_mbs():
     (["--seq-len", "0"], ["--seq-len", "0"]),
     (["--gbs", "0"], ["0"]),
     (["--ep", "2"], ["ep = 2", "dense model"]),
-    (["--pp", "2", "--vpp", "5", "--gbs", "64"], ["vpp = 5", "stage_layers"]),
+    (["--pp", "2", "--vpp", "5", "--gbs", "64", "--framework", "pytorch"], ["vpp = 5", "stage_layers"]),  # Megatron's layout runs it
     (["--cp", "8", "--seq-len", "2004"], ["cp = 8", "seq = 2004"]),
 ], ids=["recompute", "schedule", "zero-5", "zero-negative", "tp-0", "mbs-0", "attention", "dtype", "tokens",
         "seq-len-0", "gbs-0", "ep-on-dense", "vpp-not-dividing-stages", "cp-not-dividing-seq"])

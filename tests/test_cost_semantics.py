@@ -103,11 +103,11 @@ def test_fp8_casts_follow_transformer_engine_kernels():
     assert linear_gemm_time_s(H100, job("mxfp8"), "bf16", flops)[0] == pytest.approx(
         linear_gemm_time_s(H100, job("delayed"), "bf16", flops)[0])          # only FP8 GEMMs
     # the norm-fused share exists only in Megatron-Core's Transformer Engine layers: a layer's forward
-    # pays more cast traffic under MindSpore's separate casts with current scaling than with delayed
+    # pays more cast traffic under eager PyTorch's separate casts with current scaling than with delayed
     model = load_model("llama3-8b")
     s = Strategy(dp=8, tp=1, pp=1, micro_batch_size=1, num_micro_batches=4)
     mg = {r: _layer(model, H100, job(r), s).forward_s[0] for r in ("delayed", "tensorwise")}
-    ms = {r: _layer(model, H100, job(r, "mindspore"), s).forward_s[0] for r in ("delayed", "tensorwise")}
+    ms = {r: _layer(model, H100, job(r, "pytorch"), s).forward_s[0] for r in ("delayed", "tensorwise")}
     # per element: Megatron saves (4-3) on delayed and (6-4) on tensorwise for its norm-fused inputs
     assert (ms["tensorwise"] - ms["delayed"]) > (mg["tensorwise"] - mg["delayed"])
 

@@ -80,7 +80,7 @@ def _brute_force_batch(model, cluster, job):
         dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=k[:, 1].astype(bool), virtual_pipeline_stages=vpp,
         micro_batch_size=mbs, num_micro_batches=gbs // (dp * mbs), zero_stage=k[:, 3], recompute=k[:, 2],
         recompute_layers=np.full(stage.shape, -1), pipeline_schedule=schedule, offload_optimizer=k[:, 4].astype(bool),
-        stage_layers=stage, cp_comm=k[:, 6], **strides)
+        stage_layers=stage, cp_comm=k[:, 6], mesh_order=tuple(ORDERS[i] for i in k[:, 5]), **strides)
     return batch.take(legal_mask(model, cluster, job, batch))
 
 

@@ -2,7 +2,8 @@
 
 Random but valid model descriptions (built through model_from_dict, so they pass the loader's own
 validation), random bundled hardware profiles, random clusters and random strategies that are legal
-per advisor.space.rules.violations (constructed from divisors, not filtered), and the invariants every
+per advisor.space.rules.violations (constructed from divisors, not filtered; what a framework runs is the
+commands' rule, not the cost model's), and the invariants every
 estimate must keep: it never raises, every figure is finite and non-negative, memory parts add up,
 memory grows with the micro-batch size, ZeRO and recomputation never cost memory, and the vectorized
 estimate_batch agrees with the scalar estimate() candidate by candidate.
@@ -184,7 +185,7 @@ def scenarios(draw, moe: bool | None = None, uneven: bool | None = None):
     s = draw(legal_strategies(model, seq, uneven=uneven))
     cluster = Cluster.of(hw, devices=s.devices)
     job = draw(jobs_on(model, hw, s.dp * s.micro_batch_size * s.num_micro_batches, seq))
-    broken = violations(model, cluster, job, s)
+    broken = violations(model, cluster, job, s, framework_rules=False)
     assert not broken, f"generator produced an illegal strategy {s}: {broken}"
     return Case((model, hw, cluster, job, s))
 
@@ -201,7 +202,7 @@ def batches(draw):
     cluster = Cluster.of(hw, devices=devices)
     strategies = draw(st.lists(legal_strategies(model, seq, devices=devices, gbs=gbs), min_size=1, max_size=8))
     for s in strategies:
-        assert not violations(model, cluster, job, s), f"generator produced an illegal strategy {s}"
+        assert not violations(model, cluster, job, s, framework_rules=False), f"generator produced an illegal strategy {s}"
     return Case((model, hw, cluster, job, strategies))
 
 
@@ -221,12 +222,12 @@ def figures(e: Estimate) -> dict[str, float]:
 
 
 def run(model, hw, cluster, job, s) -> Estimate:
-    assert not violations(model, cluster, job, s), violations(model, cluster, job, s)
+    assert not violations(model, cluster, job, s, framework_rules=False), violations(model, cluster, job, s, framework_rules=False)
     return estimate(model, hw, cluster, job, s)
 
 
 def legal(model, cluster, job, s) -> bool:
-    return not violations(model, cluster, job, s)
+    return not violations(model, cluster, job, s, framework_rules=False)
 
 
 # ---- every estimate ------------------------------------------------------------------------------
@@ -306,7 +307,7 @@ def test_estimate_never_raises_on_illegal_strategies(data):
                       dtype=sorted(hw.device.peak_tflops)[0])
     with np.errstate(all="ignore"):
         e = estimate(model, hw, cluster, job, s)
-    if violations(model, cluster, job, s):
+    if violations(model, cluster, job, s, framework_rules=False):
         assert not e.feasible and e.reasons
 
 
@@ -492,7 +493,7 @@ def test_explicit_even_split_equals_the_default_split(case):
 def test_estimate_batch_equals_estimate_one_by_one(case):
     model, hw, cluster, job, strategies = case
     batch = StrategyBatch.from_strategies(strategies, model.num_layers)
-    assert legal_mask(model, cluster, job, batch).all()
+    assert legal_mask(model, cluster, job, batch, framework_rules=False).all()
     e = estimate_batch(model, hw, cluster, job, batch)
     assert len(e.step_time_s) == len(strategies)
     for i, s in enumerate(strategies):

@@ -80,8 +80,12 @@ def test_write_export_file_and_folder(tmp_path):
         write_export(many, tmp_path / "t.toml")                                   # a file, but several outputs
 
 
-def test_cli_prints_the_config_and_warns_on_stderr(plan_file):
-    r = advisor("export", str(plan_file), "--to", "megatron")
+def test_cli_refuses_what_the_target_cannot_run_and_lossy_warns(plan_file):
+    r = advisor("export", str(plan_file), "--to", "megatron")      # a GPipe plan: Megatron-LM has no GPipe
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert ("--to megatron cannot launch this plan as priced: parallel.pipeline_schedule: the framework does not "
+            "run this pipeline schedule (megatron runs 1f1b, interleaved-1f1b; schedule = gpipe, pp = 8)") in r.stderr
+    r = advisor("export", str(plan_file), "--to", "megatron", "--lossy")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("#!/usr/bin/env bash") and "--pipeline-model-parallel-size 8" in r.stdout
     assert "warning: megatron cannot express parallel.pipeline_schedule = gpipe" in r.stderr
@@ -89,12 +93,14 @@ def test_cli_prints_the_config_and_warns_on_stderr(plan_file):
 
 def test_cli_out_and_json(plan_file, tmp_path):
     r = advisor("export", str(plan_file), "--to", "mindspore", "--out", str(tmp_path / "ms"))
+    assert r.returncode == 2 and "priced for Megatron-LM" in r.stderr and not (tmp_path / "ms").exists()
+    r = advisor("export", str(plan_file), "--to", "mindspore", "--out", str(tmp_path / "ms"), "--lossy")
     assert r.returncode == 0, r.stderr
     assert {p.name for p in (tmp_path / "ms").iterdir()} == {   # the gpt3 plan runs on Ascend: rank table too
         "parallel_context.py", "mindformers_parallel.yaml", "launch_msrun.sh", "launch_dynamic_scheduler.sh",
         "launch_dynamic_worker.sh", "launch_mpirun.sh", "hostfile", "rank_table.json", "launch_rank_table.sh"}
     assert "note: rank_table.json: server_id and device_ip values are placeholders" in r.stderr
-    r = advisor("export", str(plan_file), "--to", "k8s", "--framework", "pytorch", "--json")   # Ascend: MSJob by default
+    r = advisor("export", str(plan_file), "--to", "k8s", "--framework", "pytorch", "--json", "--lossy")   # Ascend: MSJob by default
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["target"] == "k8s" and "pytorchjob.yaml" in doc["files"] and doc["unsupported"]

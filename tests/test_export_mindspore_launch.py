@@ -102,7 +102,7 @@ def validate_rank_table(doc) -> None:
 def _plan(hardware: str, nodes: int, dp: int, tp: int, *, devices: int | None = None, dtype: str = "bf16"):
     return make_plan("llama3-8b", hardware, nodes,
                      {"dp": dp, "tp": tp, "pp": 1, "micro_batch_size": 1, "num_micro_batches": 4, "zero_stage": 1},
-                     devices=devices, global_batch_size=4 * dp, seq_length=4096, dtype=dtype)
+                     devices=devices, global_batch_size=4 * dp, seq_length=4096, dtype=dtype, framework="mindspore")
 
 
 @pytest.fixture(scope="module")

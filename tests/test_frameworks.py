@@ -65,7 +65,7 @@ def test_selective_policies_name_known_units():
 
 
 def test_frameworks_with_lists_the_records_that_have_a_capability():
-    assert frameworks_with("unfused_optimizer") == "pytorch, torchtitan or mindspore"
+    assert frameworks_with("unfused_optimizer") == "pytorch, torchtitan, deepspeed or mindspore"
     assert frameworks_with("cuda_graphs") == "megatron"
     assert frameworks_with("host_embedding") == "mindspore"
 

@@ -198,8 +198,8 @@ def test_estimate_json_of_a_saved_plan(monkeypatch, capsys, recommended, family)
 # ---- export --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("target", EXPORT_TARGETS)
 def test_export_json(monkeypatch, capsys, recommended, target):
-    _, path = recommended("transformer")
-    doc = _json(monkeypatch, capsys, "export", str(path), "--to", target, "--json")
+    _, path = recommended("transformer")      # a Megatron plan: the other targets write it with --lossy only
+    doc = _json(monkeypatch, capsys, "export", str(path), "--to", target, "--json", "--lossy")
     validate(doc, "export")
     assert doc["target"] == target
 

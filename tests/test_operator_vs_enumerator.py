@@ -96,17 +96,24 @@ def test_the_new_users_case_data_parallelism_is_reachable():
 
 
 def test_a_searched_layout_beats_megatron_on_gpt3_175b():
-    """On 64 A100s the best configurations have tp = 2; D-Rec finds operator layouts that the uniform
-    Megatron split does not reach, priced by the cost model plus their difference."""
+    """On 64 A100s D-Rec finds operator layouts that the uniform Megatron split does not reach, priced by the cost
+    model plus their difference. (Under Megatron's own limits, ZeRO-1 at most with pipelining, the best outer
+    configurations have tp = 4, where the searched layout differs in the norms and residuals, which Megatron keeps
+    whole or cuts by sequence; at tp = 2 it differed in the tensor-parallel GEMMs.)"""
     model, hw, cluster, outer, drec, ilp = _composed("gpt3-175b", "dgx-a100-80g", 64)
     enum_best, _ = best_priced(model, hw, cluster, JOB, outer)
     drec_best, i = best_priced(model, hw, cluster, JOB, drec)
     assert drec_best > enum_best * (1 + 1e-4)
     rec = drec.operator_strategies[i]
     assert rec["layout"] == "searched" and rec["pricing"]["delta_step_s"] < 0
+    sequence = "s" if drec.finalists.sequence_parallel[i] else None
+
+    def megatron_cut(name: str):        # advisor.search.intra_op.megatron_strategies: the uniform split's cut
+        return MEGATRON_CUTS.get(name.rsplit(".", 1)[-1], sequence)
+
     differs = [name for name, op in rec["operators"].items()
-               if MEGATRON_CUTS.get(name.rsplit(".", 1)[-1]) not in (None, *op["mesh_axes"])]
-    assert differs, "a searched layout differs from Megatron's in at least one tensor-parallel operator"
+               if megatron_cut(name) not in op["mesh_axes"] and set(op["mesh_axes"]) - {"b", megatron_cut(name)}]
+    assert differs, "a searched layout differs from Megatron's in at least one operator"
     memory = estimate_batch(model, hw, cluster, JOB, drec.finalists).memory.total[i] + rec["pricing"]["delta_memory_bytes"]
     assert memory <= hw.device.memory_gib * GIB
 

@@ -406,7 +406,8 @@ def test_cli_k8s_export_of_an_ascend_plan_is_a_mindspore_job_unless_asked_otherw
 
     path = tmp_path / "ascend.json"
     save_plan(make_plan("llama3-8b", "ascend-910b", 2, {"dp": 16, "tp": 1, "pp": 1, "micro_batch_size": 1,
-                                                        "num_micro_batches": 4}, global_batch_size=64, seq_length=4096),
+                                                        "num_micro_batches": 4}, global_batch_size=64, seq_length=4096,
+                        framework="mindspore"),
               path)
     r = _advisor("export", str(path), "--to", "k8s", "--json")
     assert r.returncode == 0, r.stderr
@@ -414,7 +415,9 @@ def test_cli_k8s_export_of_an_ascend_plan_is_a_mindspore_job_unless_asked_otherw
     worker = doc["spec"]["msReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert doc["kind"] == "MSJob" and "mindspore-ascend" in worker["image"]
     assert worker["resources"]["limits"] == {"huawei.com/Ascend910": 1}
-    r = _advisor("export", str(path), "--to", "k8s", "--framework", "pytorch", "--json")
+    r = _advisor("export", str(path), "--to", "k8s", "--framework", "pytorch", "--json")   # runs Megatron-LM
+    assert r.returncode == 2 and "priced for MindSpore, and this export launches Megatron-LM" in r.stderr
+    r = _advisor("export", str(path), "--to", "k8s", "--framework", "pytorch", "--json", "--lossy")
     assert r.returncode == 0, r.stderr
     docs = list(yaml.safe_load_all(next(iter(json.loads(r.stdout)["files"].values()))))
     assert any(d and d.get("kind") == "PyTorchJob" for d in docs)

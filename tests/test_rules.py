@@ -59,11 +59,24 @@ BROKEN = {
     "host embedding": (DENSE, replace(BASE, host_embedding=True)),                        # framework megatron
     "parameter offload": (DENSE, replace(BASE, zero_stage=2, offload_optimizer=True, offload_params=True)),
     "offload fraction": (DENSE, replace(BASE, zero_stage=1, offload_fraction=0.5)),         # optimizer not offloaded
+    # what the job's framework runs (its record, advisor.specs.frameworks); FRAMEWORK below names it
+    "framework zero": (DENSE, replace(BASE, zero_stage=2)),                              # megatron, pp = 2
+    "framework schedule": (DENSE, replace(BASE, pipeline_schedule="gpipe")),             # megatron
+    "framework stage layers": (DENSE, replace(BASE, virtual_pipeline_stages=2, pipeline_schedule="interleaved-1f1b",
+                                              stage_layers=(3, 5))),                     # pytorch: chunks 1.5 / 2.5
+    "framework context parallel": (DENSE, replace(BASE, dp=1, cp=2, num_micro_batches=8, cp_comm="a2a")),  # pytorch
+    "framework sequence parallel": (DENSE, BASE),                                        # torchtitan, tp 2 without sp
+    "framework mesh order": (DENSE, replace(BASE, mesh_order=("tp", "pp", "dp", "cp"))),  # megatron
 }
 ODD_SEQ_RULES = {"sequence parallel divides seq", "cp divides seq"}
+FRAMEWORK = {"framework stage layers": "pytorch", "framework context parallel": "pytorch",
+             "framework sequence parallel": "torchtitan", "gradient bucket": "mindspore",
+             "parameter offload": "mindspore"}
 
 
 def _job(rule: str) -> TrainingJob:
+    if rule in FRAMEWORK:
+        return replace(JOB, framework=FRAMEWORK[rule])
     if rule == "recompute modules":
         return replace(JOB, recompute_modules=("moe_act",))
     if rule == "cuda graphs":

@@ -1,5 +1,5 @@
-"""Shared pieces of the command line (advisor.cli): the consoles, the help texts of options that
-several commands take, and the printers of warnings and --json output.
+"""Shared pieces of the command line (advisor.cli): the consoles and the printers of warnings and --json
+output (the options' help texts live in the settings' records, advisor.specs.setting).
 """
 
 from __future__ import annotations
@@ -13,27 +13,6 @@ from advisor.errors import AdvisorError
 
 console = Console()
 err_console = Console(stderr=True)
-
-
-FRAMEWORK_HELP = ("megatron | pytorch | torchtitan | mindspore: whose implementation runs the plan (what "
-                  "selective recomputation means, fused kernels, the attention kernel)")
-OPTIMIZER_IMPL_HELP = ("fused | unfused: the optimizer step as one fused kernel (the default; Megatron's only choice) or "
-                      "one kernel per operation (torch.optim foreach / for-loop, torchtitan implementation foreach, "
-                      "MindFormers AdamW use_fused False)")
-FP8_HELP = "with --dtype fp8: delayed | tensorwise | mxfp8 | blockwise (default delayed)"
-OPSTRAT_HELP = ("YAML/JSON: operator name -> cuts per input (MindSpore shard() form), kept fixed; the other operators "
-                "are searched around them (drec | ilp)")
-PS_MODE_HELP = ("recommendation models: pin none (collectives only: replicated or sharded tables) | ps (every "
-                "tensor on parameter servers) | hybrid (tables on servers, towers all-reduced)")
-HARDWARE_HELP = ("bundled hardware profile or path; a mixed cluster as PROFILE:NODES,PROFILE:NODES (then no "
-                 "--nodes/--devices)")
-NODES_HELP = "cluster size in nodes of the profile (or give --devices)"
-DEVICES_HELP = "cluster size in devices (or give --nodes); need not fill the last node (a warning)"
-SEQ_HELP = "sequence length in tokens (default: the model's seq_length)"
-MODULES_HELP = ("with --framework megatron: what selective recomputation replays, comma-separated core_attn, layernorm, "
-                "moe_act, mla_up_proj, mlp (Megatron's --recompute-modules; default core_attn)")
-GRAPHS_HELP = ("with --framework megatron: per-layer CUDA graphs over these modules, comma-separated full (the whole "
-               "layer), full_iteration, attn, mlp, moe, moe_router, moe_preprocess (Megatron's --cuda-graph-scope); default none")
 
 
 def wide_console(width: int = 120) -> Console:

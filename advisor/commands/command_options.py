@@ -42,6 +42,12 @@ class SearchOptions:
     plan: str | None = setting(
         None, kind="text", flags=("--plan",), commands=("estimate",),
         help="score the strategy of a plan JSON instead", doc="A plan JSON whose strategy is scored.")
+    from_file: str | None = setting(
+        None, kind="text", flags=("--from",), commands=BOTH,
+        help="a launch configuration you have: a Megatron-LM argument list or launch script, or a torchtitan job "
+             "TOML (with --model and --hardware; flags given override it): estimate prices it, recommend pins what "
+             "it pins and searches the rest",
+        doc="A launch configuration whose settings are priced (advisor.importers).")
     searcher: str = setting(
         "enumerate", kind="text", flags=("--searcher",), commands=("recommend",), help="enumerate | drec | ilp",
         doc="The searcher (advisor.commands.recommend.SEARCHERS).")
@@ -54,8 +60,9 @@ class SearchOptions:
              "are searched around them (drec | ilp)",
         doc="User-fixed operator strategies, MindSpore shard() form (advisor.specs.operator_strategies).")
     out: str | None = setting(
-        None, kind="text", flags=("--out",), commands=("recommend",), help="write the best plan JSON here",
-        doc="Where the best plan JSON is written.")
+        None, kind="text", flags=("--out",), commands=BOTH,
+        help="write the plan JSON here (recommend: the best; estimate: the priced strategy, when it fits)",
+        doc="Where the plan JSON is written: recommend's best plan, or estimate's strategy with its prediction.")
     plot: str | None = setting(
         None, kind="text", flags=("--plot",), commands=("recommend",),
         help="write the top plans' time and memory breakdown (PNG) here", doc="Where the breakdown plot is written.")

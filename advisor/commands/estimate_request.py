@@ -13,7 +13,9 @@ from advisor.plan import load_plan, strategy_to_dict
 from advisor.search.neighbours import closest_fit
 from advisor.space.rules import violations
 from advisor.space.strategy import Strategy
+from advisor.specs.job import TrainingJob
 from advisor.specs.operator_strategies import load_operator_strategies
+from advisor.specs.setting import as_given
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def strategy_from_values(inputs: Inputs, values: dict[str, Any]) -> Strategy:
 
 def estimate_request(model: str | None, hardware: str | None, nodes: int | None, devices: int | None,
                      job: dict[str, Any], strategy: dict[str, Any], plan: str | None = None,
-                     operator_strategies: str | None = None) -> EstimateResult:
+                     operator_strategies: str | None = None, launch: str | None = None) -> EstimateResult:
     """One strategy scored: given by its settings (``strategy``, by field name, as the command line gives
     them) or by a plan file, whose training and parallel settings the given ones override (the result is
     checked like any strategy). ``job``: the TrainingJob settings given."""
@@ -79,7 +81,23 @@ def estimate_request(model: str | None, hardware: str | None, nodes: int | None,
     else:
         if model is None or hardware is None:
             raise AdvisorError("advisor estimate needs --model and --hardware (or --plan PLAN.json)")
+        imported = None
+        if launch is not None:       # a launch configuration's settings, under the flags given
+            from advisor.importers import read_launch_config
+
+            if plan is not None:
+                raise AdvisorError("--from and --plan cannot go together")
+            imported = read_launch_config(launch)
+            job = {**as_given(TrainingJob, imported.job), **job}
+            if nodes is None and devices is None:
+                nodes, devices = (None, imported.devices) if imported.devices else (imported.nodes, None)
         inputs = resolve_inputs(model, hardware, nodes=nodes, devices=devices, **job)
+        if imported is not None:
+            from advisor.importers import check_model, strategy_settings
+
+            check_model(imported, inputs.model)
+            strategy = {**strategy_settings(imported, inputs.model.num_layers, inputs.job.grad_reduce_bytes),
+                        **strategy}
         chosen = strategy_from_values(inputs, strategy)
         title = f"{inputs.model.name} on {inputs.cluster.devices} x {inputs.hardware.device.name} ({inputs.hardware.name})"
     broken = violations(inputs.model, inputs.cluster, inputs.job, chosen)

@@ -21,7 +21,7 @@ def estimate_cmd(request: Request) -> None:
     r = request
     result = estimate_request(r.get("model"), r.get("hardware"), r.get("nodes"), r.get("devices"),
                               job=r.values_of(TrainingJob), strategy=r.values_of(Strategy), plan=r.get("plan"),
-                              operator_strategies=r.get("operator_strategies"))
+                              operator_strategies=r.get("operator_strategies"), launch=r.get("from_file"))
     warnings = input_warnings(result.inputs.hardware, result.inputs.cluster)
     if r.get("json"):
         print_json({**result.to_dict(), "warnings": warnings})
@@ -33,6 +33,16 @@ def estimate_cmd(request: Request) -> None:
     if not result.estimate.feasible:
         hint = f"; closest change that fits: {result.alternative}" if result.alternative else ""
         raise InfeasibleError(f"the strategy does not fit: {result.estimate.reasons[0]}{hint}")
+    if r.get("out"):
+        from advisor.commands.recommend import prediction_of
+        from advisor.plan import Plan, save_plan
+
+        i = result.inputs
+        save_plan(Plan(model=i.model, hardware=i.hardware, cluster=i.cluster, training=i.job, strategy=result.strategy,
+                       operator_strategies=result.operator_strategies, prediction=prediction_of(result.estimate)),
+                  r.get("out"))
+        if not r.get("json"):
+            console.print(f"plan saved to {r.get('out')}", markup=False, highlight=False)
 
 
 def recommend_cmd(request: Request) -> None:
@@ -45,12 +55,29 @@ def recommend_cmd(request: Request) -> None:
     from advisor.specs.operator_strategies import load_operator_strategies
 
     r = request
-    inputs = resolve_inputs(r.get("model"), r.get("hardware"), nodes=r.get("nodes"), devices=r.get("devices"),
-                            **r.values_of(TrainingJob))
+    job, nodes, devices, imported = r.values_of(TrainingJob), r.get("nodes"), r.get("devices"), None
+    if r.get("from_file"):         # a launch configuration: its settings under the flags given
+        from advisor.importers import read_launch_config
+        from advisor.specs.setting import as_given
+
+        imported = read_launch_config(r.get("from_file"))
+        job = {**as_given(TrainingJob, imported.job), **job}
+        if nodes is None and devices is None:
+            nodes, devices = (None, imported.devices) if imported.devices else (imported.nodes, None)
+    inputs = resolve_inputs(r.get("model"), r.get("hardware"), nodes=nodes, devices=devices, **job)
     warnings = input_warnings(inputs.hardware, inputs.cluster)
     if not r.get("json"):   # before the search: a mistaken cluster size is seen at once
         print_warnings(warnings)
-    pins = Pins.from_values(r.values_of(Strategy))
+    pinned = r.values_of(Strategy)
+    if imported is not None:
+        from advisor.importers import check_model, pins_of, strategy_settings
+        from advisor.search import SEARCHED
+
+        check_model(imported, inputs.model)
+        settings = strategy_settings(imported, inputs.model.num_layers, inputs.job.grad_reduce_bytes)
+        pinned = {**pins_of(imported, settings, {name for name, _ in SEARCHED}, inputs.model.num_layers),
+                  **{k: v for k, v in pinned.items() if v is not None}}
+    pins = Pins.from_values(pinned)
     objective, top, searcher = r.get("objective"), r.get("top"), r.get("searcher")
     target = target_for(objective, r.get("target_tokens"), r.get("target_loss"), r.get("critical_batch"))
     fixed = load_operator_strategies(r.get("operator_strategies")) if r.given("operator_strategies") else None

@@ -82,8 +82,10 @@ def bottleneck_name(time_parts: dict[str, float], memory_fraction: float) -> str
 
 
 def estimate(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, strategy: Strategy) -> Estimate:
-    """Score one strategy. Illegal strategies and plans that do not fit are results, with reasons."""
-    reasons = violations(model, cluster, job, strategy)
+    """Score one strategy. Illegal strategies and plans that do not fit are results, with reasons. What the job's
+    framework runs (advisor.space.rules.FRAMEWORK_RULES) is judged by the commands that launch or search, not here:
+    a strategy is priced as the framework's kernels and defaults would run it."""
+    reasons = violations(model, cluster, job, strategy, framework_rules=False)
     malformed = (strategy.stage_layers is not None and len(strategy.stage_layers) != strategy.pp) or (
         isinstance(strategy.recompute_layers, tuple) and len(strategy.recompute_layers) != strategy.pp) or min(
         strategy.dp, strategy.tp, strategy.pp, strategy.cp, strategy.ep, strategy.micro_batch_size,

@@ -106,9 +106,15 @@ def export_plan(plan: Plan, target: str, target_version: str | None = None, laun
     if fam.exporters is not None:             # the family's own exporter (advisor.families)
         result = resolve(fam.exporters[target])(plan, target_version)
     else:
-        module = k8s_module(k8s_framework) if target == "k8s" else target
+        module = target
+        if target == "k8s":        # the job kind: as asked, else the plan's framework (MindSpore: an MSJob)
+            priced = plan.training.framework
+            module = k8s_module(k8s_framework if k8s_framework is not None else
+                                priced if priced in K8S_FRAMEWORKS else None)
         result = _exporter(module)(plan, target_version, launch) if launch is not None else \
             _exporter(module)(plan, target_version)
+        result = replace(result, unsupported=runs_as_priced(plan, importlib.import_module(
+            f"advisor.export.{module}").FRAMEWORK) + result.unsupported)
     if mixed_notes:
         result = replace(result, notes=result.notes + mixed_notes)
     if plan.strategy.swap_layers is not None and target != "mindspore":
@@ -126,6 +132,28 @@ def export_plan(plan: Plan, target: str, target_version: str | None = None, laun
             f"operator_strategies: the per-operator shardings found by the {searcher} searcher are not written out "
             f"({target} takes uniform degrees); {how}",))
     return result
+
+
+def runs_as_priced(plan: Plan, framework: str) -> tuple[str, ...]:
+    """What keeps the launch of ``framework`` from running the plan as priced, as sentences naming the plan
+    field: a plan priced for another framework (its kernels, limits and defaults), and every legality rule the
+    plan breaks under ``framework``'s record (advisor.space.rules, the rules the search and estimate apply)."""
+    from advisor.space.rules import FRAMEWORK_RULES, broken_rules
+    from advisor.specs.frameworks import FRAMEWORKS
+
+    priced = plan.training.framework
+    out = []
+    if priced != framework:
+        out.append(f"training.framework = {priced}: the plan was priced for {FRAMEWORKS[priced].title}, and this "
+                   f"export launches {FRAMEWORKS[framework].title}; price it for {framework} first (advisor estimate "
+                   f"--plan PLAN --framework {framework} --out PLAN2, or advisor recommend --framework {framework})")
+    try:
+        job = replace(plan.training, framework=framework)     # the job's own checks for that framework
+    except AdvisorError as exc:
+        return (*out, f"training.framework = {framework}: {str(exc).removeprefix('training: ')}")
+    out += [f"parallel.{FRAMEWORK_RULES.get(name, 'strategy')}: {sentence}"
+            for name, sentence in broken_rules(plan.model, plan.cluster, job, plan.strategy)]
+    return tuple(out)
 
 
 def write_export(result: ExportResult, out: str | Path) -> list[Path]:

@@ -33,11 +33,19 @@ def procs_per_node(plan: Plan, target: str, unsupported: list[str]) -> int:
 
 def chunk_layers(plan: Plan) -> list[list[int]]:
     """Transformer layers of each model chunk, [virtual stage][pipeline stage]. A physical stage with
-    L layers holds vpp chunks of L / vpp layers (the rules make L divisible by vpp)."""
+    L layers holds vpp chunks of L // vpp layers; a remainder goes one layer each to the chunks away from the
+    embedding (the first stage's last chunks) and the loss (the other stages' first chunks), as Megatron's
+    --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split recipes place them."""
     s = plan.strategy
     stages = s.resolved_stage_layers(plan.model.num_layers)
     v = s.virtual_pipeline_stages
-    return [[n // v for n in stages] for _ in range(v)]
+    rows = [[n // v for n in stages] for _ in range(v)]
+    for p, n in enumerate(stages):
+        extra = n % v
+        chunks = range(v - extra, v) if p == 0 else range(extra)
+        for c in chunks:
+            rows[c][p] += 1
+    return rows
 
 
 def stage_layers(plan: Plan) -> tuple[int, ...]:

@@ -43,6 +43,7 @@ from advisor.export._common import (
 from advisor.export._recompute import CORE_ATTENTION, FULL, NONE, cannot_express, priced_recompute
 from advisor.plan import Plan
 
+FRAMEWORK = "deepspeed"   # the framework record this export launches (ds_config runs DeepSpeed)
 # release -> whether it trains with AutoTP (tensor_parallel.autotp_size; DeepSpeed >= 0.16.4)
 VERSIONS = {"0.15": False, "0.16": True, "0.17": True, "0.18": True, "0.19": True}
 # releases whose engine accepts AutoTP with ZeRO-3 (v0.19.4 and newer; see the module docstring)
@@ -164,6 +165,7 @@ def ds_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
                            "(it lives in the model code, e.g. Megatron-DeepSpeed --sequence-parallel)")
     if s.cp > 1:
         cfg["sequence_parallel_size"] = s.cp
+    if s.cp > 1 and s.cp_comm != "a2a":
         unsupported.append(f"parallel.cp = {s.cp}: DeepSpeed's sequence parallelism is Ulysses (all-to-all over "
                            "attention heads), not the ring exchange of K and V the plan was priced with")
     return _settings.merge(cfg, _settings.keys(plan, "deepspeed", unsupported))   # the settings whose records spell them

@@ -94,6 +94,7 @@ def manifest(plan: Plan, unsupported: list[str], notes: list[str], target_versio
     }
 
 
+FRAMEWORK = "megatron"   # the framework record this export launches (the PyTorchJob runs Megatron-LM's pretrain_gpt.py)
 VERSIONS = VERSIONS                 # --target-version names the Megatron-Core release, as for the megatron export
 DEFAULT_VERSION = DEFAULT_VERSION
 

@@ -29,6 +29,8 @@ IMAGE = "swr.cn-south-1.myhuaweicloud.com/mindspore/mindspore-gpu:2.2.0"   # a M
 ASCEND_IMAGE = "swr.cn-south-1.myhuaweicloud.com/mindspore/mindspore-ascend:2.7.1"
 TRAIN_COMMAND = "python -s train.py"                                       # the user's script (replace)
 
+FRAMEWORK = "mindspore"   # the framework record this export launches (the MSJob runs MindFormers)
+
 
 def job_name(plan: Plan) -> str:
     raw = f"{plan.model.name}{'-ps' if plan.parameter_server is not None else ''}-{plan.cluster.devices}x"

@@ -50,6 +50,7 @@ class MegatronRelease:
     container: str                # the NGC PyTorch container its README names
 
 
+FRAMEWORK = "megatron"   # the framework record this export launches (the flags run Megatron-LM)
 VERSIONS = {
     "0.13": MegatronRelease("core_v0.13.0", False, "nvcr.io/nvidia/pytorch:25.04-py3"),
     "0.14": MegatronRelease("core_v0.14.0", True, "nvcr.io/nvidia/pytorch:25.04-py3"),
@@ -87,7 +88,7 @@ def pipeline_layout(plan: Plan) -> str:
     parts = []
     for v, row in enumerate(chunks):
         for p in range(pp):
-            body = f"t*{row[p]}" if row[p] > 1 else "t"
+            body = f"t*{row[p]}" if row[p] > 1 else "t" * row[p]      # a chunk may hold only E or L
             if v == 0 and p == 0:
                 body = "E" + body
             if v == len(chunks) - 1 and p == pp - 1:
@@ -214,10 +215,7 @@ def megatron_launch(plan: Plan, target_version: str | None = None) -> MegatronLa
         # use the hybrid format (E4M3 forward, E5M2 gradients)
         train += ["--bf16", "--fp8-format", "e4m3" if j.recipe == "mxfp8" else "hybrid", "--fp8-recipe", j.recipe]
     train += _settings.flags(plan, "megatron", unsupported)   # the settings whose records spell them
-    if j.framework != "megatron":
-        notes.append(f"the plan was priced for framework {j.framework}; Megatron-LM runs its own fused kernels, "
-                     "so re-price with --framework megatron for its time and memory")
-    elif j.dtype == "tf32":
+    if j.dtype == "tf32":
         notes.append("training.dtype = tf32: Megatron-LM trains in fp32; TF32 matmuls follow PyTorch's "
                      "torch.backends.cuda.matmul.allow_tf32 setting")
     train += _recompute_flags(plan, unsupported)

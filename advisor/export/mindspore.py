@@ -37,6 +37,7 @@ from advisor.export._common import (
 from advisor.export._recompute import FULL, MINDSPORE_SELECT, NONE, cannot_express, priced_recompute
 from advisor.plan import Plan
 
+FRAMEWORK = "mindspore"   # the framework record this export launches (the context and YAML run MindSpore/MindFormers)
 VERSIONS = ("1.7.0", "2.1.0")
 DEFAULT_VERSION = "2.1.0"
 # MindSpore's set_pipeline_config allows schedulers other than 1f1b only with pipeline_interleave on;
@@ -67,6 +68,10 @@ def auto_parallel_context(plan: Plan) -> dict:
     if s.zero_stage >= 1:
         ctx["parallel_optimizer_config"] = {"optimizer_level": f"level{s.zero_stage}",
                                             "optimizer_weight_shard_size": s.dp}
+        if s.zero_stage != 2:
+            # MindSpore refuses gradient_accumulation_shard (the older spelling of level2's sharded gradients)
+            # with level1 and level3; written off so that a shipped MindFormers YAML's True does not survive the merge
+            ctx["parallel_optimizer_config"]["gradient_accumulation_shard"] = False
     if s.pp > 1:
         ctx["pipeline_config"] = {"pipeline_interleave": s.virtual_pipeline_stages > 1,
                                   "pipeline_scheduler": SCHEDULERS[s.pipeline_schedule]}
@@ -137,6 +142,10 @@ def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> 
         "vocab_emb_dp": s.tp == 1,
         "gradient_aggregation_group": 4,
     }
+    if s.cp > 1:
+        # TransformerOpParallelConfig's context_parallel_algo (mindformers/modules/transformer/transformer.py,
+        # v1.7.0): colossalai_cp is the ring exchange, ulysses_cp the all-to-all
+        parallel_config["context_parallel_algo"] = "ulysses_cp" if s.cp_comm == "a2a" else "colossalai_cp"
     full, select = _recompute(plan, unsupported)
     unsupported.extend(x for x in [_comm_knobs.priority_unsupported(plan, "MindSpore"),
                                    _comm_knobs.cuda_graphs_unsupported(plan, "MindSpore")] if x)
@@ -170,18 +179,11 @@ def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> 
     if s.pp > 1 and s.pipeline_schedule == "gpipe":
         unsupported.append("parallel.pipeline_schedule = gpipe: MindSpore accepts pipeline_scheduler 'gpipe' only with "
                            "pipeline_interleave on (set_pipeline_config); exported as 1f1b (same bubble, less memory)")
-    if s.recompute == "selective":
-        unsupported.append("parallel.recompute = selective: MindFormers' select_recompute recomputes the operators "
-                           "matched by its default patterns (the feed-forward activation), not the attention core the "
-                           "plan was priced with; give select_recompute patterns to match")
-    if s.cp > 1:
-        notes.append("context_parallel uses MindFormers' default colossalai_cp algorithm (ring exchange)")
     if j.dtype == "fp8":
         unsupported.append("training.dtype = fp8: MindFormers' compute_dtype has no FP8; exported as bfloat16")
-    if s.offload_optimizer:
-        unsupported.append("parallel.offload_optimizer = true: neither set_auto_parallel_context nor MindFormers' "
-                           "parallel_config offloads optimizer states (MindSpore does it with nn.AdamOffload in the "
-                           "training script)")
+    if s.offload_optimizer and j.optimizer not in ("adam", "adamw"):
+        unsupported.append(f"parallel.offload_optimizer = true with training.optimizer = {j.optimizer}: MindFormers "
+                           "swaps the optimizer states to the host for AdamW only (optimizer.swap)")
     if non_default_mesh(plan):
         unsupported.append(f"parallel.mesh_order = {mesh_text(plan)}: MindSpore places pipeline stages outermost and "
                            "the model-parallel dimension innermost; exported with that order")
@@ -207,6 +209,10 @@ def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> 
         # the optimizer step priced (advisor.cost.optimizer_step): MindFormers' AdamW picks FusedAdamW with
         # use_fused True, its per-operation AdamW otherwise (mindformers/core/optim/__init__.py, 1.7.0 and 2.1.0)
         out["optimizer"] = {"type": "AdamW", "use_fused": j.optimizer_impl == "fused"}
+        if s.offload_optimizer:
+            # optimizer offload: AdamW's and FusedAdamW's swap keeps the states on the host
+            # (mindformers/core/optim/adamw.py, fused_adamw.py, v1.7.0)
+            out["optimizer"]["swap"] = True
     return _settings.merge(out, _settings.keys(plan, "mindspore", unsupported))   # the settings whose records spell them
 
 

@@ -31,6 +31,7 @@ from advisor.export._common import (
 from advisor.export._recompute import CORE_ATTENTION, FULL, NONE, OP_LEVEL, cannot_express, priced_recompute
 from advisor.plan import Plan
 
+FRAMEWORK = "torchtitan"   # the framework record this export launches (the TOML runs torchtitan)
 VERSIONS = ("0.2.0", "0.2.1", "0.2.2")
 DEFAULT_VERSION = "0.2.2"
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
@@ -68,7 +69,9 @@ def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, 
         replicate, shard, reshard = s.dp, 1, "default"
     else:
         replicate, shard = 1, s.dp
-        reshard = "always" if s.zero_stage == 3 else "never"
+        # ZeRO-3 as priced (framework record reshards_under_pipeline: False): "default" reshards after the forward
+        # without pipelining and keeps the gathered weights under it (models/llama3/infra/parallelize.py, v0.2.0)
+        reshard = "default" if s.zero_stage == 3 else "never"
         if s.zero_stage == 1:
             unsupported.append("parallel.zero_stage = 1: torchtitan's data parallelism is FSDP2, which has no "
                                "optimizer-only sharding; exported as FSDP with fsdp_reshard_after_forward = \"never\" "
@@ -125,9 +128,6 @@ def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, 
         unsupported.append("training.dtype = fp16: torchtitan trains in bfloat16 or float32; exported as bfloat16")
     else:
         train["mixed_precision_param"] = "float32"
-    if j.dtype == "fp8":
-        unsupported.append("training.dtype = fp8: FP8 is torchtitan's [quantize] section (float8 converters), "
-                           "outside the exported sections; exported as bfloat16")
     if s.offload_optimizer:
         train["enable_cpu_offload"] = True       # FSDP2's CPUOffloadPolicy: parameters, gradients, optimizer states
         if s.offload_fraction != 1.0:
@@ -154,17 +154,28 @@ def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, 
         closest = {FULL: 'mode = "selective" with selective_ac_option = "N" (every N-th layer)',
                    CORE_ATTENTION: 'mode = "selective", selective_ac_option = "op" (priced with --framework torchtitan)'}
         unsupported.append(cannot_express("torchtitan", priced, closest.get(priced.kind, "")))
-    if j.framework != "torchtitan":
-        notes.append(f"the plan was priced for framework {j.framework}; torchtitan runs eager PyTorch kernels and its "
-                     "own checkpointing policies, so re-price with --framework torchtitan")
     if j.optimizer_impl == "unfused":
         notes.append('the plan was priced with an unfused optimizer step: set implementation = "foreach" in your '
                      '[optimizer] section (torchtitan\'s default is "fused")')
     if s.cp > 1 and s.cp_comm == "a2a":
         unsupported.append("parallel.cp_comm = a2a: torchtitan's context parallelism is ring attention "
                            "(context_parallel_rotate_method allgather or alltoall), not Ulysses")
-    secs = {"parallelism": par, "training": train, "activation_checkpoint": ac}
+    secs = {"parallelism": par, "training": train, "activation_checkpoint": ac, **_fp8_sections(plan)}
     return _settings.merge(secs, _settings.keys(plan, "torchtitan", unsupported), sections=True)
+
+
+# The FP8 recipe as torchtitan's model converters (config/job_config.py, v0.2.0): tensorwise scaling is the
+# float8 converter's recipe, MXFP8 the mx converter's cuBLAS recipe
+FP8_CONVERTERS = {"tensorwise": ("quantize.linear.float8", "tensorwise"), "mxfp8": ("quantize.linear.mx", "mxfp8_cublas")}
+
+
+def _fp8_sections(plan: Plan) -> dict[str, dict]:
+    """[model] converters and the converter's recipe for an FP8 plan (the recipes the torchtitan record runs)."""
+    recipe = plan.training.recipe
+    if recipe is None:
+        return {}
+    converter, name = FP8_CONVERTERS[recipe]
+    return {"model": {"converters": [converter]}, converter: {"recipe_name": name}}
 
 
 def toml_string(text: str) -> str:
@@ -198,8 +209,8 @@ def _toml_value(value, indent: str = "") -> str:
 
 def render_toml(plan: Plan, secs: dict[str, dict], version: str = DEFAULT_VERSION) -> str:
     out = [comment_block(header_lines(plan, f"torchtitan {version} job config")),
-           "# Merge these sections into your torchtitan job TOML (the [job], [model], [optimizer] ... sections\n"
-           "# are yours); run with --job.config_file.\n"]
+           "# Merge these sections into your torchtitan job TOML (the [job], [optimizer] ... sections and the\n"
+           "# [model] keys not written here are yours); run with --job.config_file.\n"]
     for name, body in secs.items():
         out.append(f"\n[{name}]\n")
         for key, value in body.items():

@@ -59,7 +59,7 @@ from advisor.search.enumerate_rows import (
     divisors, finalist_batch, mesh_strides, stage_layers_for, to_batch,
 )
 from advisor.search.enumerate_space import (
-    HCCS_REASON, ZERO_STAGES, _lone_options, cp_comm_options, degree_rows, mesh_counts, mesh_variants, order_variants,
+    HCCS_REASON, ZERO_STAGES, cp_comm_options, degree_rows, mesh_counts, mesh_variants, option_mask, order_variants,
     skeleton_rows, tp_inside_fast_group, zero_offload_options, zero_variants,
 )
 from advisor.specs.hardware import HardwareProfile
@@ -94,8 +94,8 @@ def _space(model, hw, cluster, job, pins: Pins, pruned: Counter, dedup: Counter)
     """(skeletons with their mesh-order counts, complete candidates per skeleton, ZeRO/offload pairs)."""
     options = zero_offload_options(pins, job.framework, model)
     skel = skeleton_rows(model, hw, cluster, job, pins, pruned, dedup)
-    skel["meshes"] = mesh_counts(skel, hw, pins, options, pruned, dedup, model)
-    variants = np.where(skel["dp"] * skel["cp"] == 1, len(_lone_options(options)), len(options)) * skel["meshes"]
+    skel["meshes"] = mesh_counts(skel, hw, pins, options, pruned, dedup, model, job.framework_record)
+    variants = option_mask(skel, options, job.framework_record).sum(axis=1) * skel["meshes"]
     return skel, variants, options
 
 
@@ -215,7 +215,7 @@ class _Scoring:
         lower, may_fit = bound_skeletons(model, hw, cluster, job, skeletons, self.options, self.pins)
         _add(self.pruned, DEVICE_MEMORY_REASON, int(variants[~may_fit].sum()))
         fits = _take(skeletons, may_fit)
-        pairs_each = np.where(fits["dp"] * fits["cp"] == 1, len(_lone_options(self.options)), len(self.options))
+        pairs_each = option_mask(fits, self.options, job.framework_record).sum(axis=1)
         self.best_first(job.tokens_per_step / lower[may_fit], fits["pp"] * pairs_each, variants[may_fit],
                         lambda idx: self.score(_take(fits, idx)), SKELETON_BATCH_CELLS)
 
@@ -223,13 +223,13 @@ class _Scoring:
         """Bound the ZeRO/offload pairs, then price their mesh orders exactly, best bound first."""
         if _count(skeletons) == 0:
             return
-        pairs, upper = self._bound_pairs(zero_variants(skeletons, self.options))
+        pairs, upper = self._bound_pairs(zero_variants(skeletons, self.options, self.args[3].framework_record))
         self.best_first(upper, pairs["meshes"] * pairs["pp"], pairs["meshes"],
                         lambda idx: self._exact(_take(pairs, idx)), PAIR_BATCH_CELLS)
 
     def _exact(self, pairs: Rows) -> None:
         model, hw, cluster, job = self.args
-        rows = mesh_variants(pairs, hw, self.pins, model)
+        rows = mesh_variants(pairs, hw, self.pins, model, job.framework_record)
         for idx in chunks_by_pp(rows):
             part = _take(rows, idx)
             e = estimate_batch(model, hw, cluster, job, to_batch(model, job, part))

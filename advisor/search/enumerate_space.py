@@ -9,6 +9,7 @@ and the de-duplication counts of that crossing.
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 
 import numpy as np
 
@@ -16,28 +17,37 @@ from advisor.errors import AdvisorError
 from advisor.cost.comm import slowest_tier
 from advisor.search import Pins
 from advisor.search.enumerate_rows import (
-    _IS_REPRESENTATIVE, HOST_EMBEDDING, MESH_ORDERS, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS, Rows, _active_code, _add,
-    _concat, _count, _cross, _options, _take,
+    _IS_REPRESENTATIVE, HOST_EMBEDDING, MESH_ORDERS, OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS, OPTIMIZER_ON_HOST, Rows,
+    _active_code, _add, _concat, _count, _cross, _options, _take,
     chunks_by_pp, divisors, mesh_strides, to_batch,
 )
-from advisor.space.rules import illegal_masks
+from advisor.space.rules import active_order, illegal_masks, zero_illegal
 from advisor.space.strategy import INTERLEAVED, MESH_DIMS, ONE_F_ONE_B, RECOMPUTE, SCHEDULES
-from advisor.specs.frameworks import FRAMEWORKS, frameworks_with
+from advisor.specs.frameworks import FRAMEWORKS, Framework, frameworks_with
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
 
 ZERO_STAGES = (0, 1, 2, 3)
 HCCS_REASON = "TP group would span HCCS groups"
+FRAMEWORK_ZERO_REASON = "framework zero"          # the rule of advisor.space.rules the option mask applies
+FRAMEWORK_MESH_REASON = "framework mesh order"
+FRAMEWORK_CP_REASON = "framework context parallel"
+# Rules on the ZeRO/offload pair, mesh order and context-parallel kind: applied where skeletons are crossed with
+# them (option_mask, order_variants, cp_comm_options), not to the skeletons, which carry neither yet.
+CROSSED_RULES = (FRAMEWORK_ZERO_REASON, FRAMEWORK_MESH_REASON, FRAMEWORK_CP_REASON)
 
 
 def _apply_rules(model: ModelSpec, cluster: Cluster, job: TrainingJob, rows: Rows, pruned: Counter) -> Rows:
     """Keep the legal rows; count each illegal one under the first rule that rejects it. Rows are
-    checked one pipeline depth at a time so the stage arrays stay narrow."""
+    checked one pipeline depth at a time so the stage arrays stay narrow. The rules on what a skeleton is
+    crossed with later (CROSSED_RULES) are applied by that crossing."""
     alive = np.zeros(_count(rows), dtype=bool)
     for idx in chunks_by_pp(rows):
         ok = np.ones(len(idx), dtype=bool)
         for name, mask in illegal_masks(model, cluster, job, to_batch(model, job, _take(rows, idx))).items():
+            if name in CROSSED_RULES:
+                continue
             hit = mask & ok
             if hit.any():
                 pruned[name] += int(hit.sum())
@@ -158,10 +168,11 @@ def zero_offload_options(pins: Pins, framework: str | None = None,
     framework that has it (rule "parameter offload": not Megatron-LM); 3 and 4: 0 and 1 with the word
     embedding on the host, for MindSpore and a table not tied to the head (rule "host embedding";
     only where ``model`` is given)."""
-    zeros = [pins.zero_stage] if pins.zero_stage is not None else list(ZERO_STAGES)
+    record = FRAMEWORKS.get(framework)
+    runs = set(ZERO_STAGES) if record is None else set(record.zero_stages) | set(record.zero_stages_under_pipeline)
+    zeros = [pins.zero_stage] if pins.zero_stage is not None else [z for z in ZERO_STAGES if z in runs]
     offloads = [int(pins.offload_optimizer)] if pins.offload_optimizer is not None else [0, 1]
     pairs = [(z, o) for z in zeros for o in offloads if not (o and z == 0)]
-    record = FRAMEWORKS.get(framework)
     offloads_params = record is None or record.parameter_offload
     if not offloads_params and pins.offload_params:
         raise AdvisorError(f"--offload-params: {record.title} has no parameter offload; give --framework "
@@ -199,54 +210,106 @@ def _lone_options(options: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(z, o) for o, z in sorted(lowest.items())]
 
 
-def zero_variants(rows: Rows, options: list[tuple[int, int]]) -> Rows:
-    """Each row with each ZeRO/offload pair it can use."""
+def _framework_runs(rows: Rows, options: list[tuple[int, int]], framework: Framework | None) -> np.ndarray:
+    """(rows, options) bool: the ZeRO/offload pairs the framework runs at each row's pipeline depth
+    (advisor.space.rules.zero_illegal, the rule "framework zero")."""
+    n = _count(rows)
+    if framework is None or not options:
+        return np.ones((n, len(options)), dtype=bool)
+    z = np.array([z for z, _ in options])[None, :]
+    o = np.array([o for _, o in options])[None, :]
+    col = {d: rows[d][:, None] if d in rows else np.ones((n, 1), dtype=np.int64) for d in ("pp", "ep", "cp")}
+    return ~zero_illegal(framework, z, col["pp"], np.isin(o, OPTIMIZER_ON_HOST), o == OFFLOAD_PARAMS,
+                         col["ep"], col["cp"])
+
+
+def option_mask(rows: Rows, options: list[tuple[int, int]], framework: Framework | None = None) -> np.ndarray:
+    """(rows, options) bool: the ZeRO/offload pairs each row is crossed with: those the framework runs there,
+    and without data parallelism (dp x cp = 1, where a stage shards nothing) only the lowest such stage for
+    each offload choice."""
+    runs = _framework_runs(rows, options, framework)
+    solo = rows["dp"] * rows["cp"] == 1
+    codes = np.array([o for _, o in options])
+    lowest = np.zeros_like(runs)
+    for code in np.unique(codes):
+        cols = np.flatnonzero(codes == code)          # options list each offload choice by rising stage
+        sub = runs[:, cols]
+        first = np.argmax(sub, axis=1)
+        pick = np.zeros_like(sub)
+        pick[np.arange(len(sub)), first] = sub[np.arange(len(sub)), first]
+        lowest[:, cols] = pick
+    return np.where(solo[:, None], lowest, runs)
+
+
+def zero_variants(rows: Rows, options: list[tuple[int, int]], framework: Framework | None = None) -> Rows:
+    """Each row with each ZeRO/offload pair it can use (option_mask)."""
+    keep = option_mask(rows, options, framework)
     out = _cross(rows, {"zero": [z for z, _ in options], "offload": [o for _, o in options]})
-    lone = _lone_options(options)
-    keep = (out["dp"] * out["cp"] > 1) | np.isin(out["zero"] * 8 + out["offload"], [z * 8 + o for z, o in lone])
-    return _take(out, keep)
+    return _take(out, keep.ravel())
 
 
-def cp_comm_options(model: ModelSpec, rows: Rows, pins: Pins) -> np.ndarray:
-    """(rows, 2) bool: whether each row can use ring (p2p) and Ulysses (a2a) context parallelism.
-    Without context parallelism only p2p is generated (the choice changes nothing)."""
+def cp_comm_options(model: ModelSpec, rows: Rows, pins: Pins, framework: Framework | None = None) -> np.ndarray:
+    """(rows, 2) bool: whether each row can use ring (p2p) and Ulysses (a2a) context parallelism, as the
+    framework runs them (its cp_kinds, and context parallelism under pipelining). Without context parallelism
+    only p2p is generated (the choice changes nothing)."""
     split = rows["tp"] * rows["cp"]
     a2a = (rows["cp"] > 1) & (model.num_attention_heads % split == 0) & (model.num_kv_heads % split == 0)
     p2p = np.ones_like(a2a)
     if pins.cp_comm is not None:
         a2a &= pins.cp_comm == "a2a"
         p2p &= (pins.cp_comm == "p2p") | (rows["cp"] == 1)
+    if framework is not None:
+        cp = rows["cp"] > 1
+        runs = ~cp | (rows["pp"] == 1) | framework.cp_under_pipeline
+        a2a &= runs & ("a2a" in framework.cp_kinds)
+        p2p &= ~cp | (runs & ("p2p" in framework.cp_kinds))
     return np.stack([p2p, a2a], axis=1)
 
 
-def order_variants(rows: Rows, hw: HardwareProfile, pins: Pins) -> Rows:
-    """Each row with each mesh order that gives distinct strides and, on HCCS nodes, keeps TP in one
-    group (unless TP is pinned)."""
+@lru_cache(maxsize=None)
+def _framework_order_table(framework: Framework | None) -> np.ndarray:
+    """(16, orders) bool: whether mesh order j is one the framework builds, by active-dimension code
+    (advisor.search.enumerate_rows._active_code; the rule "framework mesh order")."""
+    table = np.ones((16, len(MESH_ORDERS)), dtype=bool)
+    if framework is None or framework.mesh_orders is None:
+        return table
+    for code in range(16):
+        degrees = {d: 2 if code >> i & 1 else 1 for i, d in enumerate(MESH_DIMS)}
+        allowed = {active_order(a, degrees) for a in framework.mesh_orders}
+        table[code] = [active_order(order, degrees) in allowed for order in MESH_ORDERS]
+    return table
+
+
+def order_variants(rows: Rows, hw: HardwareProfile, pins: Pins, framework: Framework | None = None) -> Rows:
+    """Each row with each mesh order that gives distinct strides, that the framework builds and, on HCCS
+    nodes, keeps TP in one group (unless TP is pinned)."""
     out = _cross(rows, {"mesh": np.arange(len(MESH_ORDERS))})
-    keep = _IS_REPRESENTATIVE[_active_code(out), out["mesh"]]
+    code = _active_code(out)
+    keep = _IS_REPRESENTATIVE[code, out["mesh"]] & _framework_order_table(framework)[code, out["mesh"]]
     if _keeps_tp_in_group(hw, pins):
         keep &= tp_inside_fast_group(hw, out["tp"], mesh_strides(out, out["mesh"])["tp_stride"])
     return _take(out, keep)
 
 
-def cp_kind_variants(rows: Rows, model: ModelSpec, pins: Pins) -> Rows:
+def cp_kind_variants(rows: Rows, model: ModelSpec, pins: Pins, framework: Framework | None = None) -> Rows:
     """Each row with each context-parallel communication it can use (cp_comm_options)."""
     out = _cross(rows, {"cp_comm": [0, 1]})
-    allowed = cp_comm_options(model, out, pins)
+    allowed = cp_comm_options(model, out, pins, framework)
     return _take(out, allowed[np.arange(_count(out)), out["cp_comm"]])
 
 
-def mesh_variants(rows: Rows, hw: HardwareProfile, pins: Pins, model: ModelSpec) -> Rows:
+def mesh_variants(rows: Rows, hw: HardwareProfile, pins: Pins, model: ModelSpec,
+                  framework: Framework | None = None) -> Rows:
     """order_variants, each with each context-parallel communication it can use."""
-    return cp_kind_variants(order_variants(rows, hw, pins), model, pins)
+    return cp_kind_variants(order_variants(rows, hw, pins, framework), model, pins, framework)
 
 
 def mesh_counts(skel: Rows, hw: HardwareProfile, pins: Pins, options, pruned: Counter, dedup: Counter,
-                model: ModelSpec) -> np.ndarray:
+                model: ModelSpec, framework: Framework | None = None) -> np.ndarray:
     """How many (mesh order, context-parallel communication) variants each skeleton keeps (they depend
     on the degrees only, so the orders are worked out once per (tp, pp, cp, ep)); counts, in complete
-    candidates, the de-duplications and HCCS prunes of crossing the skeletons with their ZeRO/offload
-    pairs and mesh orders."""
+    candidates, the de-duplications and prunes (HCCS groups, what the framework does not run) of crossing
+    the skeletons with their ZeRO/offload pairs, mesh orders and context-parallel kinds."""
     n = _count(skel)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -255,12 +318,17 @@ def mesh_counts(skel: Rows, hw: HardwareProfile, pins: Pins, options, pruned: Co
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     tagged = {d: skel[d][first] for d in (*MESH_DIMS, "ep")}
     tagged["row"] = np.arange(len(first))
-    kept = order_variants(tagged, hw, pins)
-    orders = np.bincount(kept["row"], minlength=len(first))[inverse]
-    kinds = cp_comm_options(model, skel, pins).sum(axis=1)
+    built = np.bincount(order_variants(tagged, hw, Pins(tp=1), framework)["row"], minlength=len(first))[inverse]
+    orders = np.bincount(order_variants(tagged, hw, pins, framework)["row"], minlength=len(first))[inverse]
+    kinds = cp_comm_options(model, skel, pins, framework).sum(axis=1)
+    any_kind = cp_comm_options(model, skel, pins).sum(axis=1)
     reps = _IS_REPRESENTATIVE.sum(axis=1)[_active_code(skel)]
-    zeros = np.where(skel["dp"] * skel["cp"] == 1, len(_lone_options(options)), len(options))
-    _add(dedup, "ZeRO stage without data parallelism", int(((len(options) - zeros) * orders * kinds).sum()))
+    runs = _framework_runs(skel, options, framework).sum(axis=1)
+    zeros = option_mask(skel, options, framework).sum(axis=1)
+    _add(pruned, FRAMEWORK_ZERO_REASON, int(((len(options) - runs) * orders * kinds).sum()))
+    _add(dedup, "ZeRO stage without data parallelism", int(((runs - zeros) * orders * kinds).sum()))
     _add(dedup, "mesh orders with identical strides", int((zeros * (len(MESH_ORDERS) - reps)).sum()))
-    _add(pruned, HCCS_REASON, int((zeros * (reps - orders)).sum()))
+    _add(pruned, FRAMEWORK_MESH_REASON, int((zeros * (reps - built)).sum()))
+    _add(pruned, HCCS_REASON, int((zeros * (built - orders)).sum()))
+    _add(pruned, FRAMEWORK_CP_REASON, int((zeros * orders * (any_kind - kinds)).sum()))
     return orders * kinds

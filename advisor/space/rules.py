@@ -14,8 +14,9 @@ from typing import Callable
 
 import numpy as np
 
-from advisor.space.strategy import (INTERLEAVED, RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, Strategy,
-                                    StrategyBatch)
+from advisor.space.strategy import (CP_COMM, INTERLEAVED, MESH_DIMS, RECOMPUTE_FULL, RECOMPUTE_NONE,
+                                    RECOMPUTE_SELECTIVE, SCHEDULES, Strategy, StrategyBatch)
+from advisor.specs.frameworks import Framework
 from advisor.specs.job import WHOLE_LAYER_GRAPHS, Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
 from advisor.specs.setting import Setting, settings_of, spelling
@@ -73,10 +74,9 @@ def _stage_layers(m, c, j, b):
     cols = np.arange(b.stage_layers.shape[1])[None, :]
     active = cols < b.pp[:, None]
     total = np.where(active, b.stage_layers, 0).sum(axis=1)
-    too_few = np.where(active, b.stage_layers < b.virtual_pipeline_stages[:, None], False).any(axis=1)
-    uneven_chunks = np.where(active, b.stage_layers % b.virtual_pipeline_stages[:, None] != 0, False).any(axis=1)
+    too_few = np.where(active, b.stage_layers < 1, False).any(axis=1)
     padded = np.where(~active, b.stage_layers != 0, False).any(axis=1)
-    return (total != m.num_layers) | too_few | uneven_chunks | padded | (b.pp > m.num_layers)
+    return (total != m.num_layers) | too_few | padded | (b.pp > m.num_layers)
 
 
 def _interleaving(m, c, j, b):
@@ -171,7 +171,7 @@ def _offload_params(m, c, j, b):
 
 def _offload_fraction(m, c, j, b):
     """A share below 1 exists in Megatron-LM (--optimizer-offload-fraction) and DeepSpeed (ratio,
-    ZeRO-3 only: framework pytorch); FSDP2 and MindSpore offload all of the optimizer or none."""
+    ZeRO-3 only); FSDP2 and MindSpore offload all of the optimizer or none."""
     f = b.offload_fraction
     has_it = np.isin(b.zero_stage, j.framework_record.offload_fraction_zero_stages)
     return ~np.isfinite(f) | (f <= 0.0) | (f > 1.0) | ((f < 1.0) & (~b.offload_optimizer | b.offload_params | ~has_it))
@@ -188,6 +188,78 @@ def _full_batch(m, c, j, b):
     return b.full_batch & (not j.framework_record.full_batch)
 
 
+# ---- what the framework runs (its record's "what it can run" fields, advisor.specs.frameworks) ---------------
+def zero_illegal(fw: Framework, zero, pp, offload_optimizer, offload_params, ep, cp) -> np.ndarray:
+    """True where the framework cannot run the ZeRO stage and offload at that pipeline depth (vectorized; the
+    enumerator crosses its skeletons with ZeRO/offload pairs through this too, advisor.search.enumerate_space)."""
+    stages = np.where(pp > 1, np.isin(zero, fw.zero_stages_under_pipeline), np.isin(zero, fw.zero_stages))
+    bad = (~stages & (zero >= 0) & (zero <= 3)) | (offload_optimizer & ~offload_params & (not fw.optimizer_offload))
+    if fw.experts_from_sharded_dp:
+        bad = bad | ((ep > 1) & ((zero == 0) | (ep % cp != 0)))
+    return bad
+
+
+def _framework_zero(m, c, j, b):
+    return zero_illegal(j.framework_record, b.zero_stage, b.pp, b.offload_optimizer, b.offload_params, b.ep, b.cp)
+
+
+def _framework_schedule(m, c, j, b):
+    runs = [SCHEDULES.index(name) for name in j.framework_record.schedules]
+    return (b.pp > 1) & ~np.isin(b.pipeline_schedule, runs)
+
+
+def _framework_stages(m, c, j, b):
+    """Stages of different sizes, and stages whose layers the virtual stages do not divide (chunks of different
+    sizes), where the framework's record says it has no way to give them."""
+    fw = j.framework_record
+    active = np.arange(b.stage_layers.shape[1])[None, :] < b.pp[:, None]
+    low = np.where(active, b.stage_layers, np.iinfo(np.int64).max).min(axis=1)
+    high = np.where(active, b.stage_layers, 0).max(axis=1)
+    uneven_chunks = np.where(active, b.stage_layers % b.virtual_pipeline_stages[:, None] != 0, False).any(axis=1)
+    return (b.pp > 1) & ((low != high) & (not fw.uneven_stages) | uneven_chunks & (not fw.uneven_chunks))
+
+
+def _framework_cp(m, c, j, b):
+    fw = j.framework_record
+    kinds = np.zeros(len(b), dtype=np.int64) if b.cp_comm is None else b.cp_comm
+    runs = [CP_COMM.index(kind) for kind in fw.cp_kinds]
+    return (b.cp > 1) & (~np.isin(kinds, runs) | ((b.pp > 1) & (not fw.cp_under_pipeline)))
+
+
+def _framework_sp(m, c, j, b):
+    return (b.tp > 1) & ~np.isin(b.sequence_parallel, j.framework_record.sequence_parallel)
+
+
+def active_order(order: tuple[str, ...], degrees: dict[str, int]) -> tuple[str, ...]:
+    """The mesh dimensions whose place matters, outermost first: degree above 1, and dp also when cp or ep is
+    (the data-parallel group spans dp x cp ranks and hosts the experts)."""
+    active = {d: degrees[d] > 1 for d in MESH_DIMS}
+    active["dp"] = active["dp"] or active["cp"] or degrees.get("ep", 1) > 1
+    return tuple(d for d in order if active[d])
+
+
+def _framework_mesh(m, c, j, b):
+    """The mesh order is one the framework builds (checked where the batch carries its orders: the enumerator
+    generates only those, advisor.search.enumerate_space.order_variants)."""
+    allowed = j.framework_record.mesh_orders
+    out = np.zeros(len(b), dtype=bool)
+    if allowed is None or not b.mesh_order:
+        return out
+    active = {d: getattr(b, d) > 1 for d in MESH_DIMS}
+    active["dp"] = active["dp"] | active["cp"] | (b.ep > 1)
+    code = sum(active[d].astype(np.int64) << i for i, d in enumerate(MESH_DIMS))
+    rows_of: dict[tuple[str, ...], list[int]] = {}
+    for i, order in enumerate(b.mesh_order):
+        rows_of.setdefault(tuple(order), []).append(i)
+    for order, rows in rows_of.items():
+        idx = np.array(rows)
+        for k in np.unique(code[idx]):
+            degrees = {d: 2 if k >> i & 1 else 1 for i, d in enumerate(MESH_DIMS)}
+            if active_order(order, degrees) not in {active_order(a, degrees) for a in allowed}:
+                out[idx[code[idx] == k]] = True
+    return out
+
+
 RULES: dict[str, tuple[Rule, str]] = {
     "positive degrees": (_positive, "every degree, the micro-batch size and the micro-batch count must be at least 1"),
     "device count": (_device_count, "dp x tp x pp x cp must equal the number of devices"),
@@ -200,7 +272,7 @@ RULES: dict[str, tuple[Rule, str]] = {
     "ulysses heads": (_cp_a2a, "all-to-all (Ulysses) context parallelism needs cp > 1 and tp x cp dividing the "
                       "attention and key/value heads"),
     "expert parallel": (_expert_parallel, "ep must be 1 for dense models, and for MoE divide dp x cp and the expert count"),
-    "stage layers": (_stage_layers, "stage layers must sum to the layer count, one entry per stage, each a multiple of the virtual stages"),
+    "stage layers": (_stage_layers, "stage layers must sum to the layer count, one entry per stage, each at least one layer"),
     "interleaving": (_interleaving, "the interleaved schedule goes with virtual stages > 1, pp > 1 and micro-batches divisible by pp"),
     "zero stage": (_zero, "the ZeRO stage must be 0, 1, 2 or 3"),
     "recompute modules": (_recompute_modules, "Megatron's mla_up_proj recompute needs multi-latent attention and "
@@ -211,10 +283,10 @@ RULES: dict[str, tuple[Rule, str]] = {
     "offload needs zero": (_offload, "optimizer offload needs ZeRO stage 1 or more"),
     "offload fraction": (_offload_fraction, "an optimizer offload fraction lies in (0, 1] and below 1 goes with the "
                          "optimizer offloaded, the parameters on the device and a framework that has it (megatron, "
-                         "or pytorch with ZeRO-3)"),
+                         "or deepspeed with ZeRO-3)"),
     "parameter offload": (_offload_params, "parameter offload needs ZeRO stage 3, the optimizer offloaded and a "
-                          "framework that has it (DeepSpeed's ZeRO-Infinity as pytorch, torchtitan, mindspore; not "
-                          "megatron)"),
+                          "framework that has it (deepspeed's ZeRO-Infinity, pytorch's FSDP2, torchtitan, mindspore; "
+                          "not megatron)"),
     "recompute layers": (_recompute_layers, "recomputed-layer counts need full recomputation (or selective with "
                          "framework mindspore), at least one layer, and at most the layers of a stage"),
     "micro-batch copies": (_micro_batch_copies, "multi-copy parallelism needs the copies (at least 1) to divide the "
@@ -228,6 +300,13 @@ RULES: dict[str, tuple[Rule, str]] = {
                        "offload (which keeps every weight on the host already)"),
     "full batch": (_full_batch, "reading the full batch on every rank (full_batch) is MindSpore's: give framework "
                    "mindspore"),
+    "framework zero": (_framework_zero, "the framework does not run this ZeRO stage or offload"),
+    "framework schedule": (_framework_schedule, "the framework does not run this pipeline schedule"),
+    "framework stage layers": (_framework_stages, "the framework does not run these pipeline stage sizes"),
+    "framework context parallel": (_framework_cp, "the framework does not run this context parallelism"),
+    "framework sequence parallel": (_framework_sp, "the framework does not run tensor parallelism with this "
+                                    "sequence-parallel setting"),
+    "framework mesh order": (_framework_mesh, "the framework does not build its rank groups in this mesh order"),
 }
 
 
@@ -258,31 +337,64 @@ def framework_rule(name: str, s: Setting) -> tuple[Rule, str]:
 RULES.update(_framework_rules())
 
 
+# The rules on what the job's framework runs, read from its record (the "what it can run" fields), each with
+# the plan field it judges
+FRAMEWORK_RULES = {"framework zero": "zero_stage", "framework schedule": "pipeline_schedule",
+                   "framework stage layers": "stage_layers", "framework context parallel": "cp_comm",
+                   "framework sequence parallel": "sequence_parallel", "framework mesh order": "mesh_order"}
+
+
 def illegal_masks(model: ModelSpec, cluster: Cluster, job: TrainingJob, batch: StrategyBatch) -> dict[str, np.ndarray]:
     """Rule name -> True where the candidate breaks that rule."""
     return {name: rule(model, cluster, job, batch) for name, (rule, _) in RULES.items()}
 
 
-def legal_mask(model: ModelSpec, cluster: Cluster, job: TrainingJob, batch: StrategyBatch) -> np.ndarray:
-    masks = illegal_masks(model, cluster, job, batch)
+def legal_mask(model: ModelSpec, cluster: Cluster, job: TrainingJob, batch: StrategyBatch,
+               framework_rules: bool = True) -> np.ndarray:
+    """True where the candidate breaks no rule (without ``framework_rules``: none but FRAMEWORK_RULES)."""
+    masks = {name: mask for name, mask in illegal_masks(model, cluster, job, batch).items()
+             if framework_rules or name not in FRAMEWORK_RULES}
     return ~np.logical_or.reduce(list(masks.values())) if masks else np.ones(len(batch), dtype=bool)
 
 
-def violations(model: ModelSpec, cluster: Cluster, job: TrainingJob, strategy: Strategy) -> list[str]:
-    """Sentences for every rule a single strategy breaks (empty when legal)."""
+def broken_rules(model: ModelSpec, cluster: Cluster, job: TrainingJob, strategy: Strategy,
+                 framework_rules: bool = True) -> list[tuple[str, str]]:
+    """(rule name, sentence) for every rule a single strategy breaks (empty when legal); without
+    ``framework_rules`` the rules on what the job's framework runs (FRAMEWORK_RULES) are left out."""
     if strategy.stage_layers is not None and len(strategy.stage_layers) != strategy.pp:
-        return [f"stage_layers has {len(strategy.stage_layers)} entries but pp = {strategy.pp}"]
+        return [("stage layers", f"stage_layers has {len(strategy.stage_layers)} entries but pp = {strategy.pp}")]
     if isinstance(strategy.recompute_layers, tuple) and len(strategy.recompute_layers) != strategy.pp:
-        return [f"recompute_layers has {len(strategy.recompute_layers)} entries but pp = {strategy.pp}"]
+        return [("recompute layers", f"recompute_layers has {len(strategy.recompute_layers)} entries but pp = {strategy.pp}")]
     if min(strategy.dp, strategy.tp, strategy.pp, strategy.cp) < 1:
-        return [RULES["positive degrees"][1]]
+        return [("positive degrees", RULES["positive degrees"][1])]
     batch = StrategyBatch.from_strategies([strategy], model.num_layers)
     out = []
     for name, (rule, sentence) in RULES.items():
+        if not framework_rules and name in FRAMEWORK_RULES:
+            continue
         if bool(rule(model, cluster, job, batch)[0]):
             detail = _detail(name, model, cluster, job, strategy)
-            out.append(f"{sentence} ({detail})" if detail else sentence)
+            out.append((name, f"{sentence} ({detail})" if detail else sentence))
     return out
+
+
+def violations(model: ModelSpec, cluster: Cluster, job: TrainingJob, strategy: Strategy,
+               framework_rules: bool = True) -> list[str]:
+    """Sentences for every rule a single strategy breaks (broken_rules)."""
+    return [sentence for _, sentence in broken_rules(model, cluster, job, strategy, framework_rules)]
+
+
+def _zero_detail(fw: Framework, s: Strategy) -> str:
+    stages = fw.zero_stages_under_pipeline if s.pp > 1 else fw.zero_stages
+    where = "with pp > 1" if s.pp > 1 else "without pipelining"
+    parts = [f"{fw.name} runs ZeRO {', '.join(map(str, stages))} {where}"]
+    if not fw.optimizer_offload:
+        parts.append("no optimizer-only offload (its CPU offload moves the parameters too: offload_params)")
+    if fw.experts_from_sharded_dp:
+        parts.append("ep > 1 with ZeRO >= 1 and ep a multiple of cp")
+    return "; ".join(parts) + (f"; zero = {s.zero_stage}, pp = {s.pp}, offload_optimizer = "
+                               f"{str(s.offload_optimizer).lower()}, offload_params = {str(s.offload_params).lower()}"
+                               f", ep = {s.ep}, cp = {s.cp}")
 
 
 def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) -> str:
@@ -309,6 +421,23 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "micro-batch copies": f"copies = {s.micro_batch_copies}, micro-batch size = {s.micro_batch_size}",
         "gradient bucket": f"grad_bucket_mb = {s.grad_bucket_mb}, zero = {s.zero_stage}",
         "full batch": f"framework = {j.framework}",
+        "framework zero": _zero_detail(j.framework_record, s),
+        "framework schedule": f"{j.framework} runs {', '.join(j.framework_record.schedules)}; "
+                              f"schedule = {s.pipeline_schedule}, pp = {s.pp}",
+        "framework stage layers": f"{j.framework} runs " + ("stages of any size" if j.framework_record.uneven_stages
+                                                             else "equal stages") + (
+                                  ", chunks of any size" if j.framework_record.uneven_chunks else
+                                  ", each stage a multiple of the virtual stages")
+                                  + f"; stage_layers = {list(s.resolved_stage_layers(m.num_layers))}, "
+                                  f"vpp = {s.virtual_pipeline_stages}",
+        "framework context parallel": f"{j.framework} runs cp_comm {', '.join(j.framework_record.cp_kinds)}"
+                                      + ("" if j.framework_record.cp_under_pipeline else " and no cp with pp > 1")
+                                      + f"; cp = {s.cp}, cp_comm = {s.cp_comm}, pp = {s.pp}",
+        "framework sequence parallel": f"{j.framework} runs sequence_parallel = "
+                                       f"{' or '.join(str(v).lower() for v in j.framework_record.sequence_parallel)} "
+                                       f"with tp > 1; tp = {s.tp}, sequence_parallel = {str(s.sequence_parallel).lower()}",
+        "framework mesh order": f"{j.framework} builds " + " or ".join(" > ".join(o) for o in j.framework_record.mesh_orders or ())
+                                + f"; mesh_order = {' > '.join(s.mesh_order)}",
         "host embedding": f"framework = {j.framework}, tied embeddings = {m.tie_embeddings}, offload_params = "
                           f"{s.offload_params}, model {m.name}",
         "cuda graphs": f"cuda_graphs = {', '.join(j.cuda_graphs)}, recompute = {s.recompute}, dropout = {j.dropout}, "

@@ -52,6 +52,15 @@ def _stage_layers(data: dict[str, Any], key: str, origin: str):
     return tuple(value)
 
 
+def _layer_list(text: str) -> tuple[int, ...]:
+    """--stage-layers "15,16,16,15" as the setting's tuple."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts) or len(parts) > limits.MAX_LAYERS:
+        raise AdvisorError(f"--stage-layers: expected positive layer counts separated by commas (at most "
+                           f"{limits.MAX_LAYERS}), got {prefix(str(text))}")
+    return tuple(int(p) for p in parts)
+
+
 def _mesh_order(data: dict[str, Any], key: str, origin: str):
     mesh = data.get(key, list(MESH_DIMS))
     if not isinstance(mesh, list) or not all(isinstance(x, str) for x in mesh) or sorted(mesh) != sorted(MESH_DIMS):
@@ -137,7 +146,10 @@ class Strategy:
         "1f1b", kind="choice", choices=SCHEDULES, flags=("--schedule",), search=True, cli_default=None, plan="always",
         help="gpipe | 1f1b | interleaved-1f1b", doc="The pipeline schedule (interleaved-1f1b with virtual stages).")
     stage_layers: tuple[int, ...] | None = setting(
-        None, plan="always", read=_stage_layers, write=_layer_counts,
+        None, plan="always", read=_stage_layers, write=_layer_counts, flags=("--stage-layers",),
+        commands=("estimate",), parse=lambda text: _layer_list(text),
+        help="transformer layers per pipeline stage, comma-separated, first stage first (e.g. 15,16,16,16,16,16,16,15 "
+             "for Megatron's uneven split; default an even split)",
         doc="Transformer layers per physical pipeline stage (None: an even split; the plan holds the resolved split).")
     mesh_order: tuple[str, ...] = setting(
         DEFAULT_MESH_ORDER, plan="always", read=_mesh_order, write=list,

@@ -9,7 +9,9 @@ Records:
 
 * ``megatron``: Megatron-LM / Megatron-Core (core_v0.13-0.15) with Transformer Engine.
 * ``pytorch``: plain torch.distributed (FSDP, DTensor tensor parallelism) as llm-foundry and
-  advisor's executor run it; DeepSpeed's ZeRO is priced with it.
+  advisor's executor run it.
+* ``deepspeed``: DeepSpeed 0.15-0.19 (ZeRO stages, its pipeline engine, Ulysses sequence parallelism)
+  on the PyTorch stack.
 * ``torchtitan``: torchtitan 0.2 (FSDP2, its activation-checkpointing and pipeline policies).
 * ``mindspore``: MindSpore 2.x with MindFormers 1.3-1.7 (graph mode on Ascend).
 """
@@ -82,6 +84,10 @@ class Framework:
     fp16_grad_reduce_bytes: float
     """Bytes per gradient element reduced for fp16 models when the plan does not say
     (Megatron-LM reduces fp16 gradients in fp16 unless --accumulate-allreduce-grads-in-fp32; the others 4)."""
+    bf16_grad_reduce_bytes: float
+    """The same for bf16 models: 4 (Megatron-LM forces accumulate_allreduce_grads_in_fp32 for bf16 unless
+    --grad-reduce-in-bf16), 2 for DeepSpeed (communication_data_type defaults to the model dtype:
+    deepspeed/runtime/engine.py communication_data_type, v0.15-0.19)."""
 
     # ---- the input pipeline (advisor.cost.dataset) --------------------------------------------
     sample_bytes_per_token: float
@@ -152,6 +158,54 @@ class Framework:
     micro_batch_interleave_num)."""
     activation_swap: bool
     """Per-layer activation swapping to the host under pipelining (MindFormers swap_config layer_swap)."""
+    zero_stages: tuple[int, ...]
+    """ZeRO stages it runs without pipeline parallelism (0: replicated data parallelism)."""
+    zero_stages_under_pipeline: tuple[int, ...]
+    """ZeRO stages it runs with pp > 1: Megatron-LM's distributed optimizer (ZeRO-1) works under pipelining,
+    Megatron FSDP (ZeRO-2/3) is documented with TP, CP and EP only (docs/source/api-guide/custom_fsdp.md,
+    core_v0.15.0); DeepSpeed's pipeline engine asserts stage < 2 (runtime/pipe/engine.py, v0.15-0.19)."""
+    optimizer_offload: bool
+    """The optimizer states alone can move to the host (Megatron --optimizer-cpu-offload, DeepSpeed
+    offload_optimizer, MindFormers optimizer swap); False: FSDP2's CPUOffloadPolicy moves the parameters and
+    gradients with them (torch/distributed/fsdp/_fully_shard/_fsdp_api.py; torchtitan enable_cpu_offload)."""
+    schedules: tuple[str, ...]
+    """Pipeline schedules it runs (advisor.space.strategy.SCHEDULES): Megatron-LM has no GPipe; DeepSpeed's
+    pipeline engine runs 1F1B only (runtime/pipe/schedule.py TrainSchedule); MindSpore's set_pipeline_config
+    takes the gpipe scheduler only with pipeline_interleave on, which advisor prices as interleaved 1F1B."""
+    uneven_stages: bool
+    """Per-stage layer counts can differ (Megatron --pipeline-model-parallel-layout, torchtitan
+    module_fqns_per_model_part, MindFormers offset); DeepSpeed's PipelineModule partitions 'uniform'ly or
+    by 'parameters', so its plans split the layers evenly."""
+    uneven_chunks: bool
+    """With interleaving, a stage's layers need not split evenly over its virtual stages (Megatron
+    --pipeline-model-parallel-layout, as the Llama 3.1 405B recipes give 126 layers over pp 8 x vpp 4 or 8;
+    MindFormers offset per (chunk, stage); torchtitan module_fqns_per_model_part); advisor's executor and
+    DeepSpeed need equal chunks."""
+    cp_kinds: tuple[str, ...]
+    """Context-parallel communication it runs (advisor.space.strategy.CP_COMM): Megatron --cp-comm-type p2p /
+    a2a, MindFormers colossalai_cp / ulysses_cp, torchtitan's and PyTorch's ring attention only, DeepSpeed's
+    Ulysses (all-to-all) only."""
+    cp_under_pipeline: bool
+    """Context parallelism together with pipeline parallelism (DeepSpeed's Ulysses sequence parallelism is not
+    wired into its pipeline engine)."""
+    sequence_parallel: tuple[bool, ...]
+    """The values sequence parallelism can take with tp > 1: torchtitan's tensor-parallel plan always shards
+    the norms along the sequence (True only); DeepSpeed has no Megatron-style sequence parallelism (False only)."""
+    dtypes: tuple[str, ...]
+    """Compute dtypes it trains in: no FP8 training in DeepSpeed's config or MindFormers (r1.8.0: "Not Support
+    FP8 Training"); torchtitan trains in bfloat16 or float32, FP8 through its float8 converters, not fp16."""
+    fp8_recipes: tuple[str, ...]
+    """FP8 scaling recipes it runs (advisor.specs.job.FP8_RECIPES), its default first: Megatron-LM --fp8-recipe
+    (delayed by default; core_v0.13-0.15 arguments.py); torchtitan 0.2's float8 converter (tensorwise) and
+    mx converter (mxfp8; config/job_config.py); none where it has no FP8 training."""
+    mesh_orders: tuple[tuple[str, ...], ...] | None
+    """The rank orders it builds its groups in, outermost first (advisor.space.strategy.MESH_DIMS); None: any
+    (advisor's executor builds the plan's mesh). Megatron-LM: tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp with
+    --use-tp-pp-dp-mapping; DeepSpeed: pipe > data > model; torchtitan: pp > dp > cp > tp; MindSpore: stages
+    outermost, model parallelism innermost."""
+    experts_from_sharded_dp: bool
+    """Expert parallelism borrows ranks from the FSDP shard dimension (torchtitan parallel_dims.py): ep > 1
+    needs sharded data parallelism (ZeRO >= 1) and ep a multiple of cp."""
 
 
 MEGATRON = Framework(
@@ -159,7 +213,7 @@ MEGATRON = Framework(
     fused_kernels=True, one_qkv_weight=True, norm_fused_linears=True, quantized_saved_inputs=True, attention_kernel="te", expert_gemm_per_expert=True,
     keeps_gathered_sp_inputs=False, loss_logit_bytes=(4.0, None), selective_recompute=None,
     recompute_layer_counts="uniform", selective_layer_counts=False,
-    reshards_under_pipeline=True, grad_buffer_in_reduce_dtype=True, fp16_grad_reduce_bytes=2.0,
+    reshards_under_pipeline=True, grad_buffer_in_reduce_dtype=True, fp16_grad_reduce_bytes=2.0, bf16_grad_reduce_bytes=4.0,
     sample_bytes_per_token=8.0 + 8.0 + 4.0 + 8.0, sample_extra_tokens=0, builds_attention_mask=True,
     reads_on_end_stages_only=True, sinks_whole_step=False,
     gathers_under_next_forward=(1,), bucket_params=40_000_000, bucket_params_per_dp_rank=1_000_000, bucket_mb=25.0,
@@ -168,6 +222,12 @@ MEGATRON = Framework(
     recompute_modules=True, cuda_graphs=True, unfused_optimizer=False, parameter_offload=False,
     offload_fraction_zero_stages=(0, 1, 2, 3), host_embedding=False, full_batch=False, multi_copy=False,
     activation_swap=False,
+    zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1), optimizer_offload=True,
+    schedules=("1f1b", "interleaved-1f1b"), uneven_stages=True, uneven_chunks=True, cp_kinds=("p2p", "a2a"),
+    cp_under_pipeline=True,
+    sequence_parallel=(False, True), dtypes=("fp32", "tf32", "fp16", "bf16", "fp8"),
+    fp8_recipes=("delayed", "tensorwise", "mxfp8", "blockwise"),
+    mesh_orders=(("pp", "dp", "cp", "tp"), ("dp", "pp", "cp", "tp")), experts_from_sharded_dp=False,
 )
 
 PYTORCH = Framework(
@@ -175,22 +235,42 @@ PYTORCH = Framework(
     fused_kernels=False, one_qkv_weight=False, norm_fused_linears=False, quantized_saved_inputs=False, attention_kernel="sdpa", expert_gemm_per_expert=False,
     keeps_gathered_sp_inputs=True, loss_logit_bytes=(None, None), selective_recompute=("core_attn",),
     recompute_layer_counts=None, selective_layer_counts=False,
-    reshards_under_pipeline=True, grad_buffer_in_reduce_dtype=False, fp16_grad_reduce_bytes=4.0,
+    reshards_under_pipeline=True, grad_buffer_in_reduce_dtype=False, fp16_grad_reduce_bytes=4.0, bf16_grad_reduce_bytes=4.0,
     sample_bytes_per_token=8.0 + 8.0, sample_extra_tokens=0, builds_attention_mask=False,
     reads_on_end_stages_only=False, sinks_whole_step=False,
     gathers_under_next_forward=(), bucket_params=None, bucket_params_per_dp_rank=0, bucket_mb=25.0,
     tp_overlap_slices=None, overlaps_interleaved_p2p=False,
     optimizer_step="torch", offload_grads_at_step=False,
     recompute_modules=False, cuda_graphs=False, unfused_optimizer=True, parameter_offload=True,
-    offload_fraction_zero_stages=(3,), host_embedding=False, full_batch=False, multi_copy=False,
+    offload_fraction_zero_stages=(), host_embedding=False, full_batch=False, multi_copy=False,
     activation_swap=False,
+    zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1, 2, 3), optimizer_offload=False,
+    schedules=("gpipe", "1f1b", "interleaved-1f1b"), uneven_stages=True, uneven_chunks=False, cp_kinds=("p2p",),
+    cp_under_pipeline=True,
+    sequence_parallel=(False, True), dtypes=("fp32", "tf32", "fp16", "bf16", "fp8"), mesh_orders=None,
+    fp8_recipes=("delayed", "tensorwise", "mxfp8", "blockwise"), experts_from_sharded_dp=False,
 )
 
 # torchtitan runs the PyTorch stack with its own policies: op-level selective checkpointing, FSDP2 keeping the
-# gathered weights under pipelining, the loss in fp32 (advisor.cost.activations), and no partial optimizer offload
+# gathered weights under pipelining, the loss in fp32 (advisor.cost.activations), and no partial optimizer offload;
+# its data parallelism is DDP or FSDP2 (no optimizer-only sharding), its tensor parallelism always sequence-parallel
 TORCHTITAN = replace(
     PYTORCH, name="torchtitan", title="torchtitan", loss_logit_bytes=(4.0, 8.0), selective_recompute=("op_sac",),
-    reshards_under_pipeline=False, offload_fraction_zero_stages=(),
+    reshards_under_pipeline=False, zero_stages=(0, 2, 3), zero_stages_under_pipeline=(0, 2, 3), uneven_chunks=True,
+    sequence_parallel=(True,), dtypes=("fp32", "tf32", "bf16", "fp8"), fp8_recipes=("tensorwise", "mxfp8"),
+    mesh_orders=(("pp", "dp", "cp", "tp"),), experts_from_sharded_dp=True,
+)
+
+# DeepSpeed runs the PyTorch stack (eager kernels, torch's attention) with its own data parallelism: ZeRO 0-3
+# (ZeRO-0/1 under its pipeline engine), 5e8-element reduce buckets (zero/config.py reduce_bucket_size),
+# gradients reduced in the model dtype by default, optimizer offload (a share below 1 with ZeRO-3 only:
+# zero/config.py asserts "Partial offloading only supported for ZeRO Stage 3"), parameter offload with ZeRO-3
+DEEPSPEED = replace(
+    PYTORCH, name="deepspeed", title="DeepSpeed", bucket_params=500_000_000, bucket_params_per_dp_rank=0,
+    bf16_grad_reduce_bytes=2.0, fp16_grad_reduce_bytes=2.0, offload_fraction_zero_stages=(3,),
+    zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1), optimizer_offload=True, schedules=("1f1b",),
+    uneven_stages=False, cp_kinds=("a2a",), cp_under_pipeline=False, sequence_parallel=(False,),
+    dtypes=("fp32", "tf32", "fp16", "bf16"), fp8_recipes=(), mesh_orders=(("pp", "dp", "cp", "tp"),),
 )
 
 MINDSPORE = Framework(
@@ -198,7 +278,7 @@ MINDSPORE = Framework(
     fused_kernels=True, one_qkv_weight=False, norm_fused_linears=False, quantized_saved_inputs=False, attention_kernel="npu", expert_gemm_per_expert=False,
     keeps_gathered_sp_inputs=False, loss_logit_bytes=(4.0, 4.0), selective_recompute=("ffn_act", "math_scores"),
     recompute_layer_counts="per_stage", selective_layer_counts=True,
-    reshards_under_pipeline=True, grad_buffer_in_reduce_dtype=False, fp16_grad_reduce_bytes=4.0,
+    reshards_under_pipeline=True, grad_buffer_in_reduce_dtype=False, fp16_grad_reduce_bytes=4.0, bf16_grad_reduce_bytes=4.0,
     sample_bytes_per_token=4.0, sample_extra_tokens=1, builds_attention_mask=False,
     reads_on_end_stages_only=False, sinks_whole_step=True,
     gathers_under_next_forward=(1, 2), bucket_params=None, bucket_params_per_dp_rank=0, bucket_mb=64.0,
@@ -207,9 +287,13 @@ MINDSPORE = Framework(
     recompute_modules=False, cuda_graphs=False, unfused_optimizer=True, parameter_offload=True,
     offload_fraction_zero_stages=(), host_embedding=True, full_batch=True, multi_copy=True,
     activation_swap=True,
+    zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1, 2, 3), optimizer_offload=True,
+    schedules=("1f1b", "interleaved-1f1b"), uneven_stages=True, uneven_chunks=True, cp_kinds=("p2p", "a2a"),
+    cp_under_pipeline=True, sequence_parallel=(False, True), dtypes=("fp32", "fp16", "bf16"), fp8_recipes=(),
+    mesh_orders=(("pp", "dp", "cp", "tp"),), experts_from_sharded_dp=False,
 )
 
-FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (MEGATRON, PYTORCH, TORCHTITAN, MINDSPORE)}
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (MEGATRON, PYTORCH, TORCHTITAN, DEEPSPEED, MINDSPORE)}
 
 
 def frameworks_with(capability: str) -> str:

@@ -37,7 +37,6 @@ FRAMEWORKS = tuple(FRAMEWORK_RECORDS)
 # tensorwise), mxfp8 (1x32 blocks with E8M0 scales, TE MXFP8BlockScaling; Blackwell), blockwise
 # (1x128 / 128x128 blocks, TE Float8BlockScaling, DeepSeek-V3's recipe).
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
-DEFAULT_FP8_RECIPE = "delayed"   # Megatron-LM's --fp8-recipe default
 GRAD_DTYPES = ("fp32", "bf16", "fp16")
 # Megatron-Core's selective recomputation modules (--recompute-modules) that the cost model prices
 # (advisor.cost.recompute): the attention core (the default), the two norms, the MoE experts'
@@ -101,9 +100,16 @@ def check_job_relations(job, where: Callable[[str], str]) -> None:
     """The checks between a job's settings (each value alone is checked by its Setting); ``where`` names a
     setting in the error (a flag, or the plan key)."""
     check_optimizer_impl(job.optimizer_impl, job.framework, where("optimizer_impl"))
+    record = FRAMEWORK_RECORDS[job.framework]
+    if job.dtype not in record.dtypes:
+        raise AdvisorError(f"{where('dtype')} = {job.dtype}: framework {job.framework} trains in "
+                           f"{', '.join(record.dtypes)} only")
     if job.fp8_recipe is not None and job.dtype != "fp8":
         raise AdvisorError(f"{where('fp8_recipe')} must be one of {', '.join(FP8_RECIPES)} with dtype fp8, "
                            f"got {job.fp8_recipe!r} with dtype {job.dtype!r}")
+    if job.fp8_recipe is not None and job.fp8_recipe not in record.fp8_recipes:
+        raise AdvisorError(f"{where('fp8_recipe')} = {job.fp8_recipe}: framework {job.framework} runs the FP8 recipes "
+                           f"{', '.join(record.fp8_recipes)}")
     if job.fp8_param_gather and job.dtype != "fp8":
         raise AdvisorError(f"{where('fp8_param_gather')} needs dtype fp8")
     if job.recompute_modules is not None:
@@ -162,8 +168,8 @@ class Runtime:
             "Korthikanti and SC'21 runs); Llama-style pre-training runs without it, saving its masks.")
     framework: str = setting(
         "megatron", kind="choice", choices=FRAMEWORKS, flags=("--framework",), plan="always",
-        help="megatron | pytorch | torchtitan | mindspore: whose implementation runs the plan (what selective "
-             "recomputation means, fused kernels, the attention kernel)",
+        help="megatron | pytorch | torchtitan | deepspeed | mindspore: whose implementation runs the plan (what "
+             "it can run, what selective recomputation means, fused kernels, the attention kernel)",
         doc="Whose implementation runs the plan: a framework record (advisor.specs.frameworks) decides what "
             '"selective" recomputation keeps, what sequence parallelism saves, the default attention kernel, '
             "fusion and overlap.")
@@ -173,10 +179,13 @@ class Runtime:
             "Megatron-Core --overlap-grad-reduce, DeepSpeed overlap_comm); false reduces after the backward.")
     fp8_recipe: str | None = setting(
         None, kind="choice", choices=FP8_RECIPES, optional=True, flags=("--fp8-recipe",),
-        help="with --dtype fp8: delayed | tensorwise | mxfp8 | blockwise (default delayed)",
-        doc="The FP8 scaling recipe (dtype fp8 only; None: DEFAULT_FP8_RECIPE).")
+        help="with --dtype fp8: delayed | tensorwise | mxfp8 | blockwise (default: the framework's, Megatron-LM's "
+             "delayed, torchtitan's tensorwise)",
+        doc="The FP8 scaling recipe (dtype fp8 only; None: the framework's default, the first of its fp8_recipes).")
     tp_comm_overlap: bool = setting(
-        False, kind="boolean",
+        False, kind="boolean", flags=("--tp-comm-overlap",),
+        help="overlap tensor-parallel collectives with the GEMMs (Megatron --tp-comm-overlap, needs sequence "
+             "parallelism; torchtitan async TP; MindFormers fine_grain_interleave)",
         doc="Tensor-parallel collectives overlapped with the GEMMs they feed (Megatron --tp-comm-overlap with "
             "Transformer Engine userbuffers; MindFormers' fine_grain_interleave; torchtitan's async TP).")
     ep_comm_overlap: bool = setting(
@@ -207,10 +216,14 @@ class Runtime:
             "(Megatron-LM: fp32 for bf16 models, --accumulate-allreduce-grads-in-fp32; PyTorch FSDP in "
             "torchtitan: reduce_dtype fp32; MindSpore: fp32 parameters, fp32 gradients).")
     attention_kernel: str | None = setting(
-        None, kind="choice", choices=ATTENTION_KERNELS, optional=True,
+        None, kind="choice", choices=ATTENTION_KERNELS, optional=True, flags=("--attention-kernel",),
+        help="te | sdpa | triton | npu: the fused attention kernel (Transformer Engine/cuDNN, PyTorch SDPA flash, "
+             "flash-attn Triton, Ascend FlashAttentionScore; default: the framework's)",
         doc="The fused attention kernel (ATTENTION_KERNELS); None: the framework's.")
     fp8_param_gather: bool = setting(
-        False, kind="boolean",
+        False, kind="boolean", flags=("--fp8-param-gather",),
+        help="with --dtype fp8: FP8 primary weights, gathered in FP8 (Megatron --fp8-param-gather, torchtitan "
+             "enable_fsdp_float8_all_gather)",
         frameworks={"megatron": {"true": "--fp8-param-gather"},
                     "torchtitan": {"true": "quantize.linear.float8.enable_fsdp_float8_all_gather = true"},
                     "pytorch": {"true": "torchao Float8LinearConfig(enable_fsdp_float8_all_gather=True)"}},
@@ -222,7 +235,9 @@ class Runtime:
             "gradient computation (FSDP1 BACKWARD_PRE, FSDP2's implicit prefetch, Megatron-FSDP), \"post\" after "
             "it, so that the next unit waits for it (FSDP1 BACKWARD_POST).")
     fused_kernels: bool | None = setting(
-        None, kind="boolean", optional=True,
+        None, kind="boolean", optional=True, flags=("--fused-kernels",),
+        help="fuse the memory-bound kernels (torch.compile for pytorch and torchtitan; Transformer Engine and "
+             "MindSpore graph mode fuse by default; --no-fused-kernels: eager, operator by operator)",
         doc="Memory-bound kernels fused (Transformer Engine, MindSpore graph mode, torch.compile) or run "
             "operator by operator (eager PyTorch); None: the framework's default.")
     comm_priority: bool = setting(
@@ -295,7 +310,7 @@ class TrainingJob(Site, Runtime, Workload):
     @property
     def recipe(self) -> str | None:
         """The FP8 scaling recipe in force (None unless dtype is fp8)."""
-        return (self.fp8_recipe or DEFAULT_FP8_RECIPE) if self.dtype == "fp8" else None
+        return (self.fp8_recipe or self.framework_record.fp8_recipes[0]) if self.dtype == "fp8" else None
 
     @property
     def compute_dtype(self) -> str:
@@ -316,7 +331,7 @@ class TrainingJob(Site, Runtime, Workload):
             return 4.0
         if self.compute_dtype == "fp16":
             return self.framework_record.fp16_grad_reduce_bytes
-        return 4.0
+        return self.framework_record.bf16_grad_reduce_bytes
 
     @property
     def mixed_precision(self) -> bool:

@@ -223,6 +223,13 @@ def spelling(s: Setting, value: Any, runner: str, dtype: str) -> str | None:
     return table.get(f"{key}@{dtype}", table.get(key))
 
 
+def as_given(cls, values: dict[str, Any]) -> dict[str, Any]:
+    """Setting values by field name as the command line gives them (Setting.given turns them back): an inverted
+    flag's value turned round (moe_dropless True is --moe-token-drop off)."""
+    inverted = {fl.name for fl, s in settings_of(cls) if s.invert}
+    return {k: (not v if k in inverted else v) for k, v in values.items()}
+
+
 def check_frameworks(cls, obj: Any, framework: str, dtype: str, where: Callable[[str], str]) -> None:
     """Refuse a setting of ``cls`` (read from ``obj``) whose value the framework does not run (Setting.frameworks),
     naming it by ``where``; ``dtype``: the compute dtype."""

@@ -1,0 +1,156 @@
+"""Launch configurations people already have, read as the settings advisor prices (``--from FILE``).
+
+One module per format; each reads a file's text into an ``Imported``: the training-job and strategy
+settings by field name (advisor.specs.job.TrainingJob, advisor.space.strategy.Strategy), the cluster size
+the launcher gives, and the model shape the file states (checked against ``--model``). Every key is either
+read, listed as price-neutral with its reason (learning rates, paths, logging), or refused naming the file,
+the key and the value: a key that would change the price is never skipped silently.
+
+Formats (``read_launch_config`` picks by the file's content):
+
+* ``megatron``   a Megatron-LM argument list or launch script (pretrain_gpt.py flags, torchrun's node counts),
+  as ``advisor export --to megatron`` writes it (advisor.importers.megatron_args)
+* ``torchtitan`` a torchtitan job TOML (advisor.importers.torchtitan_toml)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from advisor.errors import AdvisorError
+from advisor.importers.imported import Imported, where
+from advisor.specs import limits
+from advisor.specs.untrusted import prefix
+
+
+def read_text(path: str | Path) -> str:
+    p = Path(path)
+    try:
+        if p.stat().st_size > limits.MAX_YAML_BYTES:
+            raise AdvisorError(f"--from: {prefix(str(path))} is larger than {limits.MAX_YAML_BYTES} bytes")
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AdvisorError(f"--from: file not found: {prefix(str(path))}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AdvisorError(f"--from: cannot read {prefix(str(path))}: {exc}") from None
+
+
+def read_launch_config(path: str | Path) -> Imported:
+    """The settings of one launch configuration file, its format picked by its name and content."""
+    text = read_text(path)
+    name = str(path)
+    if name.endswith(".toml"):
+        from advisor.importers.torchtitan_toml import read_torchtitan
+
+        return read_torchtitan(text, name)
+    if "pretrain_gpt.py" in text or text.lstrip().startswith("--") or "--tensor-model-parallel-size" in text:
+        from advisor.importers.megatron_args import read_megatron
+
+        return read_megatron(text, name)
+    raise AdvisorError(f"--from: {prefix(name)} is neither a Megatron-LM argument list or launch script "
+                       "(pretrain_gpt.py flags) nor a torchtitan job TOML (.toml)")
+
+
+def pins_of(imported: Imported, strategy: dict[str, Any], searched: set[str], num_layers: int) -> dict[str, Any]:
+    """The settings ``recommend --from`` pins (those the search explores). What the search would choose the same
+    way (an even split of the layers, the default rank order) is dropped; any other setting the search cannot pin
+    (uneven stage layers, recomputed-layer counts, a bucket size) is refused, pointing at ``estimate --from``."""
+    from advisor.space.strategy import DEFAULT_MESH_ORDER, Strategy, even_stage_layers
+    from advisor.specs.setting import field_default, settings_of
+
+    rest = dict(strategy)
+    if tuple(rest.get("stage_layers") or ()) in ((), even_stage_layers(num_layers, rest.get("pp", 1))):
+        rest.pop("stage_layers", None)
+    if tuple(rest.get("mesh_order") or DEFAULT_MESH_ORDER) == DEFAULT_MESH_ORDER:
+        rest.pop("mesh_order", None)
+    defaults = {fl.name: field_default(fl) for fl, _ in settings_of(Strategy)}
+    fixed = sorted(k for k in set(rest) - searched if rest[k] != defaults.get(k))
+    if fixed:
+        raise AdvisorError(f"{where(imported.source)}: recommend pins the searched settings only, and the file also "
+                           f"fixes {', '.join(fixed)}; price it with advisor estimate --from")
+    return {k: v for k, v in rest.items() if k in searched}
+
+
+def check_model(imported: Imported, model) -> None:
+    """Refuse a file whose model shape differs from the model being priced, naming the key and both values."""
+    for key, value in imported.model.items():
+        if key == "moe":
+            have = None if model.moe is None else {k: getattr(model.moe, k) for k in value}
+        else:
+            have = getattr(model, key)
+        if have != value:
+            raise AdvisorError(f"{where(imported.source)}: it gives {key} = {value}, but --model {model.name} "
+                               f"has {have}; give the matching --model")
+
+
+def strategy_settings(imported: Imported, num_layers: int, grad_reduce_bytes: float) -> dict[str, Any]:
+    """The Strategy settings (by field name) of an import, with what needs the model resolved: virtual stages from
+    layers per chunk, per-stage layers from a layout or first/last counts, recomputed layers from a per-chunk
+    count, the gradient bucket from its parameter count."""
+    s = dict(imported.strategy)
+    pp = s.get("pp", 1)
+    per_chunk = s.pop("layers_per_chunk", None)
+    layout = s.pop("layout", None)
+    first, last = s.pop("first_stage_layers", None), s.pop("last_stage_layers", None)
+    embedding, loss = s.pop("account_embedding", False), s.pop("account_loss", False)
+    recompute_per_chunk = s.pop("recompute_layers_per_chunk", None)
+    bucket = s.pop("bucket_params", None)
+    local = s.pop("local_batch_size", None)
+    parts = s.pop("model_parts", None)
+    here = where(imported.source)
+    if per_chunk is not None:
+        total = num_layers + embedding + loss
+        if per_chunk < 1 or total % (pp * per_chunk):
+            raise AdvisorError(f"{here}: --num-layers-per-virtual-pipeline-stage {per_chunk} does not divide the "
+                               f"{total} layers per pipeline stage of pp {pp}")
+        s["virtual_pipeline_stages"] = total // (pp * per_chunk)
+    if layout is not None:
+        if len(layout) % pp:
+            raise AdvisorError(f"{here}: the pipeline layout has {len(layout)} parts, not a multiple of pp = {pp}")
+        s["virtual_pipeline_stages"] = len(layout) // pp
+        s["stage_layers"] = tuple(sum(layout[v * pp + p] for v in range(len(layout) // pp)) for p in range(pp))
+    elif first is not None or last is not None or embedding or loss:
+        s["stage_layers"] = _uneven(num_layers, pp, first, last, embedding, loss, here)
+    if parts is not None:            # torchtitan's module_fqns_per_model_part: part v x pp + p runs on rank p
+        if not isinstance(parts, list) or len(parts) % pp or not all(isinstance(x, list) for x in parts):
+            raise AdvisorError(f"{here}: module_fqns_per_model_part must list pp x virtual stages parts, got "
+                               f"{len(parts) if isinstance(parts, list) else type(parts).__name__} for pp = {pp}")
+        counts = [sum(1 for name in part if str(name).startswith("layers.")) for part in parts]
+        s["virtual_pipeline_stages"] = len(parts) // pp
+        s["stage_layers"] = tuple(sum(counts[v * pp + p] for v in range(len(parts) // pp)) for p in range(pp))
+    if local is not None:            # torchtitan's per-rank batch: the micro-batch without pipelining
+        if pp == 1:
+            s["micro_batch_size"] = local
+        elif local % s.get("micro_batch_size", 1):
+            raise AdvisorError(f"{here}: local_batch_size {local} is not a multiple of the pipeline micro-batch "
+                               f"{s.get('micro_batch_size', 1)}")
+    if recompute_per_chunk is not None:
+        s["recompute_layers"] = recompute_per_chunk * s.get("virtual_pipeline_stages", 1)
+    if bucket is not None:
+        s["grad_bucket_mb"] = bucket * grad_reduce_bytes / 2 ** 20
+    if s.get("virtual_pipeline_stages", 1) > 1:
+        s.setdefault("pipeline_schedule", "interleaved-1f1b")
+    return s
+
+
+def _uneven(layers: int, pp: int, first, last, embedding: bool, loss: bool, here: str) -> tuple[int, ...]:
+    """Megatron's uneven split: the first and last stages' counts given (the rest even), or the embedding and
+    the loss counted as a layer each (transformer_config.py, core_v0.13-0.15)."""
+    if first is not None or last is not None:
+        middle = layers - (first or 0) - (last or 0)
+        inner = pp - (first is not None) - (last is not None)
+        if inner < 0 or middle < 0 or (inner and middle % inner) or (not inner and middle):
+            raise AdvisorError(f"{here}: the first/last stage layers ({first}, {last}) do not leave an even split of "
+                               f"the other {middle} layers over pp = {pp}")
+        each = middle // inner if inner else 0
+        return tuple([first if first is not None else each] + [each] * (pp - 2) + [last if last is not None else each])
+    total = layers + embedding + loss
+    if total % pp:
+        raise AdvisorError(f"{here}: {total} layers (with the embedding and loss counted) do not split evenly over "
+                           f"pp = {pp}")
+    per = total // pp
+    out = [per] * pp
+    out[0] -= embedding
+    out[-1] -= loss
+    return tuple(out)

@@ -1,0 +1,31 @@
+"""What a launch configuration pins (advisor.importers), by the field names of advisor's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What a launch configuration pins, by the field names of advisor's settings."""
+
+    source: str
+    """The file read (for messages)."""
+    framework: str
+    """The framework record that runs it (advisor.specs.frameworks)."""
+    job: dict[str, Any] = field(default_factory=dict)
+    """TrainingJob field -> value."""
+    strategy: dict[str, Any] = field(default_factory=dict)
+    """Strategy field -> value."""
+    nodes: int | None = None
+    """Nodes the launcher starts (torchrun --nnodes), None when the file does not say."""
+    devices: int | None = None
+    """Devices in all (nodes x processes per node), None when the file does not say."""
+    model: dict[str, Any] = field(default_factory=dict)
+    """ModelSpec field -> value the file states (num_layers, hidden_size, ...)."""
+
+
+def where(source: str) -> str:
+    """``--from FILE`` as messages name it (the path whole up to 300 characters, quoted and escaped)."""
+    return f"--from {source[:300]!r}"

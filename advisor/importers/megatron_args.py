@@ -1,0 +1,369 @@
+"""A Megatron-LM argument list or launch script as advisor's settings (``--from FILE``).
+
+The file is split as bash splits words (shlex, comments dropped); every word starting with ``--`` is a
+flag. torchrun's own flags give the cluster (--nnodes, --nproc-per-node); pretrain_gpt.py's flags
+(megatron/training/arguments.py, core_v0.13-0.15) are read through the table below: each flag either sets
+a setting, states the model's shape (checked against --model), is price-neutral (with the reason), or is
+refused with the file, the flag and its value. The export (advisor.export.megatron) writes only flags this
+table reads, so an exported plan reads back as itself.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Callable
+
+from advisor.errors import AdvisorError
+from advisor.importers.imported import Imported, where
+from advisor.specs.untrusted import prefix
+
+# flags taking no value (argparse store_true / store_false)
+SWITCHES = {
+    "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+    "--use-megatron-fsdp", "--use-custom-fsdp", "--no-gradient-accumulation-fusion", "--bf16", "--fp16",
+    "--optimizer-cpu-offload", "--use-precision-aware-optimizer", "--tp-comm-overlap", "--fp8-param-gather",
+    "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--use-tp-pp-dp-mapping", "--group-query-attention",
+    "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--mock-data",
+    "--no-create-attention-mask-in-dataloader", "--log-throughput", "--te-rng-tracker", "--external-cuda-graph",
+    "--enable-cuda-graph", "--no-check-for-nan-in-loss-and-grad", "--moe-pad-expert-input-to-capacity",
+    "--moe-grouped-gemm", "--use-mcore-models", "--use-flash-attn", "--account-for-embedding-in-pipeline-split",
+    "--account-for-loss-in-pipeline-split", "--distribute-saved-activations", "--no-masked-softmax-fusion",
+    "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-rope-fusion",
+    "--log-timers-to-tensorboard", "--log-memory-to-tensorboard", "--log-params-norm", "--log-num-zeros-in-grad",
+    "--use-rotary-position-embeddings", "--no-async-tensor-model-parallel-allreduce",
+}
+
+# price-neutral flags and why (hyper-parameters, data, logging and checkpoints do not change a step's
+# time or memory as advisor prices it)
+NEUTRAL = {
+    **dict.fromkeys(("--lr", "--min-lr", "--lr-decay-style", "--lr-warmup-iters", "--lr-warmup-fraction",
+                     "--lr-decay-iters", "--lr-warmup-init", "--weight-decay", "--clip-grad", "--adam-beta1",
+                     "--adam-beta2", "--adam-eps", "--init-method-std", "--seed", "--start-weight-decay",
+                     "--end-weight-decay", "--weight-decay-incr-style", "--loss-scale", "--initial-loss-scale",
+                     "--min-loss-scale", "--loss-scale-window", "--hysteresis", "--sgd-momentum"), "a hyper-parameter"),
+    **dict.fromkeys(("--data-path", "--split", "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file",
+                     "--data-cache-path", "--num-workers", "--dataloader-type", "--mock-data", "--train-data-path",
+                     "--valid-data-path", "--test-data-path"), "the data, not the step"),
+    **dict.fromkeys(("--log-interval", "--log-throughput", "--eval-iters", "--eval-interval", "--save", "--load",
+                     "--save-interval", "--tensorboard-dir", "--wandb-project", "--wandb-exp-name", "--ckpt-format",
+                     "--log-timers-to-tensorboard", "--log-memory-to-tensorboard", "--log-params-norm",
+                     "--log-num-zeros-in-grad", "--timing-log-level", "--exit-interval", "--exit-duration-in-mins",
+                     "--distributed-timeout-minutes", "--train-iters", "--use-mcore-models"),
+                    "logging, checkpoints or the run's length, not a step"),
+    **dict.fromkeys(("--max-position-embeddings", "--use-precision-aware-optimizer", "--te-rng-tracker",
+                     "--no-check-for-nan-in-loss-and-grad", "--no-gradient-accumulation-fusion",
+                     "--no-create-attention-mask-in-dataloader", "--moe-grouped-gemm", "--use-rotary-position-embeddings",
+                     "--distributed-backend", "--moe-token-dispatcher-type", "--moe-layer-freq", "--overlap-param-gather",
+                     "--use-custom-fsdp", "--use-megatron-fsdp"),
+                    "implied by the priced settings (read with the flags they go with)"),
+}
+
+TORCHRUN = {"--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--node_rank", "--master-addr",
+            "--master_addr", "--master-port", "--master_port", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id"}
+
+# pretrain_gpt.py flag -> ModelSpec field (checked against --model)
+MODEL_SHAPE = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--ffn-hidden-size": "ffn_hidden_size",
+               "--num-attention-heads": "num_attention_heads", "--vocab-size": "vocab_size"}
+
+SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+
+
+def _int(flag: str, value: str, source: str) -> int:
+    try:
+        out = int(value)
+    except ValueError:
+        raise AdvisorError(f"{where(source)}: {flag} takes an integer, got {prefix(value)}") from None
+    if out < 0:
+        raise AdvisorError(f"{where(source)}: {flag} must not be negative, got {out}")
+    return out
+
+
+def _float(flag: str, value: str, source: str) -> float:
+    try:
+        out = float(value)
+    except ValueError:
+        raise AdvisorError(f"{where(source)}: {flag} takes a number, got {prefix(value)}") from None
+    if out != out or out in (float("inf"), float("-inf")):
+        raise AdvisorError(f"{where(source)}: {flag} must be finite, got {prefix(value)}")
+    return out
+
+
+def _words(text: str, source: str) -> list[str]:
+    try:
+        return shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as exc:
+        raise AdvisorError(f"{where(source)}: cannot split it into words as bash would: {exc}") from None
+
+
+def _flags(words: list[str], source: str) -> list[tuple[str, list[str]]]:
+    """(flag, its values) in order: a switch takes none, --recompute-modules and --cp-comm-type the words up to the
+    next flag, any other flag the one word after it; the script's other words (commands, bash arrays) are bash's."""
+    out: list[tuple[str, list[str]]] = []
+    for word in words:
+        if word.startswith("--"):
+            flag, eq, value = word.partition("=")
+            out.append((flag, [value] if eq else []))
+            continue
+        if word == ")" or word.endswith("=(") or word.endswith("[@]}") or word.endswith("pretrain_gpt.py"):
+            out.append((END, []))          # a bash array or the command ends: no flag takes what follows
+            continue
+        if not out:
+            continue
+        flag, values = out[-1]
+        if flag in MULTI or (flag not in SWITCHES and not values):
+            values.append(word)
+    return out
+
+
+def read_megatron(text: str, source: str) -> Imported:
+    """The settings a Megatron-LM launch gives (module docstring)."""
+    job: dict[str, Any] = {"framework": "megatron", "overlap_grad_reduce": False}
+    strategy: dict[str, Any] = {}
+    model: dict[str, Any] = {}
+    seen: dict[str, list[str]] = {}
+    for flag, values in _flags(_words(text, source), source):
+        if flag == END:
+            continue
+        if flag in seen and flag not in TORCHRUN:
+            raise AdvisorError(f"{where(source)}: {flag} is given twice")
+        seen[flag] = values
+        if flag in SWITCHES and values:
+            raise AdvisorError(f"{where(source)}: {flag} takes no value, got {prefix(' '.join(values))}")
+        if flag not in SWITCHES and flag not in MULTI and len(values) != 1:
+            raise AdvisorError(f"{where(source)}: {flag} takes one value, got {prefix(' '.join(values)) or 'none'}")
+    nodes = devices = None
+    if "--nnodes" in seen:
+        nodes = _int("--nnodes", seen["--nnodes"][0], source)
+        per = seen.get("--nproc-per-node") or seen.get("--nproc_per_node")
+        devices = nodes * _int("--nproc-per-node", per[0], source) if per else None
+    for flag, values in seen.items():
+        if flag in TORCHRUN or flag in NEUTRAL and flag not in READ:
+            continue
+        if flag in MODEL_SHAPE:
+            model[MODEL_SHAPE[flag]] = _int(flag, values[0], source)
+            continue
+        reader = READ.get(flag)
+        if reader is None:
+            raise AdvisorError(f"{where(source)}: {flag}{' ' + prefix(' '.join(values)) if values else ''} "
+                               "is a flag advisor does not price; remove it or price the run without it")
+        reader(values, job, strategy, model, seen, source)
+    _derive(job, strategy, model, seen, source)
+    return Imported(source=source, framework="megatron", job=job, strategy=strategy, nodes=nodes, devices=devices,
+                    model=model)
+
+
+# ---- what each priced flag sets -------------------------------------------------------------------
+Reader = Callable[[list[str], dict, dict, dict, dict, str], None]
+
+
+def _set(target: str, key: str, convert: Callable[[str, str, str], Any]) -> Reader:
+    def read(values, job, strategy, model, seen, source):
+        flag = next(f for f, r in READ.items() if r is read)
+        value = convert(flag, values[0], source) if values else True
+        {"job": job, "strategy": strategy, "model": model}[target][key] = value
+    return read
+
+
+def _on(target: str, key: str, value: Any) -> Reader:
+    def read(values, job, strategy, model, seen, source):
+        {"job": job, "strategy": strategy, "model": model}[target][key] = value
+    return read
+
+
+def _read_elsewhere(values, job, strategy, model, seen, source):
+    """Read together with the flag it goes with."""
+
+
+def _model_int(flag: str, key: str) -> Reader:
+    def read(values, job, strategy, model, seen, source):
+        model[key] = _int(flag, values[0], source)
+    return read
+
+
+def _choice(target: str, key: str, flag: str, choices: dict[str, Any]) -> Reader:
+    def read(values, job, strategy, model, seen, source):
+        if values[0] not in choices:
+            raise AdvisorError(f"{where(source)}: {flag} {prefix(values[0])} is not a value advisor prices "
+                               f"({', '.join(choices)})")
+        {"job": job, "strategy": strategy, "model": model}[target][key] = choices[values[0]]
+    return read
+
+
+def _dtype(values, job, strategy, model, seen, source):
+    job.setdefault("dtype", "bf16" if "--bf16" in seen else "fp16")
+
+
+def _fp8(values, job, strategy, model, seen, source):
+    job["dtype"] = "fp8"
+    recipe = (seen.get("--fp8-recipe") or ["delayed"])[0]
+    job["fp8_recipe"] = recipe
+
+
+def _distributed_optimizer(values, job, strategy, model, seen, source):
+    strategy.setdefault("zero_stage", 1)          # ZeRO-1, unless Megatron FSDP's sharding strategy says more
+
+
+def _sharding(values, job, strategy, model, seen, source):
+    if values[0] not in SHARDING:
+        raise AdvisorError(f"{where(source)}: --data-parallel-sharding-strategy {prefix(values[0])} is none of "
+                           f"{', '.join(SHARDING)}")
+    strategy["zero_stage"] = SHARDING[values[0]]
+
+
+def _recompute(values, job, strategy, model, seen, source):
+    kind = values[0]
+    if kind not in ("full", "selective"):
+        raise AdvisorError(f"{where(source)}: --recompute-granularity {prefix(kind)} is neither full nor selective")
+    strategy["recompute"] = kind
+    method = (seen.get("--recompute-method") or [None])[0]
+    count = seen.get("--recompute-num-layers")
+    if kind == "full" and method == "block" and count:
+        strategy["recompute_layers_per_chunk"] = _int("--recompute-num-layers", count[0], source)
+    elif kind == "full" and method not in ("uniform", None):
+        raise AdvisorError(f"{where(source)}: --recompute-method {prefix(str(method))} is neither uniform nor block")
+
+
+def _modules(values, job, strategy, model, seen, source):
+    job["recompute_modules"] = ",".join(values)
+
+
+def _attention_backend(values, job, strategy, model, seen, source):
+    backend = values[0]
+    if backend not in ("flash", "fused", "auto", "unfused"):
+        raise AdvisorError(f"{where(source)}: --attention-backend {prefix(backend)} is not priced (flash, fused, "
+                           "auto or unfused)")
+    job["attention"] = "math" if backend == "unfused" else "flash"
+
+
+def _dropout(values, job, strategy, model, seen, source):
+    rates = [_float(f, seen[f][0], source) for f in ("--attention-dropout", "--hidden-dropout") if f in seen]
+    job["dropout"] = any(r > 0 for r in rates) if len(rates) == 2 else True   # Megatron's default: 0.1 / 0.1
+
+
+def _cp_comm(values, job, strategy, model, seen, source):
+    if len(values) != 1 or values[0] not in ("p2p", "a2a"):
+        raise AdvisorError(f"{where(source)}: --cp-comm-type {prefix(' '.join(values))} is not priced (p2p or a2a)")
+    strategy["cp_comm"] = values[0]
+
+
+def _offload_fraction(values, job, strategy, model, seen, source):
+    strategy["offload_fraction"] = _float("--optimizer-offload-fraction", values[0], source)
+
+
+def _kv(values, job, strategy, model, seen, source):
+    model["num_kv_heads"] = _int("--num-query-groups", values[0], source)
+
+
+def _capacity(values, job, strategy, model, seen, source):
+    job["moe_dropless"] = False
+
+
+def _layout(values, job, strategy, model, seen, source):
+    """--pipeline-model-parallel-layout as the export writes it: stages of chunk 0, then chunk 1, ... separated by
+    '|', each E (embedding), t or t*N (N layers) and L (loss)."""
+    parts = values[0].split("|")
+    counts = []
+    for part in parts:
+        body = part.replace("E", "").replace("L", "")
+        if body == "":
+            counts.append(0)
+        elif body == "t" * len(body):
+            counts.append(len(body))
+        elif body.startswith("t*") and body[2:].isdigit():
+            counts.append(int(body[2:]))
+        else:
+            raise AdvisorError(f"{where(source)}: --pipeline-model-parallel-layout part {prefix(part)} is not "
+                               "of the form E, t, t*N or L (write the layout out stage by stage)")
+    strategy["layout"] = counts
+
+
+def _moe_shape(field: str) -> Reader:
+    def read(values, job, strategy, model, seen, source):
+        model[field] = values[0]
+    return read
+
+
+MULTI = {"--recompute-modules", "--cp-comm-type"}
+END = ")"
+
+READ: dict[str, Reader] = {
+    "--tensor-model-parallel-size": _set("strategy", "tp", _int),
+    "--pipeline-model-parallel-size": _set("strategy", "pp", _int),
+    "--context-parallel-size": _set("strategy", "cp", _int),
+    "--expert-model-parallel-size": _set("strategy", "ep", _int),
+    "--sequence-parallel": _on("strategy", "sequence_parallel", True),
+    "--num-layers-per-virtual-pipeline-stage": _set("strategy", "layers_per_chunk", _int),
+    "--num-virtual-stages-per-pipeline-rank": _set("strategy", "virtual_pipeline_stages", _int),
+    "--pipeline-model-parallel-layout": _layout,
+    "--decoder-first-pipeline-num-layers": _set("strategy", "first_stage_layers", _int),
+    "--decoder-last-pipeline-num-layers": _set("strategy", "last_stage_layers", _int),
+    "--use-distributed-optimizer": _distributed_optimizer,
+    "--data-parallel-sharding-strategy": _sharding,
+    "--overlap-grad-reduce": _on("job", "overlap_grad_reduce", True),
+    "--optimizer-cpu-offload": _on("strategy", "offload_optimizer", True),
+    "--optimizer-offload-fraction": _offload_fraction,
+    "--micro-batch-size": _set("strategy", "micro_batch_size", _int),
+    "--global-batch-size": _set("job", "global_batch_size", _int),
+    "--seq-length": _set("job", "seq_length", _int),
+    "--bf16": _dtype,
+    "--fp16": _dtype,
+    "--fp8-format": _fp8,
+    "--fp8-recipe": _read_elsewhere,              # read with --fp8-format
+    "--grad-reduce-in-bf16": _on("job", "grad_reduce_dtype", "bf16"),
+    "--accumulate-allreduce-grads-in-fp32": _on("job", "grad_reduce_dtype", "fp32"),
+    "--tp-comm-overlap": _on("job", "tp_comm_overlap", True),
+    "--fp8-param-gather": _on("job", "fp8_param_gather", True),
+    "--recompute-granularity": _recompute,
+    "--recompute-method": _read_elsewhere,        # read with --recompute-granularity
+    "--recompute-num-layers": _read_elsewhere,
+    "--recompute-modules": _modules,
+    "--attention-backend": _attention_backend,
+    "--use-flash-attn": _on("job", "attention", "flash"),
+    "--attention-dropout": _dropout,
+    "--hidden-dropout": _dropout,
+    "--cp-comm-type": _cp_comm,
+    "--use-tp-pp-dp-mapping": _on("strategy", "mesh_order", ("dp", "pp", "cp", "tp")),
+    "--num-query-groups": _kv,
+    "--group-query-attention": _read_elsewhere,   # read with --num-query-groups
+    "--kv-channels": _set("model", "head_dim", _int),
+    "--account-for-embedding-in-pipeline-split": _on("strategy", "account_embedding", True),
+    "--account-for-loss-in-pipeline-split": _on("strategy", "account_loss", True),
+    "--moe-expert-capacity-factor": _capacity,
+    "--moe-pad-expert-input-to-capacity": _read_elsewhere,
+    "--num-experts": _model_int("--num-experts", "num_experts"),
+    "--moe-router-topk": _model_int("--moe-router-topk", "top_k"),
+    "--moe-ffn-hidden-size": _model_int("--moe-ffn-hidden-size", "expert_ffn_hidden_size"),
+    "--optimizer": _choice("job", "optimizer", "--optimizer", {"adam": "adamw", "sgd": "sgd"}),
+    "--ddp-bucket-size": _set("strategy", "bucket_params", _int),
+    # the model's form, checked against --model
+    "--position-embedding-type": _choice("model", "position_embedding", "--position-embedding-type",
+                                         {"rope": "rotary", "learned_absolute": "learned", "none": "none"}),
+    "--normalization": _choice("model", "norm", "--normalization", {"RMSNorm": "rmsnorm", "LayerNorm": "layernorm"}),
+    "--swiglu": _on("model", "ffn_activation", "swiglu"),
+    "--untie-embeddings-and-output-weights": _on("model", "tie_embeddings", False),
+    "--disable-bias-linear": _on("model", "use_bias", False),
+}
+
+
+def _derive(job: dict, strategy: dict, model: dict, seen: dict, source: str) -> None:
+    """Settings that need several flags: the model's defaults where Megatron's differ, the layers per stage and
+    virtual stages, recomputed layers, the MoE block, the bucket."""
+    if "--swiglu" not in seen and "--ffn-hidden-size" in seen:
+        model.setdefault("ffn_activation", "gelu")          # Megatron-LM's default activation
+    if "--untie-embeddings-and-output-weights" not in seen and "--num-layers" in seen:
+        model.setdefault("tie_embeddings", True)
+    if "--disable-bias-linear" not in seen and "--num-layers" in seen:
+        model.setdefault("use_bias", True)
+    if "--bf16" not in seen and "--fp16" not in seen and "dtype" not in job:
+        job["dtype"] = "fp32"
+    if "--attention-dropout" not in seen and "--hidden-dropout" not in seen:
+        job["dropout"] = True                     # Megatron-LM's defaults, 0.1 and 0.1
+    if "--recompute-granularity" in seen and "--recompute-modules" not in seen and strategy.get("recompute") == "selective":
+        job["recompute_modules"] = "core_attn"    # Megatron-Core's default module
+    if "--num-experts" in seen and "--moe-expert-capacity-factor" not in seen:
+        job["moe_dropless"] = True
+    moe = {k: model.pop(k) for k in ("num_experts", "top_k", "expert_ffn_hidden_size") if k in model}
+    if moe:
+        model["moe"] = moe
+    if "num_kv_heads" not in model and "--num-attention-heads" in seen:
+        model["num_kv_heads"] = model["num_attention_heads"]
