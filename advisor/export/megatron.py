@@ -126,9 +126,7 @@ def megatron_launch(plan: Plan, target_version: str | None = None) -> MegatronLa
         par += ["--cp-comm-type", s.cp_comm]
     if s.sequence_parallel:
         par.append("--sequence-parallel")
-        if j.tp_comm_overlap:
-            par.append("--tp-comm-overlap")
-    elif j.tp_comm_overlap and s.tp > 1:
+    elif j.tp_comm_overlap and s.tp > 1:       # --tp-comm-overlap itself: the setting's record (_settings)
         unsupported.append("training.tp_comm_overlap = true without sequence parallelism: Megatron-LM overlaps "
                            "tensor-parallel communication only with --sequence-parallel")
     if m.moe is not None:

@@ -216,7 +216,7 @@ def _framework_stages(m, c, j, b):
     low = np.where(active, b.stage_layers, np.iinfo(np.int64).max).min(axis=1)
     high = np.where(active, b.stage_layers, 0).max(axis=1)
     uneven_chunks = np.where(active, b.stage_layers % b.virtual_pipeline_stages[:, None] != 0, False).any(axis=1)
-    return (b.pp > 1) & ((low != high) & (not fw.uneven_stages) | uneven_chunks & (not fw.uneven_chunks))
+    return (b.pp > 1) & (((low != high) & (not fw.uneven_stages)) | (uneven_chunks & (not fw.uneven_chunks)))
 
 
 def _framework_cp(m, c, j, b):
@@ -351,7 +351,8 @@ def illegal_masks(model: ModelSpec, cluster: Cluster, job: TrainingJob, batch: S
 
 def legal_mask(model: ModelSpec, cluster: Cluster, job: TrainingJob, batch: StrategyBatch,
                framework_rules: bool = True) -> np.ndarray:
-    """True where the candidate breaks no rule (without ``framework_rules``: none but FRAMEWORK_RULES)."""
+    """True where the candidate breaks no rule (without ``framework_rules``: none of the others than FRAMEWORK_RULES,
+    which are left out)."""
     masks = {name: mask for name, mask in illegal_masks(model, cluster, job, batch).items()
              if framework_rules or name not in FRAMEWORK_RULES}
     return ~np.logical_or.reduce(list(masks.values())) if masks else np.ones(len(batch), dtype=bool)

@@ -186,6 +186,14 @@ class Runtime:
         False, kind="boolean", flags=("--tp-comm-overlap",),
         help="overlap tensor-parallel collectives with the GEMMs (Megatron --tp-comm-overlap, needs sequence "
              "parallelism; torchtitan async TP; MindFormers fine_grain_interleave)",
+        frameworks={
+            # megatron/training/arguments.py (core_v0.13-0.15); validate_args wants --sequence-parallel with it
+            "megatron": {"true": "--tp-comm-overlap"},
+            # torchtitan/config/job_config.py (v0.2.0) [parallelism]; async TP runs under torch.compile
+            "torchtitan": {"true": "parallelism.enable_async_tensor_parallel = true"},
+            # MindFormers' legacy LlamaConfig (models/llama/llama_config.py, v1.7.0): the slices advisor prices
+            "mindspore": {"true": "model.model_config.fine_grain_interleave = 2"},
+        },
         doc="Tensor-parallel collectives overlapped with the GEMMs they feed (Megatron --tp-comm-overlap with "
             "Transformer Engine userbuffers; MindFormers' fine_grain_interleave; torchtitan's async TP).")
     ep_comm_overlap: bool = setting(
@@ -235,9 +243,7 @@ class Runtime:
             "gradient computation (FSDP1 BACKWARD_PRE, FSDP2's implicit prefetch, Megatron-FSDP), \"post\" after "
             "it, so that the next unit waits for it (FSDP1 BACKWARD_POST).")
     fused_kernels: bool | None = setting(
-        None, kind="boolean", optional=True, flags=("--fused-kernels",),
-        help="fuse the memory-bound kernels (torch.compile for pytorch and torchtitan; Transformer Engine and "
-             "MindSpore graph mode fuse by default; --no-fused-kernels: eager, operator by operator)",
+        None, kind="boolean", optional=True,
         doc="Memory-bound kernels fused (Transformer Engine, MindSpore graph mode, torch.compile) or run "
             "operator by operator (eager PyTorch); None: the framework's default.")
     comm_priority: bool = setting(
