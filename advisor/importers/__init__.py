@@ -20,20 +20,21 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.importers.imported import Imported, where
+from advisor.space.strategy import DEFAULT_MESH_ORDER, Strategy, even_stage_layers
 from advisor.specs import limits
-from advisor.specs.untrusted import prefix
+from advisor.specs.setting import field_default, settings_of
 
 
 def read_text(path: str | Path) -> str:
     p = Path(path)
     try:
         if p.stat().st_size > limits.MAX_YAML_BYTES:
-            raise AdvisorError(f"--from: {prefix(str(path))} is larger than {limits.MAX_YAML_BYTES} bytes")
+            raise AdvisorError(f"{where(str(path))}: larger than {limits.MAX_YAML_BYTES} bytes")
         return p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise AdvisorError(f"--from: file not found: {prefix(str(path))}") from None
+        raise AdvisorError(f"{where(str(path))}: file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise AdvisorError(f"--from: cannot read {prefix(str(path))}: {exc}") from None
+        raise AdvisorError(f"{where(str(path))}: cannot read it: {exc}") from None
 
 
 def read_launch_config(path: str | Path) -> Imported:
@@ -48,17 +49,14 @@ def read_launch_config(path: str | Path) -> Imported:
         from advisor.importers.megatron_args import read_megatron
 
         return read_megatron(text, name)
-    raise AdvisorError(f"--from: {prefix(name)} is neither a Megatron-LM argument list or launch script "
-                       "(pretrain_gpt.py flags) nor a torchtitan job TOML (.toml)")
+    raise AdvisorError(f"{where(name)}: neither a Megatron-LM argument list or launch script (pretrain_gpt.py "
+                       "flags) nor a torchtitan job TOML (.toml)")
 
 
 def pins_of(imported: Imported, strategy: dict[str, Any], searched: set[str], num_layers: int) -> dict[str, Any]:
     """The settings ``recommend --from`` pins (those the search explores). What the search would choose the same
     way (an even split of the layers, the default rank order) is dropped; any other setting the search cannot pin
     (uneven stage layers, recomputed-layer counts, a bucket size) is refused, pointing at ``estimate --from``."""
-    from advisor.space.strategy import DEFAULT_MESH_ORDER, Strategy, even_stage_layers
-    from advisor.specs.setting import field_default, settings_of
-
     rest = dict(strategy)
     if tuple(rest.get("stage_layers") or ()) in ((), even_stage_layers(num_layers, rest.get("pp", 1))):
         rest.pop("stage_layers", None)
