@@ -29,6 +29,8 @@ from advisor.errors import AdvisorError
 from advisor.export._common import display
 from advisor.families import family_of_model, resolve
 from advisor.plan import Plan
+from advisor.space.rules import FRAMEWORK_RULES, broken_rules
+from advisor.specs.frameworks import FRAMEWORKS
 
 TARGETS = ("megatron", "deepspeed", "torchtitan", "mindspore", "k8s")
 
@@ -138,9 +140,6 @@ def runs_as_priced(plan: Plan, framework: str) -> tuple[str, ...]:
     """What keeps the launch of ``framework`` from running the plan as priced, as sentences naming the plan
     field: a plan priced for another framework (its kernels, limits and defaults), and every legality rule the
     plan breaks under ``framework``'s record (advisor.space.rules, the rules the search and estimate apply)."""
-    from advisor.space.rules import FRAMEWORK_RULES, broken_rules
-    from advisor.specs.frameworks import FRAMEWORKS
-
     priced = plan.training.framework
     out = []
     if priced != framework:

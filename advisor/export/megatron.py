@@ -50,6 +50,11 @@ class MegatronRelease:
     container: str                # the NGC PyTorch container its README names
 
 
+# ModelSpec and Strategy values as Megatron-LM's flags take them (arguments.py, core_v0.13-0.15); the importer
+# (advisor.importers.megatron_args) reads them back through the same tables
+POSITION_EMBEDDINGS = {"rotary": "rope", "learned": "learned_absolute", "none": "none"}
+NORMALIZATIONS = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+SHARDING_STRATEGIES = {0: "no_shard", 1: "optim", 2: "optim_grads", 3: "optim_grads_params"}   # Megatron FSDP
 FRAMEWORK = "megatron"   # the framework record this export launches (the flags run Megatron-LM)
 VERSIONS = {
     "0.13": MegatronRelease("core_v0.13.0", False, "nvcr.io/nvidia/pytorch:25.04-py3"),
@@ -168,9 +173,8 @@ def megatron_launch(plan: Plan, target_version: str | None = None) -> MegatronLa
         model += ["--kv-channels", str(m.head_dim)]
     unsupported += unwritten_model_features(plan, "Megatron-LM", written=("head_dim",))
     model += ["--seq-length", str(j.seq_length), "--max-position-embeddings", str(max(j.seq_length, m.seq_length))]
-    model += ["--position-embedding-type",
-              {"rotary": "rope", "learned": "learned_absolute", "none": "none"}[m.position_embedding]]
-    model += ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
+    model += ["--position-embedding-type", POSITION_EMBEDDINGS[m.position_embedding]]
+    model += ["--normalization", NORMALIZATIONS[m.norm]]
     if m.ffn_activation == "swiglu":
         model.append("--swiglu")
     if not m.tie_embeddings:
@@ -258,7 +262,7 @@ def _zero_flags(plan: Plan, unsupported: list[str], version: str) -> tuple[list[
         raise AdvisorError(f"parallel.zero_stage = {s.zero_stage}: Megatron-LM shards gradients through Megatron FSDP "
                            f"(--use-megatron-fsdp), which Megatron-Core {version} does not have; export with "
                            f"--target-version {newer}")
-    strategy = "optim_grads" if s.zero_stage == 2 else "optim_grads_params"
+    strategy = SHARDING_STRATEGIES[s.zero_stage]
     if s.pp > 1:
         unsupported.append(
             f"parallel.zero_stage = {s.zero_stage} with pp = {s.pp}: Megatron-LM shards gradients (and parameters) only "

@@ -14,6 +14,7 @@ import shlex
 from typing import Any, Callable
 
 from advisor.errors import AdvisorError
+from advisor.export.megatron import NORMALIZATIONS, POSITION_EMBEDDINGS, SHARDING_STRATEGIES
 from advisor.importers.imported import Imported, where
 from advisor.specs.untrusted import prefix
 
@@ -61,11 +62,35 @@ NEUTRAL = {
 TORCHRUN = {"--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--node_rank", "--master-addr",
             "--master_addr", "--master-port", "--master_port", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id"}
 
-# pretrain_gpt.py flag -> ModelSpec field (checked against --model)
-MODEL_SHAPE = {"--num-layers": "num_layers", "--hidden-size": "hidden_size", "--ffn-hidden-size": "ffn_hidden_size",
-               "--num-attention-heads": "num_attention_heads", "--vocab-size": "vocab_size"}
+# pretrain_gpt.py flags taking one integer -> (the settings they go to, the field); "model": ModelSpec fields,
+# checked against --model
+INTEGERS = {
+    "--num-layers": ("model", "num_layers"),
+    "--hidden-size": ("model", "hidden_size"),
+    "--ffn-hidden-size": ("model", "ffn_hidden_size"),
+    "--num-attention-heads": ("model", "num_attention_heads"),
+    "--vocab-size": ("model", "vocab_size"),
+    "--tensor-model-parallel-size": ("strategy", "tp"),
+    "--pipeline-model-parallel-size": ("strategy", "pp"),
+    "--context-parallel-size": ("strategy", "cp"),
+    "--expert-model-parallel-size": ("strategy", "ep"),
+    "--num-layers-per-virtual-pipeline-stage": ("strategy", "layers_per_chunk"),
+    "--num-virtual-stages-per-pipeline-rank": ("strategy", "virtual_pipeline_stages"),
+    "--decoder-first-pipeline-num-layers": ("strategy", "first_stage_layers"),
+    "--decoder-last-pipeline-num-layers": ("strategy", "last_stage_layers"),
+    "--micro-batch-size": ("strategy", "micro_batch_size"),
+    "--global-batch-size": ("job", "global_batch_size"),
+    "--seq-length": ("job", "seq_length"),
+    "--kv-channels": ("model", "head_dim"),
+    "--ddp-bucket-size": ("strategy", "bucket_params"),
+    "--num-experts": ("model", "num_experts"),
+    "--moe-router-topk": ("model", "top_k"),
+    "--moe-ffn-hidden-size": ("model", "expert_ffn_hidden_size"),
+}
+MULTI = {"--recompute-modules", "--cp-comm-type"}      # flags taking a list of words
+END = ")"                                              # where a bash array or the command ends
 
-SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+SHARDING = {flag: stage for stage, flag in SHARDING_STRATEGIES.items()}
 
 
 def _int(flag: str, value: str, source: str) -> int:
@@ -139,8 +164,9 @@ def read_megatron(text: str, source: str) -> Imported:
     for flag, values in seen.items():
         if flag in TORCHRUN or flag in NEUTRAL and flag not in READ:
             continue
-        if flag in MODEL_SHAPE:
-            model[MODEL_SHAPE[flag]] = _int(flag, values[0], source)
+        if flag in INTEGERS:
+            target, key = INTEGERS[flag]
+            {"job": job, "strategy": strategy, "model": model}[target][key] = _int(flag, values[0], source)
             continue
         reader = READ.get(flag)
         if reader is None:
@@ -156,14 +182,6 @@ def read_megatron(text: str, source: str) -> Imported:
 Reader = Callable[[list[str], dict, dict, dict, dict, str], None]
 
 
-def _set(target: str, key: str, convert: Callable[[str, str, str], Any]) -> Reader:
-    def read(values, job, strategy, model, seen, source):
-        flag = next(f for f, r in READ.items() if r is read)
-        value = convert(flag, values[0], source) if values else True
-        {"job": job, "strategy": strategy, "model": model}[target][key] = value
-    return read
-
-
 def _on(target: str, key: str, value: Any) -> Reader:
     def read(values, job, strategy, model, seen, source):
         {"job": job, "strategy": strategy, "model": model}[target][key] = value
@@ -172,12 +190,6 @@ def _on(target: str, key: str, value: Any) -> Reader:
 
 def _read_elsewhere(values, job, strategy, model, seen, source):
     """Read together with the flag it goes with."""
-
-
-def _model_int(flag: str, key: str) -> Reader:
-    def read(values, job, strategy, model, seen, source):
-        model[key] = _int(flag, values[0], source)
-    return read
 
 
 def _choice(target: str, key: str, flag: str, choices: dict[str, Any]) -> Reader:
@@ -277,34 +289,14 @@ def _layout(values, job, strategy, model, seen, source):
     strategy["layout"] = counts
 
 
-def _moe_shape(field: str) -> Reader:
-    def read(values, job, strategy, model, seen, source):
-        model[field] = values[0]
-    return read
-
-
-MULTI = {"--recompute-modules", "--cp-comm-type"}
-END = ")"
-
 READ: dict[str, Reader] = {
-    "--tensor-model-parallel-size": _set("strategy", "tp", _int),
-    "--pipeline-model-parallel-size": _set("strategy", "pp", _int),
-    "--context-parallel-size": _set("strategy", "cp", _int),
-    "--expert-model-parallel-size": _set("strategy", "ep", _int),
     "--sequence-parallel": _on("strategy", "sequence_parallel", True),
-    "--num-layers-per-virtual-pipeline-stage": _set("strategy", "layers_per_chunk", _int),
-    "--num-virtual-stages-per-pipeline-rank": _set("strategy", "virtual_pipeline_stages", _int),
     "--pipeline-model-parallel-layout": _layout,
-    "--decoder-first-pipeline-num-layers": _set("strategy", "first_stage_layers", _int),
-    "--decoder-last-pipeline-num-layers": _set("strategy", "last_stage_layers", _int),
     "--use-distributed-optimizer": _distributed_optimizer,
     "--data-parallel-sharding-strategy": _sharding,
     "--overlap-grad-reduce": _on("job", "overlap_grad_reduce", True),
     "--optimizer-cpu-offload": _on("strategy", "offload_optimizer", True),
     "--optimizer-offload-fraction": _offload_fraction,
-    "--micro-batch-size": _set("strategy", "micro_batch_size", _int),
-    "--global-batch-size": _set("job", "global_batch_size", _int),
-    "--seq-length": _set("job", "seq_length", _int),
     "--bf16": _dtype,
     "--fp16": _dtype,
     "--fp8-format": _fp8,
@@ -325,20 +317,15 @@ READ: dict[str, Reader] = {
     "--use-tp-pp-dp-mapping": _on("strategy", "mesh_order", ("dp", "pp", "cp", "tp")),
     "--num-query-groups": _kv,
     "--group-query-attention": _read_elsewhere,   # read with --num-query-groups
-    "--kv-channels": _set("model", "head_dim", _int),
     "--account-for-embedding-in-pipeline-split": _on("strategy", "account_embedding", True),
     "--account-for-loss-in-pipeline-split": _on("strategy", "account_loss", True),
     "--moe-expert-capacity-factor": _capacity,
     "--moe-pad-expert-input-to-capacity": _read_elsewhere,
-    "--num-experts": _model_int("--num-experts", "num_experts"),
-    "--moe-router-topk": _model_int("--moe-router-topk", "top_k"),
-    "--moe-ffn-hidden-size": _model_int("--moe-ffn-hidden-size", "expert_ffn_hidden_size"),
     "--optimizer": _choice("job", "optimizer", "--optimizer", {"adam": "adamw", "sgd": "sgd"}),
-    "--ddp-bucket-size": _set("strategy", "bucket_params", _int),
     # the model's form, checked against --model
     "--position-embedding-type": _choice("model", "position_embedding", "--position-embedding-type",
-                                         {"rope": "rotary", "learned_absolute": "learned", "none": "none"}),
-    "--normalization": _choice("model", "norm", "--normalization", {"RMSNorm": "rmsnorm", "LayerNorm": "layernorm"}),
+                                         {flag: value for value, flag in POSITION_EMBEDDINGS.items()}),
+    "--normalization": _choice("model", "norm", "--normalization", {flag: value for value, flag in NORMALIZATIONS.items()}),
     "--swiglu": _on("model", "ffn_activation", "swiglu"),
     "--untie-embeddings-and-output-weights": _on("model", "tie_embeddings", False),
     "--disable-bias-linear": _on("model", "use_bias", False),

@@ -12,10 +12,14 @@ import tomllib
 from typing import Any
 
 from advisor.errors import AdvisorError
+from advisor.export.torchtitan import FP8_CONVERTERS, SCHEDULE_NAMES
 from advisor.importers.imported import Imported, where
 
-SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved-1f1b"}
-CONVERTERS = {"quantize.linear.float8": {"tensorwise": "tensorwise"}, "quantize.linear.mx": {"mxfp8_cublas": "mxfp8"}}
+# the export's tables (advisor.export.torchtitan) read backwards
+SCHEDULES = {name: schedule for schedule, name in SCHEDULE_NAMES.items()}
+CONVERTERS: dict[str, dict[str, str]] = {}
+for _recipe, (_converter, _name) in FP8_CONVERTERS.items():
+    CONVERTERS.setdefault(_converter, {})[_name] = _recipe
 
 # whole sections that do not change a step's time or memory as advisor prices it
 NEUTRAL_SECTIONS = {"job": "names and folders", "profiling": "profiler output", "metrics": "logging",

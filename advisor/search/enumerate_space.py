@@ -21,7 +21,7 @@ from advisor.search.enumerate_rows import (
     _active_code, _add, _concat, _count, _cross, _options, _take,
     chunks_by_pp, divisors, mesh_strides, to_batch,
 )
-from advisor.space.rules import active_order, illegal_masks, zero_illegal
+from advisor.space.rules import builds_order, illegal_masks, zero_illegal
 from advisor.space.strategy import INTERLEAVED, MESH_DIMS, ONE_F_ONE_B, RECOMPUTE, SCHEDULES
 from advisor.specs.frameworks import FRAMEWORKS, Framework, frameworks_with
 from advisor.specs.hardware import HardwareProfile
@@ -269,15 +269,10 @@ def cp_comm_options(model: ModelSpec, rows: Rows, pins: Pins, framework: Framewo
 @lru_cache(maxsize=None)
 def _framework_order_table(framework: Framework | None) -> np.ndarray:
     """(16, orders) bool: whether mesh order j is one the framework builds, by active-dimension code
-    (advisor.search.enumerate_rows._active_code; the rule "framework mesh order")."""
-    table = np.ones((16, len(MESH_ORDERS)), dtype=bool)
-    if framework is None or framework.mesh_orders is None:
-        return table
-    for code in range(16):
-        degrees = {d: 2 if code >> i & 1 else 1 for i, d in enumerate(MESH_DIMS)}
-        allowed = {active_order(a, degrees) for a in framework.mesh_orders}
-        table[code] = [active_order(order, degrees) in allowed for order in MESH_ORDERS]
-    return table
+    (advisor.search.enumerate_rows._active_code; the rule "framework mesh order", advisor.space.rules.builds_order)."""
+    if framework is None:
+        return np.ones((16, len(MESH_ORDERS)), dtype=bool)
+    return np.array([[builds_order(framework, order, code) for order in MESH_ORDERS] for code in range(16)])
 
 
 def order_variants(rows: Rows, hw: HardwareProfile, pins: Pins, framework: Framework | None = None) -> Rows:

@@ -10,6 +10,7 @@ offload requiring a sharded optimizer.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -238,26 +239,26 @@ def active_order(order: tuple[str, ...], degrees: dict[str, int]) -> tuple[str, 
     return tuple(d for d in order if active[d])
 
 
+@lru_cache(maxsize=None)
+def builds_order(fw: Framework, order: tuple[str, ...], code: int) -> bool:
+    """Whether the framework builds its rank groups in ``order`` (outermost first) for the mesh dimensions whose
+    place matters, bit i of ``code`` set for MESH_DIMS[i] (advisor.search.enumerate_rows._active_code)."""
+    if fw.mesh_orders is None:
+        return True
+    degrees = {d: 2 if code >> i & 1 else 1 for i, d in enumerate(MESH_DIMS)}
+    return active_order(order, degrees) in {active_order(a, degrees) for a in fw.mesh_orders}
+
+
 def _framework_mesh(m, c, j, b):
     """The mesh order is one the framework builds (checked where the batch carries its orders: the enumerator
     generates only those, advisor.search.enumerate_space.order_variants)."""
-    allowed = j.framework_record.mesh_orders
-    out = np.zeros(len(b), dtype=bool)
-    if allowed is None or not b.mesh_order:
-        return out
+    fw = j.framework_record
+    if fw.mesh_orders is None or not b.mesh_order:
+        return np.zeros(len(b), dtype=bool)
     active = {d: getattr(b, d) > 1 for d in MESH_DIMS}
     active["dp"] = active["dp"] | active["cp"] | (b.ep > 1)
     code = sum(active[d].astype(np.int64) << i for i, d in enumerate(MESH_DIMS))
-    rows_of: dict[tuple[str, ...], list[int]] = {}
-    for i, order in enumerate(b.mesh_order):
-        rows_of.setdefault(tuple(order), []).append(i)
-    for order, rows in rows_of.items():
-        idx = np.array(rows)
-        for k in np.unique(code[idx]):
-            degrees = {d: 2 if k >> i & 1 else 1 for i, d in enumerate(MESH_DIMS)}
-            if active_order(order, degrees) not in {active_order(a, degrees) for a in allowed}:
-                out[idx[code[idx] == k]] = True
-    return out
+    return np.array([not builds_order(fw, tuple(order), int(k)) for order, k in zip(b.mesh_order, code)], dtype=bool)
 
 
 RULES: dict[str, tuple[Rule, str]] = {

@@ -192,7 +192,8 @@ class Runtime:
             # torchtitan/config/job_config.py (v0.2.0) [parallelism]; async TP runs under torch.compile
             "torchtitan": {"true": "parallelism.enable_async_tensor_parallel = true"},
             # MindFormers' legacy LlamaConfig (models/llama/llama_config.py, v1.7.0): the slices advisor prices
-            "mindspore": {"true": "model.model_config.fine_grain_interleave = 2"},
+            "mindspore": {"true": f"model.model_config.fine_grain_interleave = "
+                                  f"{FRAMEWORK_RECORDS['mindspore'].tp_overlap_slices}"},
         },
         doc="Tensor-parallel collectives overlapped with the GEMMs they feed (Megatron --tp-comm-overlap with "
             "Transformer Engine userbuffers; MindFormers' fine_grain_interleave; torchtitan's async TP).")
