@@ -239,3 +239,51 @@ def test_optimizer_section_is_the_priced_step():
         job = replace(plan.training, framework="mindspore", optimizer_impl=impl)
         doc = yaml.safe_load(export_plan(replace(plan, training=job), "mindspore").files["mindformers_parallel.yaml"])
         assert doc["optimizer"] == {"type": "AdamW", "use_fused": fused}, impl
+
+
+def test_optimizer_level_is_never_next_to_gradient_accumulation_shard(exported):
+    # MindSpore 2.x set_parallel_optimizer_config refuses gradient_accumulation_shard, whatever its value,
+    # with optimizer_level level1 or level3; a shipped YAML's key must go, which the export says
+    from advisor.export.mindspore import MERGE_NOTE
+    zero_stages = set()
+    for name, (plan, result, ctx, _) in exported.items():
+        config = ctx.get("parallel_optimizer_config", {})
+        assert "gradient_accumulation_shard" not in config, name
+        zero_stages.add(plan.strategy.zero_stage)
+        assert (MERGE_NOTE in result.notes) == (plan.strategy.zero_stage in (1, 3)), name
+    assert {1, 3} <= zero_stages        # both refused levels are among the exported plans
+
+
+MERGED = r"""
+import sys, yaml
+import mindspore as ms
+shipped = {"gradient_accumulation_shard": False, "parallel_optimizer_threshold": 64}   # MindFormers' shipped YAMLs
+ours = yaml.safe_load(open(sys.argv[1]))["parallel"]["parallel_optimizer_config"]
+merged = {k: v for k, v in {**shipped, **ours}.items() if k != "gradient_accumulation_shard"}   # as MERGE_NOTE says
+ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", enable_parallel_optimizer=True,
+                             parallel_optimizer_config=merged)
+try:
+    ms.reset_auto_parallel_context()
+    ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", enable_parallel_optimizer=True,
+                                 parallel_optimizer_config={**shipped, **ours})
+except ValueError:
+    print("REFUSED")
+else:
+    print("ACCEPTED")
+"""
+
+
+def test_mindspore_takes_the_merge_the_note_asks_for(exported, tmp_path):
+    python = _mindspore_python()
+    if python is None:
+        pytest.skip("MindSpore not installed (set ADVISOR_MINDSPORE_PYTHON to a python that has it)")
+    script = tmp_path / "merge.py"
+    script.write_text(MERGED)
+    name = next(n for n, (p, *_) in exported.items() if p.strategy.zero_stage == 1)
+    path = tmp_path / "ours.yaml"
+    path.write_text(exported[name][1].files["mindformers_parallel.yaml"])
+    proc = subprocess.run([python, "-E", str(script), str(path)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # without the deletion MindSpore refuses the merge: the note is needed, not decoration
+    assert proc.stdout.strip().splitlines()[-1] == "REFUSED"

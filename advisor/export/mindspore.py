@@ -46,6 +46,10 @@ SCHEDULERS = {"gpipe": "1f1b", "1f1b": "1f1b", "interleaved-1f1b": "1f1b"}
 # The legacy causal-LM path reads one column, seq_length + 1 token ids (the labels are its shift);
 # dataset_strategy needs one [dp, 1] per column (MindFormers' parallel templates).
 INPUT_COLUMNS = ("input_ids",)
+# Shipped MindFormers YAMLs set parallel_optimizer_config.gradient_accumulation_shard (False); a merge keeps it,
+# and MindSpore 2.x then refuses optimizer_level level1 / level3 (set_parallel_optimizer_config).
+MERGE_NOTE = ("parallel.parallel_optimizer_config: delete gradient_accumulation_shard from the YAML you merge this "
+              "into; MindSpore refuses that key, whatever its value, with optimizer_level level1 or level3")
 COMPUTE_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32", "fp8": "bfloat16"}
 
 
@@ -68,10 +72,9 @@ def auto_parallel_context(plan: Plan) -> dict:
     if s.zero_stage >= 1:
         ctx["parallel_optimizer_config"] = {"optimizer_level": f"level{s.zero_stage}",
                                             "optimizer_weight_shard_size": s.dp}
-        if s.zero_stage != 2:
-            # MindSpore refuses gradient_accumulation_shard (the older spelling of level2's sharded gradients)
-            # with level1 and level3; written off so that a shipped MindFormers YAML's True does not survive the merge
-            ctx["parallel_optimizer_config"]["gradient_accumulation_shard"] = False
+        # gradient_accumulation_shard (the older spelling of level2's sharded gradients) is not written:
+        # MindSpore 2.x refuses the key, whatever its value, next to optimizer_level level1 or level3
+        # (mindspore/parallel/_auto_parallel_context.py, set_parallel_optimizer_config); see MERGE_NOTE
     if s.pp > 1:
         ctx["pipeline_config"] = {"pipeline_interleave": s.virtual_pipeline_stages > 1,
                                   "pipeline_scheduler": SCHEDULERS[s.pipeline_schedule]}
@@ -187,6 +190,8 @@ def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> 
     if non_default_mesh(plan):
         unsupported.append(f"parallel.mesh_order = {mesh_text(plan)}: MindSpore places pipeline stages outermost and "
                            "the model-parallel dimension innermost; exported with that order")
+    if s.zero_stage in (1, 3):
+        notes.append(MERGE_NOTE)
     if not s.full_batch:
         notes.append(f"parallel.dataset_strategy has one [dp, 1] per train_dataset.input_columns, written for "
                      f"{list(INPUT_COLUMNS)}: add one per further column your dataset returns")
