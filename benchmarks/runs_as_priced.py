@@ -5,10 +5,11 @@ Two figures of the "runs as priced" issue:
 1. For each bundled setting x every framework with an export (megatron, deepspeed, torchtitan, mindspore),
    `recommend --framework F` and the #1 plan's `export --to F`: how many export with nothing the target
    cannot run (the export would otherwise exit 2), how many notes the export adds (placeholders the
-   plan does not choose: learning rate, data paths, host names), and whether the exported file read back
-   with `estimate --from` (Megatron-LM and torchtitan) prices the same.
-2. Every usable run of ../shared/validation that advisor.validation prices: how many break no legality
-   rule of advisor.space.rules under their own framework (what `advisor estimate` checks), and which do.
+   plan does not choose: learning rate, data paths, host names), and whether the exported files read back
+   with `estimate --from` (every target has an importer) price the same.
+2. Every run of ../shared/validation that advisor.validation prices (usable calibration runs and published
+   runs), entered on the command line as `advisor estimate` flags: how many it accepts at the validation's
+   price, which it refuses and why; and how many runs that really ran are judged not to fit.
 
     python benchmarks/runs_as_priced.py            # both tables
     python benchmarks/runs_as_priced.py --quick    # three settings instead of ten
@@ -66,10 +67,12 @@ def export_table(settings) -> None:
                 print(f"  {model} {fw}: {item[:160]}", file=sys.stderr)
         print(f"{f'{model} on {devices} x {hardware}':44} " + " ".join(f"{c:>14}" for c in cells))
     print(f"exported as priced: {clean} of {total} (n: notes, placeholders the plan does not choose); read back "
-          f"with --from at the same price: {same} of {read} (=; != differs; megatron and torchtitan have importers)")
+          f"with --from at the same price: {same} of {read} (=; != differs)")
 
 
-IMPORTED = {"megatron": "megatron_pretrain_gpt.sh", "torchtitan": "torchtitan.toml"}
+# the file each export's --from reads (the DeepSpeed script and the MindFormers YAML read the files beside them)
+IMPORTED = {"megatron": "megatron_pretrain_gpt.sh", "torchtitan": "torchtitan.toml",
+            "deepspeed": "launch_deepspeed.sh", "mindspore": "mindformers_parallel.yaml"}
 
 
 def _reimported(model: str, hardware: str, plan, result) -> bool | None:
@@ -82,27 +85,28 @@ def _reimported(model: str, hardware: str, plan, result) -> bool | None:
     if name is None:
         return None
     with tempfile.TemporaryDirectory() as folder:
+        for file, text in result.files.items():
+            (Path(folder) / file).write_text(text)
         path = Path(folder) / name
-        path.write_text(result.files[name])
         back = estimate_request(model, hardware, None, plan.cluster.devices, job={}, strategy={}, launch=str(path))
     return abs(back.estimate.tokens_per_s / plan.prediction["tokens_per_s"] - 1) < 1e-9
 
 
 def runs_table() -> None:
-    from advisor.space.rules import broken_rules
-    from advisor.specs.job import Cluster
-    from advisor.validation.accuracy import run_hardware, usable_runs
+    """Every measured run advisor.validation prices, entered as `advisor estimate` flags (advisor.validation.cli_check)."""
+    from advisor.validation.cli_check import check_all
+    from advisor.validation.accuracy import predict, usable_runs
 
-    runs = usable_runs()
-    refused: Counter = Counter()
-    for run in runs:
-        hw = run_hardware(run)
-        cluster = Cluster(nodes=max(1, run.devices // hw.node.devices_per_node), devices=run.devices)
-        for name, sentence in broken_rules(run.model, cluster, run.job, run.strategy)[:1]:
-            refused[name] += 1
-            print(f"  refused {run.id}: {sentence[:150]}")
-    print(f"measured runs the rules accept: {len(runs) - sum(refused.values())} of {len(runs)}"
-          + (f" (refused: {', '.join(f'{k} {v}' for k, v in refused.items())})" if refused else ""))
+    checks = check_all()
+    for c in checks:
+        if not c.as_priced:
+            shown = "priced differently" if c.why is None else c.why[:150]
+            print(f"  not as priced {c.run_id}: {shown}")
+    print(f"measured runs advisor estimate accepts at the validation price: {sum(c.as_priced for c in checks)} of "
+          f"{len(checks)} (calibration and published runs, entered as command-line flags)")
+    judged = [p for p in map(predict, usable_runs()) if not p.fits]
+    print(f"measured runs judged not to fit in device memory: {len(judged)}"
+          + (f" ({', '.join(p.run.id for p in judged)})" if judged else ""))
 
 
 def main() -> int:

@@ -67,11 +67,12 @@ BROKEN = {
     "framework context parallel": (DENSE, replace(BASE, dp=1, cp=2, num_micro_batches=8, cp_comm="a2a")),  # pytorch
     "framework sequence parallel": (DENSE, BASE),                                        # torchtitan, tp 2 without sp
     "framework mesh order": (DENSE, replace(BASE, mesh_order=("tp", "pp", "dp", "cp"))),  # megatron
+    "framework recompute": (DENSE, replace(BASE, recompute="selective")),                 # deepspeed: full or none
 }
 ODD_SEQ_RULES = {"sequence parallel divides seq", "cp divides seq"}
 FRAMEWORK = {"framework stage layers": "pytorch", "framework context parallel": "pytorch",
              "framework sequence parallel": "torchtitan", "gradient bucket": "mindspore",
-             "parameter offload": "mindspore"}
+             "parameter offload": "mindspore", "framework recompute": "deepspeed"}
 
 
 def _job(rule: str) -> TrainingJob:

@@ -124,7 +124,7 @@ def ds_config(plan: Plan, unsupported: list[str], notes: list[str]) -> dict:
 
     zero: dict = {"stage": s.zero_stage}
     if s.zero_stage >= 1:
-        zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True})
+        zero.update({"overlap_comm": j.overlap_grad_reduce, "contiguous_gradients": True, "reduce_scatter": True})
     if s.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if s.offload_fraction != 1.0 and s.zero_stage == 3:     # DeepSpeedZeroOffloadOptimizerConfig.ratio

@@ -10,7 +10,9 @@ Formats (``read_launch_config`` picks by the file's content):
 
 * ``megatron``   a Megatron-LM argument list or launch script (pretrain_gpt.py flags, torchrun's node counts),
   as ``advisor export --to megatron`` writes it (advisor.importers.megatron_args)
+* ``deepspeed``  a DeepSpeed ds_config.json, or the launch script naming it (advisor.importers.deepspeed_config)
 * ``torchtitan`` a torchtitan job TOML (advisor.importers.torchtitan_toml)
+* ``mindspore``  a MindFormers training YAML (advisor.importers.mindformers_yaml)
 """
 
 from __future__ import annotations
@@ -19,28 +21,28 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import AdvisorError
-from advisor.importers.imported import Imported, where
+from advisor.importers.imported import Imported, read_text, where
 from advisor.space.strategy import DEFAULT_MESH_ORDER, Strategy, even_stage_layers
 from advisor.specs import limits
 from advisor.specs.setting import field_default, settings_of
-
-
-def read_text(path: str | Path) -> str:
-    p = Path(path)
-    try:
-        if p.stat().st_size > limits.MAX_YAML_BYTES:
-            raise AdvisorError(f"{where(str(path))}: larger than {limits.MAX_YAML_BYTES} bytes")
-        return p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise AdvisorError(f"{where(str(path))}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise AdvisorError(f"{where(str(path))}: cannot read it: {exc}") from None
 
 
 def read_launch_config(path: str | Path) -> Imported:
     """The settings of one launch configuration file, its format picked by its name and content."""
     text = read_text(path)
     name = str(path)
+    if name.endswith(".json"):
+        from advisor.importers.deepspeed_config import read_ds_config
+
+        return read_ds_config(text, name)
+    if "--deepspeed_config" in text or "--deepspeed-config" in text:
+        from advisor.importers.deepspeed_config import read_deepspeed_launch
+
+        return read_deepspeed_launch(text, name)
+    if name.endswith((".yaml", ".yml")):
+        from advisor.importers.mindformers_yaml import read_mindformers
+
+        return read_mindformers(text, name)
     if name.endswith(".toml"):
         from advisor.importers.torchtitan_toml import read_torchtitan
 
@@ -49,8 +51,9 @@ def read_launch_config(path: str | Path) -> Imported:
         from advisor.importers.megatron_args import read_megatron
 
         return read_megatron(text, name)
-    raise AdvisorError(f"{where(name)}: neither a Megatron-LM argument list or launch script (pretrain_gpt.py "
-                       "flags) nor a torchtitan job TOML (.toml)")
+    raise AdvisorError(f"{where(name)}: none of a Megatron-LM argument list or launch script (pretrain_gpt.py "
+                       "flags), a DeepSpeed config (.json) or launch script (--deepspeed_config), a torchtitan job "
+                       "TOML (.toml) or a MindFormers YAML (.yaml)")
 
 
 def pins_of(imported: Imported, strategy: dict[str, Any], searched: set[str], num_layers: int) -> dict[str, Any]:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from advisor.errors import AdvisorError
+from advisor.specs import limits
 
 
 @dataclass(frozen=True)
@@ -29,3 +33,15 @@ class Imported:
 def where(source: str) -> str:
     """``--from FILE`` as messages name it (the path whole up to 300 characters, quoted and escaped)."""
     return f"--from {source[:300]!r}"
+
+
+def read_text(path: str | Path) -> str:
+    p = Path(path)
+    try:
+        if p.stat().st_size > limits.MAX_YAML_BYTES:
+            raise AdvisorError(f"{where(str(path))}: larger than {limits.MAX_YAML_BYTES} bytes")
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AdvisorError(f"{where(str(path))}: file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AdvisorError(f"{where(str(path))}: cannot read it: {exc}") from None

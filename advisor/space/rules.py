@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from advisor.space.strategy import (CP_COMM, INTERLEAVED, MESH_DIMS, RECOMPUTE_FULL, RECOMPUTE_NONE,
+from advisor.space.strategy import (CP_COMM, INTERLEAVED, MESH_DIMS, RECOMPUTE, RECOMPUTE_FULL, RECOMPUTE_NONE,
                                     RECOMPUTE_SELECTIVE, SCHEDULES, Strategy, StrategyBatch)
 from advisor.specs.frameworks import Framework
 from advisor.specs.job import WHOLE_LAYER_GRAPHS, Cluster, TrainingJob
@@ -227,6 +227,16 @@ def _framework_cp(m, c, j, b):
     return (b.cp > 1) & (~np.isin(kinds, runs) | ((b.pp > 1) & (not fw.cp_under_pipeline)))
 
 
+def _framework_recompute(m, c, j, b):
+    """A recomputation policy the framework does not launch, or a layer count where it recomputes every layer or
+    none (Framework.recompute_some_layers)."""
+    fw = j.framework_record
+    runs = [RECOMPUTE.index(kind) for kind in fw.recompute_kinds]
+    active = np.arange(b.stage_layers.shape[1])[None, :] < b.pp[:, None]
+    counted = (np.where(active, b.recompute_layers, -1) >= 0).any(axis=1) & (b.recompute != RECOMPUTE_NONE)
+    return ~np.isin(b.recompute, runs) | (counted & (not fw.recompute_some_layers))
+
+
 def _framework_sp(m, c, j, b):
     return (b.tp > 1) & ~np.isin(b.sequence_parallel, j.framework_record.sequence_parallel)
 
@@ -305,6 +315,7 @@ RULES: dict[str, tuple[Rule, str]] = {
     "framework schedule": (_framework_schedule, "the framework does not run this pipeline schedule"),
     "framework stage layers": (_framework_stages, "the framework does not run these pipeline stage sizes"),
     "framework context parallel": (_framework_cp, "the framework does not run this context parallelism"),
+    "framework recompute": (_framework_recompute, "the framework does not launch this recomputation"),
     "framework sequence parallel": (_framework_sp, "the framework does not run tensor parallelism with this "
                                     "sequence-parallel setting"),
     "framework mesh order": (_framework_mesh, "the framework does not build its rank groups in this mesh order"),
@@ -342,7 +353,8 @@ RULES.update(_framework_rules())
 # the plan field it judges
 FRAMEWORK_RULES = {"framework zero": "zero_stage", "framework schedule": "pipeline_schedule",
                    "framework stage layers": "stage_layers", "framework context parallel": "cp_comm",
-                   "framework sequence parallel": "sequence_parallel", "framework mesh order": "mesh_order"}
+                   "framework sequence parallel": "sequence_parallel", "framework mesh order": "mesh_order",
+                   "framework recompute": "recompute"}
 
 
 def illegal_masks(model: ModelSpec, cluster: Cluster, job: TrainingJob, batch: StrategyBatch) -> dict[str, np.ndarray]:
@@ -424,6 +436,9 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "gradient bucket": f"grad_bucket_mb = {s.grad_bucket_mb}, zero = {s.zero_stage}",
         "full batch": f"framework = {j.framework}",
         "framework zero": _zero_detail(j.framework_record, s),
+        "framework recompute": f"{j.framework} launches recompute {', '.join(j.framework_record.recompute_kinds)}"
+                               + ("" if j.framework_record.recompute_some_layers else " of every layer")
+                               + f"; recompute = {s.recompute}, recompute_layers = {s.recompute_layers}",
         "framework schedule": f"{j.framework} runs {', '.join(j.framework_record.schedules)}; "
                               f"schedule = {s.pipeline_schedule}, pp = {s.pp}",
         "framework stage layers": f"{j.framework} runs " + ("stages of any size" if j.framework_record.uneven_stages

@@ -61,6 +61,25 @@ def _layer_list(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
+def _recompute_counts(text: str) -> int | tuple[int, ...]:
+    """--recompute-layers "4" (every stage) or "8,6" (one per stage, MindFormers' lists) as the setting holds it."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not all(p.isdigit() for p in parts) or len(parts) > limits.MAX_LAYERS or max(map(int, parts)) > limits.MAX_LAYERS \
+            or (len(parts) == 1 and int(parts[0]) < 1):
+        raise AdvisorError(f"--recompute-layers: expected a positive layer count or one count per stage separated by "
+                           f"commas (each at most {limits.MAX_LAYERS}), got {prefix(str(text))}")
+    return int(parts[0]) if len(parts) == 1 else tuple(int(p) for p in parts)
+
+
+def _counts(text: str, flag: str) -> tuple[int, ...]:
+    """A per-stage list of non-negative layer counts given on the command line ("4,4,2,0")."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not all(p.isdigit() and int(p) <= limits.MAX_LAYERS for p in parts) or len(parts) > limits.MAX_LAYERS:
+        raise AdvisorError(f"{flag}: expected one non-negative layer count per stage separated by commas, got "
+                           f"{prefix(str(text))}")
+    return tuple(int(p) for p in parts)
+
+
 def _mesh_order(data: dict[str, Any], key: str, origin: str):
     mesh = data.get(key, list(MESH_DIMS))
     if not isinstance(mesh, list) or not all(isinstance(x, str) for x in mesh) or sorted(mesh) != sorted(MESH_DIMS):
@@ -137,9 +156,9 @@ class Strategy:
         doc="Activation recomputation: none, selective (what the framework's record replays; "
             "advisor.cost.recompute) or full (only each layer's input kept).")
     recompute_layers: int | tuple[int, ...] | None = setting(
-        None, kind="positive_int", maximum=limits.MAX_LAYERS, optional=True, flags=("--recompute-layers",),
+        None, optional=True, flags=("--recompute-layers",), parse=lambda text: _recompute_counts(text),
         commands=("estimate",), plan="always", read=_recompute_layers, write=_layer_counts,
-        help="with full: layers per stage",
+        help="with full: layers per stage, one count for every stage or one per stage (8,6)",
         doc="Recompute only this many layers per stage (None: all): one count for every stage (Megatron's "
             "--recompute-num-layers) or one per stage (MindFormers' recompute / select_recompute lists).")
     pipeline_schedule: str = setting(
@@ -176,7 +195,9 @@ class Strategy:
         doc="Multi-copy parallelism: copies each micro-batch is split into so that one copy's tensor-parallel "
             "collectives run under another's compute (MindSpore MicroBatchInterleaved; advisor.cost.multi_copy).")
     swap_layers: tuple[int, ...] | None = setting(
-        None, read=_swap_layers, write=list,
+        None, read=_swap_layers, write=list, flags=("--swap-layers",), commands=("estimate",),
+        parse=lambda text: _counts(text, "--swap-layers"),
+        help="per stage, how many of its first layers swap their activations to the host (4,4,2,0)",
         doc="Activation swapping (vPipe): per stage, how many of its first layers send their saved activations to "
             "the host after the forward and fetch them back for the backward (MindFormers' swap_config layer_swap; "
             "advisor.cost.swap). None: none.")

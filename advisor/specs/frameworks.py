@@ -206,6 +206,14 @@ class Framework:
     experts_from_sharded_dp: bool
     """Expert parallelism borrows ranks from the FSDP shard dimension (torchtitan parallel_dims.py): ep > 1
     needs sharded data parallelism (ZeRO >= 1) and ep a multiple of cp."""
+    recompute_kinds: tuple[str, ...] = ("none", "selective", "full")
+    """Recomputation policies it launches (advisor.space.strategy.RECOMPUTE): DeepSpeed's config checkpoints
+    every layer in full or none (activation_checkpointing with deepspeed.checkpointing in the model, or the
+    pipeline engine's activation_checkpoint_interval 1; runtime/activation_checkpointing/config.py, v0.15-0.19):
+    its selective recomputation is Megatron-DeepSpeed's model code, which the export cannot write."""
+    recompute_some_layers: bool = True
+    """Recomputation can cover some of a stage's layers (Megatron --recompute-num-layers, MindFormers' per-stage
+    lists, advisor's executor); DeepSpeed's config checkpoints every layer or none."""
 
 
 MEGATRON = Framework(
@@ -271,6 +279,7 @@ DEEPSPEED = replace(
     zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1), optimizer_offload=True, schedules=("1f1b",),
     uneven_stages=False, cp_kinds=("a2a",), cp_under_pipeline=False, sequence_parallel=(False,),
     dtypes=("fp32", "tf32", "fp16", "bf16"), fp8_recipes=(), mesh_orders=(("pp", "dp", "cp", "tp"),),
+    recompute_kinds=("none", "full"), recompute_some_layers=False,
 )
 
 MINDSPORE = Framework(

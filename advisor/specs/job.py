@@ -174,7 +174,8 @@ class Runtime:
             '"selective" recomputation keeps, what sequence parallelism saves, the default attention kernel, '
             "fusion and overlap.")
     overlap_grad_reduce: bool = setting(
-        True, kind="boolean", plan="always",
+        True, kind="boolean", plan="always", flags=("--overlap-grad-reduce",),
+        help="overlap the gradient reduction with the last micro-batch's backward (--no-overlap-grad-reduce: after it)",
         doc="Gradient reduction overlapped with the last micro-batch's backward (PyTorch DDP/FSDP buckets, "
             "Megatron-Core --overlap-grad-reduce, DeepSpeed overlap_comm); false reduces after the backward.")
     fp8_recipe: str | None = setting(
@@ -198,7 +199,9 @@ class Runtime:
         doc="Tensor-parallel collectives overlapped with the GEMMs they feed (Megatron --tp-comm-overlap with "
             "Transformer Engine userbuffers; MindFormers' fine_grain_interleave; torchtitan's async TP).")
     ep_comm_overlap: bool = setting(
-        False, kind="boolean",
+        False, kind="boolean", flags=("--ep-comm-overlap",),
+        help="overlap the expert-parallel all-to-alls with another micro-batch's compute (Megatron-Core "
+             "--overlap-moe-expert-parallel-comm)",
         doc="Expert-parallel all-to-alls overlapped with another micro-batch's compute (Megatron-Core "
             "overlap_moe_expert_parallel_comm).")
     grad_reduce_dtype: str | None = setting(
@@ -239,7 +242,8 @@ class Runtime:
         doc="FP8 primary weights (Megatron --fp8-param-gather, Transformer Engine fp8_model_init): the linear "
             "layers' weights live in FP8 (no BF16 copy, no separate FP8 cache) and are gathered in FP8.")
     fsdp_backward_prefetch: str = setting(
-        "pre", kind="choice", choices=("pre", "post"),
+        "pre", kind="choice", choices=("pre", "post"), flags=("--fsdp-backward-prefetch",),
+        help="pre | post: FSDP's backward prefetch (FSDP1 BACKWARD_PRE / BACKWARD_POST)",
         doc="FSDP's backward prefetch: \"pre\" issues the next unit's all-gather before the current unit's "
             "gradient computation (FSDP1 BACKWARD_PRE, FSDP2's implicit prefetch, Megatron-FSDP), \"post\" after "
             "it, so that the next unit waits for it (FSDP1 BACKWARD_POST).")
