@@ -16,7 +16,7 @@ from advisor.cost.memory import GIB
 from advisor.commands.recommend import recommend
 from advisor.search import Pins
 from advisor.search import enumerate as enumerator
-from advisor.search.intra_op import MEGATRON_CUTS, price_layouts
+from advisor.search.intra_op import MEGATRON_CUTS, price_layouts, usable_bytes
 from advisor.search.operator_plan import OUTER_TOP_K, best_priced, operator_plan
 from advisor.space.strategy import Strategy, StrategyBatch
 from advisor.specs.hardware import load_hardware
@@ -70,7 +70,7 @@ def test_never_slower_than_the_enumerator_and_ilp_never_worse_than_drec(model_na
     # one is faster and still fits; the ILP's layout is never dearer than D-Rec's
     plain = estimate_batch(model, hw, cluster, JOB, outer.finalists)
     for outcome in (drec, ilp):
-        priced = price_layouts(plain, outcome.finalists, outcome.operator_strategies, hw)
+        priced = price_layouts(plain, outcome.finalists, outcome.operator_strategies, usable_bytes(JOB, hw))
         searched = np.array([r["layout"] == "searched" for r in outcome.operator_strategies])
         assert np.array_equal(priced.tokens_per_s[~searched], plain.tokens_per_s[~searched])
         assert np.array_equal(priced.memory.total[~searched], plain.memory.total[~searched])
@@ -128,7 +128,7 @@ def test_pricing_scales_with_the_stage_layers():
     e = estimate_batch(model, hw, cluster, JOB, batch)
     records = [{"pricing": {"graph_layers": 7, "delta_step_s": -0.7, "delta_memory_bytes": 7.0 * 2**20}},
                {"pricing": {"graph_layers": 7, "delta_step_s": 0.0, "delta_memory_bytes": 0.0}}]
-    priced = price_layouts(e, batch, records, hw)
+    priced = price_layouts(e, batch, records, usable_bytes(JOB, hw))
     assert priced.step_time_s[0] == pytest.approx(e.step_time_s[0] - 0.5, rel=1e-12)
     assert priced.memory.total[0] == pytest.approx(e.memory.total[0] + 7.0 * 2**20, rel=1e-12)
     assert priced.tokens_per_s[0] == pytest.approx(e.tokens_per_s[0] * e.step_time_s[0] / (e.step_time_s[0] - 0.5))

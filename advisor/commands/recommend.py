@@ -22,7 +22,7 @@ from advisor.search import MAX_TOP_K, PIN_FLAGS, Pins, Progress, SearchOutcome, 
 from advisor.search import comm_knobs
 from advisor.search import enumerate as enumerate_searcher
 from advisor.search import operator_plan
-from advisor.search.intra_op import price_layouts
+from advisor.search.intra_op import price_layouts, usable_bytes
 from advisor.search.stages import rebalance as balance_stages
 from advisor.search.vpipe import repartition
 from advisor.space.rules import RULES
@@ -96,7 +96,8 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
     # operator-level layouts are priced for their own micro-batch, so those finalists keep theirs
     batch = outcome.finalists if outcome.operator_strategies is not None else \
         comm_knobs.refine(model, hardware, cluster, job, outcome.finalists)
-    e = price_layouts(estimate_batch(model, hardware, cluster, job, batch), batch, outcome.operator_strategies, hardware)
+    e = price_layouts(estimate_batch(model, hardware, cluster, job, batch), batch, outcome.operator_strategies,
+                      usable_bytes(job, hardware))
     score = partial(_score, objective, hardware, cluster, job)
     # Balanced pipeline stages for the leading candidates (the search prices even splits).
     lead = rank(score(e), simplicity_key(batch, hardware), min(len(batch), BALANCE_LEADERS * top_k),
@@ -108,7 +109,7 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
         if outcome.operator_strategies is not None:
             outcome = replace(outcome, operator_strategies=[outcome.operator_strategies[int(i)] for i in lead])
         e = price_layouts(estimate_batch(model, hardware, cluster, job, batch), batch, outcome.operator_strategies,
-                          hardware)
+                          usable_bytes(job, hardware))
     order = rank(score(e), simplicity_key(batch, hardware), top_k, feasible=e.feasible, memory_bytes=e.memory.total)
     if len(order) == 0:   # a searcher proposed only plans that do not fit
         raise InfeasibleError(nothing_fits_message(model, hardware, cluster, job, pins, searcher, suggest))

@@ -102,11 +102,12 @@ def from_batch(e: EstimateBatch, i: int, model: ModelSpec, hw: HardwareProfile, 
     """Candidate i of a batch estimate as an Estimate (with reasons and time to train; with its
     confidence when the strategy is given)."""
     mem = {k: float(getattr(e.memory, k)[i]) / GIB for k in MEMORY_PARTS}
-    capacity = hw.device.memory_gib
+    capacity = job.usable_memory_gib(hw.device.memory_gib)
     reasons = list(extra_reasons)
     if not bool(e.fits[i]):
         reasons.append(f"needs {mem['total']:.1f} GiB per device on pipeline stage {int(e.memory.worst_stage[i])}, "
-                       f"the device has {capacity:g} GiB")
+                       f"the device has {capacity:g} GiB" + (f" to use (its {hw.device.memory_gib:g} GiB less the "
+                                                            f"{job.memory_margin:.0%} margin)" if job.memory_margin else ""))
     if not bool(e.host_fits[i]):
         node = e.host_node_bytes if e.host_node_bytes is not None else e.memory.host_total * hw.node.devices_per_node
         need = float(node[i]) / GIB

@@ -119,7 +119,7 @@ def _figures(model, hw, cluster, job, b, mem, st, active, slowest, time_s, step)
     peak = hw.device.peak_flops(job.dtype)
     tflops = model_flops / step / devices / 1e12
     hfu_tflops = (model_flops + recompute_flops) / step / devices / 1e12
-    capacity = hw.device.memory_gib * GIB
+    capacity = job.usable_memory_gib(hw.device.memory_gib) * GIB
     first_per_node = st.host_embedding.first_per_node if st.host_embedding is not None else None
     host_node = node_host_bytes(mem.host_total, mem.host_embedding, hw.node.devices_per_node, first_per_node)
     return EstimateBatch(

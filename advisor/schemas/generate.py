@@ -60,7 +60,8 @@ def _kind_schema(name: str, s) -> dict[str, Any]:
         low = 0.0 if kind == "non_negative_float" else limits.MIN_POSITIVE
         if s.minimum is not None:
             low = max(low, float(s.minimum))
-        high = 1.0 if kind == "fraction" else (float(s.maximum) if s.maximum is not None else limits.MAX_QUANTITY)
+        bound = float(s.maximum) if s.maximum is not None else limits.MAX_QUANTITY
+        high = min(1.0, bound) if kind == "fraction" else bound
         return {"type": "number", "minimum": low, "maximum": high}
     if kind == "choice":
         return {"enum": list(s.choices)}

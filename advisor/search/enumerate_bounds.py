@@ -116,7 +116,7 @@ def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job
     n = _count(rows)
     lower = np.full(n, np.inf)
     may_fit = np.zeros(n, dtype=bool)
-    capacity = hw.device.memory_gib * GIB
+    capacity = job.usable_memory_gib(hw.device.memory_gib) * GIB
     lean = leanest_options(options)
     for idx in chunks_by_pp(rows):
         part = _take(rows, idx)

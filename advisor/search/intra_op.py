@@ -254,9 +254,10 @@ def record(layout: Layout, key: LayoutKey, strategy: Strategy, searcher: str) ->
     return rec
 
 
-def price_layouts(e: EstimateBatch, batch: StrategyBatch, records, hw: HardwareProfile) -> EstimateBatch:
+def price_layouts(e: EstimateBatch, batch: StrategyBatch, records, capacity_bytes: float) -> EstimateBatch:
     """The cost model's estimates with each candidate's searched operator layout priced in (see the
-    module docstring); candidates without a searched layout are unchanged."""
+    module docstring); candidates without a searched layout are unchanged. ``capacity_bytes``: the device
+    memory a plan may use (TrainingJob.usable_memory_gib)."""
     if records is None:
         return e
     n = len(batch)
@@ -278,11 +279,17 @@ def price_layouts(e: EstimateBatch, batch: StrategyBatch, records, hw: HardwareP
     time_s["compute"] = np.maximum(time_s["compute"] + d_step, 0.0)
     total = e.memory.total + d_mem
     memory = replace(e.memory, total=total, activations=np.maximum(e.memory.activations + d_mem, 0.0))
-    return replace(e, fits=total <= hw.device.memory_gib * GIB, memory=memory, time_s=time_s, step_time_s=step,
+    return replace(e, fits=total <= capacity_bytes, memory=memory, time_s=time_s, step_time_s=step,
                    tokens_per_s=e.tokens_per_s * ratio, tflops_per_device=e.tflops_per_device * ratio,
                    hfu_tflops_per_device=e.hfu_tflops_per_device * ratio, mfu=e.mfu * ratio, hfu=e.hfu * ratio)
 
 
-def headroom_bytes(e: EstimateBatch, i: int, hw: HardwareProfile) -> float:
-    """Device memory the outer configuration leaves free on its worst stage."""
-    return hw.device.memory_gib * GIB - float(e.memory.total[i])
+def usable_bytes(job: TrainingJob, hw: HardwareProfile) -> float:
+    """The device memory a plan may use, in bytes (TrainingJob.usable_memory_gib)."""
+    return job.usable_memory_gib(hw.device.memory_gib) * GIB
+
+
+def headroom_bytes(e: EstimateBatch, i: int, capacity_bytes: float) -> float:
+    """Device memory the outer configuration leaves free on its worst stage (of ``capacity_bytes``, what a plan
+    may use)."""
+    return capacity_bytes - float(e.memory.total[i])

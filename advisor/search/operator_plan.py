@@ -52,7 +52,7 @@ from advisor.graph.transformer import transformer_graph
 from advisor.search import Pins, Progress, SearchOutcome
 from advisor.search import enumerate as enumerator
 from advisor.search.intra_op import (
-    Layout, build_problems, choose_among, headroom_bytes, layout_key, price_layouts, record,
+    Layout, build_problems, choose_among, headroom_bytes, layout_key, price_layouts, record, usable_bytes,
 )
 from advisor.search.semi_auto import check_strategies, required_group
 from advisor.space.rules import violations
@@ -92,12 +92,12 @@ def operator_plan(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
     order = np.argsort(-np.where(e.feasible, e.tokens_per_s, 0.0), kind="stable")
     problems: dict = {}
     layouts: dict = {}
-    todo = len({(keys[i], headroom_bytes(e, i, hw)) for i in order if keys[i].tp > 1})
+    todo = len({(keys[i], headroom_bytes(e, i, usable_bytes(job, hw))) for i in order if keys[i].tp > 1})
     records: list = [None] * len(batch)
     ilp_spent = 0.0
     for i in order:
         key = keys[i]
-        memo = (key, headroom_bytes(e, i, hw))
+        memo = (key, headroom_bytes(e, i, usable_bytes(job, hw)))
         layout = layouts.get(memo)
         if layout is None:
             if key not in problems:
@@ -180,7 +180,7 @@ def layout_of(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Trai
     e = estimate_batch(model, hw, cluster, job, batch)
     key = layout_key(model, job, batch, 0)
     problems = build_problems(model, hw, job, key, fixed)
-    layout = choose_among(problems, key, headroom_bytes(e, 0, hw), searcher, time_limit_s if key.tp > 1 else 0.0)
+    layout = choose_among(problems, key, headroom_bytes(e, 0, usable_bytes(job, hw)), searcher, time_limit_s if key.tp > 1 else 0.0)
     return record(layout, key, strategy, searcher)
 
 
@@ -192,7 +192,7 @@ def estimate_with_layout(model: ModelSpec, hw: HardwareProfile, cluster: Cluster
     if reasons:
         return estimate(model, hw, cluster, job, strategy)
     batch = StrategyBatch.from_strategies([strategy], model.num_layers)
-    e = price_layouts(estimate_batch(model, hw, cluster, job, batch), batch, [operator_record], hw)
+    e = price_layouts(estimate_batch(model, hw, cluster, job, batch), batch, [operator_record], usable_bytes(job, hw))
     return from_batch(e, 0, model, hw, cluster, job, strategy=strategy)
 
 
@@ -203,7 +203,7 @@ def best_priced(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tr
     if len(outcome.finalists) == 0:
         return 0.0, -1
     e = estimate_batch(model, hw, cluster, job, outcome.finalists)
-    e = price_layouts(e, outcome.finalists, outcome.operator_strategies, hw)
+    e = price_layouts(e, outcome.finalists, outcome.operator_strategies, usable_bytes(job, hw))
     tps = np.where(e.feasible, e.tokens_per_s, 0.0)
     i = int(np.argmax(tps))
     return (float(tps[i]), i) if tps[i] > 0 else (0.0, -1)

@@ -155,7 +155,7 @@ def stage_cost_model(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, st
     return StageModel(
         time_fixed_s=np.maximum(t_fixed, 0.0), time_dense_s=float(np.median(t_dense)), time_moe_s=float(np.median(t_moe)),
         memory_fixed_bytes=b_fixed, memory_dense_bytes=b_dense, memory_moe_bytes=b_moe,
-        capacity_bytes=hw.device.memory_gib * 2.0 ** 30,
+        capacity_bytes=job.usable_memory_gib(hw.device.memory_gib) * 2.0 ** 30,
     )
 
 

@@ -139,7 +139,7 @@ def swap_strategy(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strat
     s = replace(strategy, recompute="none", recompute_layers=None, swap_layers=None)
     layers = list(s.resolved_stage_layers(model.num_layers))
     counts = [0] * s.pp
-    capacity = hw.device.memory_gib * 2.0 ** 30
+    capacity = job.usable_memory_gib(hw.device.memory_gib) * 2.0 ** 30
     for _ in range(sum(layers) + 1):
         candidate = replace(s, stage_layers=tuple(layers), swap_layers=tuple(counts) if any(counts) else None)
         mem = memory(model, job, StrategyBatch.from_strategies([candidate], model.num_layers))

@@ -198,6 +198,12 @@ class Runtime:
         },
         doc="Tensor-parallel collectives overlapped with the GEMMs they feed (Megatron --tp-comm-overlap with "
             "Transformer Engine userbuffers; MindFormers' fine_grain_interleave; torchtitan's async TP).")
+    memory_margin: float = setting(
+        0.0, kind="fraction", minimum=0.0, maximum=0.9, flags=("--memory-margin",),
+        help="share of each device's memory a plan must leave free, e.g. 0.1 (plans must fit in 90%%)",
+        doc="A share of each device's memory a plan must leave free: for what the model does not count (allocator "
+            "fragmentation beyond its allowance, communication buffers, workspaces) and the error of its memory "
+            "figure; 0.1 needs every plan to fit in 90% of the device (TrainingJob.usable_memory_gib).")
     ep_comm_overlap: bool = setting(
         False, kind="boolean", flags=("--ep-comm-overlap",),
         help="overlap the expert-parallel all-to-alls with another micro-batch's compute (Megatron-Core "
@@ -294,6 +300,10 @@ class TrainingJob(Site, Runtime, Workload):
     """The training job: what is trained (Workload), how the framework runs it (Runtime) and where it
     runs (advisor.specs.site.Site), one flat set of fields declared by concern. Each field's Setting
     record (advisor.specs.setting) says how it is given, checked, saved and searched."""
+
+    def usable_memory_gib(self, device_memory_gib: float) -> float:
+        """The device memory a plan may use: the device's less the memory margin."""
+        return device_memory_gib * (1.0 - self.memory_margin)
 
     def __post_init__(self) -> None:
         check_fields(self, lambda name: f"training: '{name}'")

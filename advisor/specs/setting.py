@@ -116,7 +116,8 @@ class Setting:
         elif kind in ("positive_float", "non_negative_float", "fraction"):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise AdvisorError(f"{where} must be a finite number, got {prefix(value)}")
-            high = 1.0 if kind == "fraction" else (self.maximum if self.maximum is not None else limits.MAX_QUANTITY)
+            bound = self.maximum if self.maximum is not None else limits.MAX_QUANTITY
+            high = min(1.0, bound) if kind == "fraction" else bound
             if self.minimum is not None:
                 low_ok, span = value >= self.minimum, f"[{self.minimum:g}, {high:g}]"
             elif kind == "non_negative_float":
