@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections import defaultdict
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -244,11 +245,35 @@ def test_expert_factors_split_dims():
     b = StrategyBatch.from_strategies([Strategy(dp=8, tp=1, pp=1, cp=2, ep=4, mesh_order=("pp", "tp", "dp", "cp"))],
                                       NUM_LAYERS)
     n, s, exact = pl.group_factors(b, "ep")
-    assert exact[0] and sorted(zip(n[0], s[0])) == [(2, 1), (2, 2)]
+    assert exact[0] and sorted((a, c) for a, c in zip(n[0], s[0]) if a > 1) == [(2, 1), (2, 2)]
     n, s, exact = pl.group_factors(b, "edp")
     assert [(a, c) for a, c in zip(n[0], s[0]) if a > 1] == [(4, 4)]
     with pytest.raises(ValueError):
         pl.group_factors(b, "nope")
+
+
+def test_folded_expert_groups_take_the_tensor_parallel_ranks_first():
+    # MoE parallel folding (experts' own tp 1, Megatron "tp-ep-dp-pp"): ep = 8 over tp = 4 (stride 1) and dp = 4
+    # (stride 4): the ep group is tp x 2 of dp, [(4, 1), (2, 4)]; the experts' data parallelism the other 2 of dp
+    s = Strategy(dp=4, tp=4, pp=1, cp=1, ep=8, fold_experts=True, sequence_parallel=True)
+    b = StrategyBatch.from_strategies([s, replace(s, ep=2, fold_experts=False)], NUM_LAYERS)
+    n, st, exact = pl.group_factors(b, "ep")
+    assert exact[0] and sorted((a, c) for a, c in zip(n[0], st[0]) if a > 1) == [(2, 4), (4, 1)]
+    assert sorted((a, c) for a, c in zip(n[1], st[1]) if a > 1) == [(2, 4)]       # unfolded: dp only
+    n, st, _ = pl.group_factors(b, "edp")
+    assert [(a, c) for a, c in zip(n[0], st[0]) if a > 1] == [(2, 8)]
+    assert [(a, c) for a, c in zip(n[1], st[1]) if a > 1] == [(2, 8)]
+    hw = load_hardware("dgx-h100")                        # 8 devices a node: the folded ep group fills one
+    ep = pl.placements(hw, b)["ep"]
+    assert (int(ep.n[0]), int(ep.nodes[0])) == (8, 1) and (int(ep.n[1]), int(ep.nodes[1])) == (2, 1)
+    # every layout counted rank by rank agrees with the closed form
+    for i in range(2):
+        deg, stride, _ = pl._layout(b.take([i]))
+        layout = tuple(int(x) for x in np.concatenate([deg[0], stride[0]]))
+        for kind in ("ep", "edp"):
+            p = pl.group_placement(hw, b.take([i]), kind)
+            assert pl._exact_group(kind, layout, int(b.ep[i]), 8, 8, bool(b.fold_experts[i])) == \
+                (int(p.n[0]), int(p.nodes[0]), int(p.fast_groups[0]))
 
 
 def test_worst_group_is_the_one_on_most_nodes():

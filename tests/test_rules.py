@@ -68,11 +68,13 @@ BROKEN = {
     "framework sequence parallel": (DENSE, BASE),                                        # torchtitan, tp 2 without sp
     "framework mesh order": (DENSE, replace(BASE, mesh_order=("tp", "pp", "dp", "cp"))),  # megatron
     "framework recompute": (DENSE, replace(BASE, recompute="selective")),                 # deepspeed: full or none
+    "fold_experts framework": (MOE, replace(BASE, ep=4, fold_experts=True)),              # deepspeed: no folding
 }
 ODD_SEQ_RULES = {"sequence parallel divides seq", "cp divides seq"}
 FRAMEWORK = {"framework stage layers": "pytorch", "framework context parallel": "pytorch",
              "framework sequence parallel": "torchtitan", "gradient bucket": "mindspore",
-             "parameter offload": "mindspore", "framework recompute": "deepspeed"}
+             "parameter offload": "mindspore", "framework recompute": "deepspeed",
+             "fold_experts framework": "deepspeed"}
 
 
 def _job(rule: str) -> TrainingJob:
@@ -115,6 +117,7 @@ def test_each_rule_rejects_its_case_and_only_that_rule_fires(rule):
     ("interleaving", replace(BASE, virtual_pipeline_stages=2, pipeline_schedule="interleaved-1f1b")),
     ("stage layers", replace(BASE, stage_layers=(3, 5))),                              # uneven but complete
     ("expert parallel", replace(BASE, ep=2)),
+    ("expert parallel", replace(BASE, ep=4, fold_experts=True)),                       # over tp x dp = 4 ranks
     ("offload needs zero", replace(BASE, zero_stage=1, offload_optimizer=True)),
     ("recompute layers", replace(BASE, recompute="full", recompute_layers=2)),
     ("cp divides seq", replace(BASE, dp=1, cp=2, num_micro_batches=8)),               # 1024 = 2 x 2 x 256

@@ -61,8 +61,11 @@ def critical_busy_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: 
     tp = groups["tp"]
     sp = _add(comm.tier_busy_s(hw, "reduce_scatter", msg, tp), comm.tier_busy_s(hw, "all_gather", msg, tp))
     ar = comm.tier_busy_s(hw, "all_reduce", msg, tp)
-    tp_layer = tuple(2.0 * np.where(b.sequence_parallel, x, y) for x, y in zip(sp, ar))
-    fwd = _scale(tp_layer, layers)
+    tp_layer = tuple(np.where(b.sequence_parallel, x, y) for x, y in zip(sp, ar))     # one block's collective
+    # two blocks a layer, one in an MoE layer with folded experts and no shared expert (layer_comm.tp_comm_s)
+    one_block = b.fold_experts if (model.moe is not None and not model.moe.shared_ffn) else False
+    blocks = 2.0 * dense_layers + np.where(one_block, 1.0, 2.0) * moe_layers
+    fwd = _scale(tp_layer, blocks)
     if model.moe is not None:
         a2a = comm.tier_busy_s(hw, "all_to_all", ep_message_bytes(model, job, b), groups["ep"])
         fwd = _add(fwd, _scale(a2a, 2.0 * moe_layers))

@@ -69,12 +69,17 @@ def ep_message_bytes(model: ModelSpec, job: TrainingJob, b: StrategyBatch):
     return tokens * model.moe.top_k * model.hidden_size * job.dtype_bytes
 
 
-def tp_comm_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, tp: GroupPlacement):
-    """Forward TP collectives of one layer and micro-batch, before any overlap (the backward repeats them)."""
+def tp_comm_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, tp: GroupPlacement,
+              moe_layer: bool = False):
+    """Forward TP collectives of one layer and micro-batch, before any overlap (the backward repeats them): the
+    attention block's and the MLP block's, unless the MLP is an MoE block whose experts are folded (no tensor
+    parallelism in the experts) and has no shared expert (which stays tensor-parallel)."""
     msg = tp_message_bytes(model, job, b)
     ar = comm.group_time_s(hw, "all_reduce", msg, tp)
     rs_ag = comm.group_time_s(hw, "reduce_scatter", msg, tp) + comm.group_time_s(hw, "all_gather", msg, tp)
-    return 2.0 * np.where(b.sequence_parallel, rs_ag, ar)
+    folded_mlp = moe_layer and model.moe is not None and not model.moe.shared_ffn
+    blocks = np.where(b.fold_experts & folded_mlp, 1.0, 2.0)
+    return blocks * np.where(b.sequence_parallel, rs_ag, ar)
 
 
 def ep_comm_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, ep: GroupPlacement):
@@ -108,11 +113,11 @@ def cp_comm_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: Strate
 
 
 def layer_comm(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, groups, ring_tier,
-               linear_forward_s, layer_forward_s, core_forward_s, core_backward_s) -> LayerComm:
+               linear_forward_s, layer_forward_s, core_forward_s, core_backward_s, moe_layer: bool = False) -> LayerComm:
     """Exposed TP, EP and CP communication of one layer and micro-batch. ``groups``: placements by
     kind; linear_forward_s / layer_forward_s: the layer's forward GEMMs / all its forward compute
     (what overlapped TP / EP collectives can hide behind; the backward has twice as much)."""
-    tp = tp_comm_s(model, hw, job, b, groups["tp"])
+    tp = tp_comm_s(model, hw, job, b, groups["tp"], moe_layer)
     if job.tp_comm_overlap and hw.device.overlaps_communication:
         # ring-exchange overlap splits each collective and its GEMM into tp chunks (MindSpore: the
         # sequence into FINE_GRAIN_SLICES slices): the first (or last) one's transfer has nothing to hide behind
@@ -124,7 +129,7 @@ def layer_comm(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: Strat
     else:
         tp_fwd, tp_bwd = tp, tp
     if multi_copy.active(b):
-        one_copy = tp_comm_s(model, hw, job, multi_copy.per_copy_batch(b), groups["tp"])
+        one_copy = tp_comm_s(model, hw, job, multi_copy.per_copy_batch(b), groups["tp"], moe_layer)
         tp_fwd, tp_bwd = multi_copy.tp_exposed(hw, job, b, one_copy, tp_fwd, tp_bwd, layer_forward_s, 2.0 * layer_forward_s)
     ep = ep_comm_s(model, hw, job, b, groups["ep"])
     if job.ep_comm_overlap and hw.device.overlaps_communication:

@@ -14,7 +14,8 @@ follow Megatron-Core's parallel_state.RankGenerator order "tp-cp-ep-dp-pp": the 
 (tp, pp) position are numbered by q, running over the inner of {dp, cp} (smaller stride) first; the
 "ep" group is a block of ep consecutive q, the "edp" (expert data parallel) group the ranks with equal
 q mod ep. That splits a dim into a finer radix, e.g. ep = 4 over cp = 2 (inner, stride s_c) and
-dp = 8 (stride s_d): ep = [(2, s_c), (2, s_d)], edp = [(4, 2 s_d)].
+dp = 8 (stride s_d): ep = [(2, s_c), (2, s_d)], edp = [(4, 2 s_d)]. With MoE parallel folding
+(Strategy.fold_experts: the experts' own tp is 1, order "tp-ep-dp-pp") q runs over tp x cp x dp, tp too.
 
 What is priced. All groups of a kind run their collective in lock step and the step waits for the
 slowest, so each kind is described by its worst group: the one spanning the most nodes (ties: the
@@ -103,23 +104,42 @@ def _col(dim: str) -> int:
     return MESH_DIMS.index(dim)
 
 
-def _expert_factors(deg, stride, ep):
-    """ep factors (N, 2) x2, edp factors (N, 2) x2, and whether the split is an exact mixed radix."""
-    dp, cp = deg[:, _col("dp")], deg[:, _col("cp")]
-    s_dp, s_cp = stride[:, _col("dp")], stride[:, _col("cp")]
-    cp_inner = s_cp <= s_dp   # equal strides only when dp or cp is 1: either choice is right then
-    ni, si = np.where(cp_inner, cp, dp), np.where(cp_inner, s_cp, s_dp)
-    no, so = np.where(cp_inner, dp, cp), np.where(cp_inner, s_dp, s_cp)
+EXPERT_DIMS = ("tp", "cp", "dp")     # the dims expert groups number their ranks over (tp only when folded)
+
+
+def _expert_dims(deg, stride, fold):
+    """(degrees (N, 3), strides (N, 3)) of the dims the expert groups run over, innermost (smallest stride) first:
+    cp and dp, and tp where the experts are folded (its degree 1 elsewhere)."""
+    n = np.stack([np.where(fold, deg[:, _col("tp")], 1), deg[:, _col("cp")], deg[:, _col("dp")]], axis=1)
+    s = np.stack([stride[:, _col(d)] for d in EXPERT_DIMS], axis=1)
+    order = np.argsort(np.where(n > 1, s, 0), axis=1, kind="stable")
+    return np.take_along_axis(n, order, axis=1), np.take_along_axis(s, order, axis=1)
+
+
+def _expert_factors(deg, stride, ep, fold):
+    """ep factors (N, 3) x2, edp factors (N, 3) x2, and whether the split is an exact mixed radix.
+
+    Megatron-Core numbers the ranks of one pipeline stage by q over the expert dims, innermost first
+    (parallel_state.RankGenerator: "tp-cp-ep-dp-pp", experts "tp-ep-dp-pp" with their own tp, 1 when folded): the
+    ep group is a block of ep consecutive q, taking whole inner dims and e values of the next one."""
+    n, s = _expert_dims(deg, stride, fold)
     ep = np.maximum(np.asarray(ep, dtype=np.int64), 1)
-    inside = ni % ep == 0                       # ep within the inner dim
-    e = np.maximum(ep // np.maximum(ni, 1), 1)  # otherwise ep takes all inner and e outer values
-    across = ~inside & (ep % ni == 0) & (no % e == 0)
-    one = np.ones_like(ep)
-    ep_n = np.stack([np.where(inside, ep, ni), np.where(inside, one, e)], axis=1)
-    ep_s = np.stack([si, so], axis=1)
-    edp_n = np.stack([np.where(inside, ni // ep, no // e), np.where(inside, no, one)], axis=1)
-    edp_s = np.stack([np.where(inside, ep * si, e * so), np.where(inside, so, one)], axis=1)
-    return (ep_n, ep_s), (edp_n, edp_s), inside | across
+    one = np.ones_like(n)
+    inner = np.cumprod(np.concatenate([np.ones((n.shape[0], 1), dtype=np.int64), n[:, :-1]], axis=1), axis=1)
+    # the dim j the block ends in: the first whose inner product times its degree reaches ep
+    j = np.argmax(inner * n >= ep[:, None], axis=1)
+    j = np.where((inner * n).max(axis=1) >= ep, j, n.shape[1] - 1)
+    cols = np.arange(n.shape[1])[None, :]
+    c_j = np.take_along_axis(inner, j[:, None], axis=1)[:, 0]
+    n_j = np.take_along_axis(n, j[:, None], axis=1)[:, 0]
+    e = np.maximum(ep // np.maximum(c_j, 1), 1)
+    exact = (ep % c_j == 0) & (n_j % e == 0)
+    before, at = cols < j[:, None], cols == j[:, None]
+    ep_n = np.where(before, n, np.where(at, e[:, None], one))
+    ep_s = np.where(before | at, s, one)
+    edp_n = np.where(at, (n_j // e)[:, None], np.where(before, one, n))
+    edp_s = np.where(at, (e[:, None] * s), np.where(before, one, s))
+    return (ep_n, ep_s), (edp_n, edp_s), exact
 
 
 def group_factors(b: StrategyBatch, kind: str):
@@ -129,10 +149,10 @@ def group_factors(b: StrategyBatch, kind: str):
     meaningless and placement counts the groups rank by rank.
     """
     deg, stride, _ = _layout(b)
-    return _factors(deg, stride, b.ep, kind)[:3]
+    return _factors(deg, stride, b.ep, kind, b.fold_experts)[:3]
 
 
-def _factors(deg, stride, ep, kind):
+def _factors(deg, stride, ep, kind, fold):
     """The kind's factors, exactness, and the full radix (kind's factors plus the rest) to test blocks on."""
     exact = np.ones(deg.shape[0], dtype=bool)
     if kind in MESH_DIMS:
@@ -140,10 +160,11 @@ def _factors(deg, stride, ep, kind):
     elif kind == "dp_cp":
         k = [_col("dp"), _col("cp")]
     elif kind in ("ep", "edp"):
-        (ep_n, ep_s), (edp_n, edp_s), exact = _expert_factors(deg, stride, ep)
-        rest = [_col("pp"), _col("tp")]
-        rn = np.concatenate([ep_n, edp_n, deg[:, rest]], axis=1)
-        rs = np.concatenate([ep_s, edp_s, stride[:, rest]], axis=1)
+        (ep_n, ep_s), (edp_n, edp_s), exact = _expert_factors(deg, stride, ep, fold)
+        rest_n = np.stack([deg[:, _col("pp")], np.where(fold, 1, deg[:, _col("tp")])], axis=1)   # tp: its own dim
+        rest_s = np.stack([stride[:, _col("pp")], stride[:, _col("tp")]], axis=1)                # unless folded
+        rn = np.concatenate([ep_n, edp_n, rest_n], axis=1)
+        rs = np.concatenate([ep_s, edp_s, rest_s], axis=1)
         fn, fs = (ep_n, ep_s) if kind == "ep" else (edp_n, edp_s)
         keep = exact[:, None]
         return np.where(keep, fn, 1), np.where(keep, fs, 1), exact, np.where(keep, rn, 1), np.where(keep, rs, 1)
@@ -178,20 +199,22 @@ def _coords(layout: tuple[int, ...]):
 
 
 @lru_cache(maxsize=1 << 14)
-def _exact_group(kind: str, layout: tuple[int, ...], ep: int, per_node: int, per_group: int) -> tuple[int, int, int]:
+def _exact_group(kind: str, layout: tuple[int, ...], ep: int, per_node: int, per_group: int,
+                 fold: bool = False) -> tuple[int, int, int]:
     """(n, nodes, fast groups) of the worst group of `kind`, by listing every rank."""
     r, deg, stride, c = _coords(layout)
     d = r.size
     if kind in MESH_DIMS:
         label = r - c[kind] * stride[kind]
+    elif kind == "dp_cp":
+        label = r - c["dp"] * stride["dp"] - c["cp"] * stride["cp"]
     else:
-        base = r - c["dp"] * stride["dp"] - c["cp"] * stride["cp"]
-        if kind == "dp_cp":
-            label = base
-        else:
-            inner, outer = ("cp", "dp") if stride["cp"] <= stride["dp"] else ("dp", "cp")
-            q = c[inner] + deg[inner] * c[outer]
-            label = base * d + (q // ep if kind == "ep" else q % ep)
+        dims = sorted((x for x in EXPERT_DIMS if (fold or x != "tp") and deg[x] > 1), key=lambda x: stride[x])
+        base = r - sum(c[x] * stride[x] for x in dims)
+        q, radix = np.zeros_like(r), 1
+        for x in dims:                    # q runs over the expert dims, innermost first (_expert_factors)
+            q, radix = q + radix * c[x], radix * deg[x]
+        label = base * d + (q // ep if kind == "ep" else q % ep)
     _, g = np.unique(label, return_inverse=True)
     g = g.reshape(-1)
     count = int(g.max()) + 1
@@ -231,16 +254,18 @@ def group_placement(hw: HardwareProfile, b: StrategyBatch, kind: str) -> GroupPl
     per_node, per_group = hw.node.devices_per_node, hw.node.group_size
     deg, stride, devices = _layout(b)
     ep = np.maximum(np.asarray(b.ep, dtype=np.int64), 1)
-    fn, fs, exact, rn, rs = _factors(deg, stride, ep, kind)
+    fold = np.asarray(b.fold_experts, dtype=bool)
+    fn, fs, exact, rn, rs = _factors(deg, stride, ep, kind, fold)
     n = fn.prod(axis=1)
     aligned = exact & _is_box(rn, rs, devices, per_node) & _is_box(rn, rs, devices, per_group)
     nodes, groups = n // _in_block(fn, fs, per_node), n // _in_block(fn, fs, per_group)
     bad = np.flatnonzero(~aligned)
     if bad.size:
         n, nodes, groups = n.copy(), nodes.copy(), groups.copy()
-        uniq, inv = _unique_layouts(deg[bad], stride[bad], ep[bad] if kind in ("ep", "edp") else np.ones_like(bad))
-        found = np.array([_exact_group(kind, tuple(int(x) for x in u[:8]), int(u[8]), per_node, per_group) for u in uniq],
-                         dtype=np.int64).reshape(-1, 3)
+        extra = 2 * ep[bad] + fold[bad] if kind in ("ep", "edp") else np.ones_like(bad)
+        uniq, inv = _unique_layouts(deg[bad], stride[bad], extra)
+        found = np.array([_exact_group(kind, tuple(int(x) for x in u[:8]), int(u[8]) // 2, per_node, per_group,
+                                       bool(int(u[8]) % 2)) for u in uniq], dtype=np.int64).reshape(-1, 3)
         n[bad], nodes[bad], groups[bad] = found[inv, 0], found[inv, 1], found[inv, 2]
     return GroupPlacement(n=n, nodes=nodes, fast_groups=groups)
 

@@ -62,7 +62,7 @@ def micro_batch(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: Stra
     dense_c = layer_comm(model, hw, job, b, groups, ring, dense.linear_forward_s, dense.forward_s,
                          dense.core_forward_s, dense.core_backward_s)
     moe_c = layer_comm(model, hw, job, b, groups, ring, moe.linear_forward_s, moe.forward_s,
-                       moe.core_forward_s, moe.core_backward_s) if model.moe is not None else dense_c
+                       moe.core_forward_s, moe.core_backward_s, moe_layer=True) if model.moe is not None else dense_c
     head_s, head_flops = multi_copy.head_with_copies(model, hw, job, b, *compute.head_compute_s(model, hw, job, b))
 
     def layers(d, m):

@@ -97,7 +97,7 @@ def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, 
     par["context_parallel_degree"] = s.cp
     if m.moe is not None:
         par["expert_parallel_degree"] = s.ep
-        par["expert_tensor_parallel_degree"] = s.tp
+        par["expert_tensor_parallel_degree"] = s.expert_tp     # 1 with the experts folded (torchtitan's default)
     # ---- pipeline ---------------------------------------------------------------------------------------
     par["pipeline_parallel_degree"] = s.pp
     if s.pp > 1:

@@ -315,6 +315,7 @@ READ: dict[str, Reader] = {
     "--hidden-dropout": _dropout,
     "--cp-comm-type": _cp_comm,
     "--use-tp-pp-dp-mapping": _on("strategy", "mesh_order", ("dp", "pp", "cp", "tp")),
+    "--expert-tensor-parallel-size": _read_elsewhere,   # read in _derive, with the tensor-parallel size
     "--num-query-groups": _kv,
     "--group-query-attention": _read_elsewhere,   # read with --num-query-groups
     "--account-for-embedding-in-pipeline-split": _on("strategy", "account_embedding", True),
@@ -349,6 +350,13 @@ def _derive(job: dict, strategy: dict, model: dict, seen: dict, source: str) -> 
         job["recompute_modules"] = "core_attn"    # Megatron-Core's default module
     if "--num-experts" in seen and "--moe-expert-capacity-factor" not in seen:
         job["moe_dropless"] = True
+    if "--expert-tensor-parallel-size" in seen:      # Megatron's default is the tp size; 1 folds the experts
+        etp, tp = _int("--expert-tensor-parallel-size", seen["--expert-tensor-parallel-size"][0], source), strategy.get("tp", 1)
+        if etp not in (1, tp):
+            raise AdvisorError(f"{where(source)}: --expert-tensor-parallel-size {etp}: advisor prices the experts split "
+                               f"over the tensor-parallel size ({tp}) or whole (1, MoE parallel folding)")
+        if etp == 1 and tp > 1:
+            strategy["fold_experts"] = True
     moe = {k: model.pop(k) for k in ("num_experts", "top_k", "expert_ffn_hidden_size") if k in model}
     if moe:
         model["moe"] = moe

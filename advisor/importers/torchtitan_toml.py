@@ -96,10 +96,13 @@ def _parallelism(keys: dict, job: dict, strategy: dict, source: str) -> None:
     ep = _int(source, "expert_parallel_degree", k.pop("expert_parallel_degree", 1))
     if ep > 1:
         strategy["ep"] = ep
-    etp = k.pop("expert_tensor_parallel_degree", tp)
-    if etp != tp:
-        raise _refuse(source, "expert_tensor_parallel_degree", etp, f"advisor prices experts split as the dense layers "
-                      f"(tensor_parallel_degree = {tp})")
+    # torchtitan 0.2's default is 1: with tp > 1 and experts, ep then takes the tensor-parallel ranks too (folded)
+    etp = _int(source, "expert_tensor_parallel_degree", k.pop("expert_tensor_parallel_degree", 1))
+    if etp not in (1, tp):
+        raise _refuse(source, "expert_tensor_parallel_degree", etp, f"torchtitan runs 1 or tensor_parallel_degree "
+                      f"({tp})")
+    if etp == 1 and tp > 1 and ep > 1:
+        strategy["fold_experts"] = True
     reshard = k.pop("fsdp_reshard_after_forward", "default")
     if replicate > 1 and shard not in (1,):
         raise _refuse(source, "data_parallel_replicate_degree", replicate, "HSDP (replicated and sharded data "

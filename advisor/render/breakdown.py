@@ -26,7 +26,7 @@ def strategy_line(s: Strategy) -> str:
     if s.cp > 1:
         parts.append(f"cp={s.cp}")
     if s.ep > 1:
-        parts.append(f"ep={s.ep}")
+        parts.append(f"ep={s.ep}" + (" (folded: experts whole)" if s.fold_experts else ""))
     if s.sequence_parallel:
         parts.append("sp")
     if s.virtual_pipeline_stages > 1:

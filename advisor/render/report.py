@@ -28,6 +28,8 @@ PROGRESS_AFTER_S = 1.0   # searches shorter than this never show a bar
 def _knobs(s: Strategy) -> str:
     """Everything but the degrees and batch split: 'sp z1+off rc=sel int.x4 mesh=tdp'."""
     parts = ["sp"] if s.sequence_parallel else []
+    if s.fold_experts:
+        parts.append("fold")
     parts.append(f"z{s.zero_stage}" + offload_knob(s))
     if s.recompute != "none":
         parts.append("rc=" + ("sel" if s.recompute == "selective" else s.recompute))
@@ -103,8 +105,10 @@ def render_recommendation(console: Console, result: RecommendResult, saved_to: s
     if fam.render_recommend is not None:            # the family's own report (advisor.families)
         return fam.hook("render_recommend")(console, result, saved_to)
     console.print(plans_table(result))
+    folded = any(p.strategy.fold_experts for p in result.plans)
     console.print(f"GiB: memory per device (of {result.estimates[0].capacity_gib:g}); knobs: sp = sequence parallel, "
-                  "z = ZeRO stage (+off: optimizer offload, +off50%: half of it, +offp: parameters too, +hemb: the "
+                  + ("fold = MoE parallel folding (experts whole, ep over tp x dp x cp), " if folded else "")
+                  + "z = ZeRO stage (+off: optimizer offload, +off50%: half of it, +offp: parameters too, +hemb: the "
                   "word embedding on the host), rc = recomputation, pipeline schedule, mesh order "
                   "innermost (fastest links) first (t = tp, c = cp, d = dp, p = pp); limit: the largest part of "
                   "the step time, or memory when over 95% is used; calib.: inside the profile's calibrated region "

@@ -130,7 +130,7 @@ OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS, HOST_EMBEDDING, HOST_EMBEDDING_OPTIMIZER = 1,
 OPTIMIZER_ON_HOST = (OFFLOAD_OPTIMIZER, OFFLOAD_PARAMS, HOST_EMBEDDING_OPTIMIZER)
 
 _DEFAULTS = {"ep": 1, "mbs": 1, "vpp": 1, "schedule": ONE_F_ONE_B, "sp": 0, "recompute": 0,
-             "zero": 0, "offload": 0, "mesh": DEFAULT_ORDER_INDEX, "cp_comm": 0}
+             "zero": 0, "offload": 0, "mesh": DEFAULT_ORDER_INDEX, "cp_comm": 0, "fold": 0}
 
 
 def to_batch(model: ModelSpec, job: TrainingJob, rows: Rows) -> StrategyBatch:
@@ -146,7 +146,7 @@ def to_batch(model: ModelSpec, job: TrainingJob, rows: Rows) -> StrategyBatch:
         pipeline_schedule=col["schedule"], offload_optimizer=np.isin(col["offload"], OPTIMIZER_ON_HOST),
         offload_params=col["offload"] == OFFLOAD_PARAMS, host_embedding=col["offload"] >= HOST_EMBEDDING,
         stage_layers=stage_layers_for(model, rows["pp"], col["vpp"]),
-        cp_comm=col["cp_comm"],
+        cp_comm=col["cp_comm"], fold_experts=col["fold"].astype(bool),
         **mesh_strides(rows, col["mesh"]),
     )
 

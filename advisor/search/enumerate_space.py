@@ -33,20 +33,23 @@ HCCS_REASON = "TP group would span HCCS groups"
 FRAMEWORK_ZERO_REASON = "framework zero"          # the rule of advisor.space.rules the option mask applies
 FRAMEWORK_MESH_REASON = "framework mesh order"
 FRAMEWORK_CP_REASON = "framework context parallel"
+FRAMEWORK_SP_REASON = "framework sequence parallel"
 # Rules on the ZeRO/offload pair, mesh order and context-parallel kind: applied where skeletons are crossed with
 # them (option_mask, order_variants, cp_comm_options), not to the skeletons, which carry neither yet.
 CROSSED_RULES = (FRAMEWORK_ZERO_REASON, FRAMEWORK_MESH_REASON, FRAMEWORK_CP_REASON)
 
 
-def _apply_rules(model: ModelSpec, cluster: Cluster, job: TrainingJob, rows: Rows, pruned: Counter) -> Rows:
+def _apply_rules(model: ModelSpec, cluster: Cluster, job: TrainingJob, rows: Rows, pruned: Counter,
+                 later: tuple[str, ...] = ()) -> Rows:
     """Keep the legal rows; count each illegal one under the first rule that rejects it. Rows are
     checked one pipeline depth at a time so the stage arrays stay narrow. The rules on what a skeleton is
-    crossed with later (CROSSED_RULES) are applied by that crossing."""
+    crossed with later (CROSSED_RULES) are applied by that crossing, and ``later`` ones once the rows carry
+    what they judge."""
     alive = np.zeros(_count(rows), dtype=bool)
     for idx in chunks_by_pp(rows):
         ok = np.ones(len(idx), dtype=bool)
         for name, mask in illegal_masks(model, cluster, job, to_batch(model, job, _take(rows, idx))).items():
-            if name in CROSSED_RULES:
+            if name in CROSSED_RULES or name in later:
                 continue
             hit = mask & ok
             if hit.any():
@@ -83,6 +86,11 @@ def degree_rows(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tr
         rows = _take(rows, rows["dp"] == pins.dp)
     experts = divisors(model.moe.num_experts) if model.moe is not None else np.array([1])
     rows = _cross(rows, {"ep": _options(pins.ep, experts)})
+    if model.moe is not None or pins.fold_experts:   # MoE parallel folding (a pin on a dense model: the rule refuses)
+        folds = [0, 1] if pins.fold_experts is None else [int(pins.fold_experts)]
+        rows = _cross(rows, {"fold": folds})
+        if pins.fold_experts is None:  # with tp = 1 or ep = 1 folding is the same plan: not a candidate
+            rows = _take(rows, (rows["fold"] == 0) | ((rows["tp"] > 1) & (rows["ep"] > 1)))
     # Deeper pipelines than layers break the "stage layers" rule; counted here without building
     # their (rows x pp) stage arrays.
     deep = rows["pp"] > model.num_layers
@@ -94,7 +102,8 @@ def degree_rows(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tr
         if split.any():
             pruned[HCCS_REASON] += int(split.sum())
             rows = _take(rows, ~split)
-    return _apply_rules(model, cluster, job, rows, pruned)
+    # degree rows carry no sequence-parallel choice yet (torchtitan needs it on with tp > 1): judged on skeletons
+    return _apply_rules(model, cluster, job, rows, pruned, later=(FRAMEWORK_SP_REASON,))
 
 
 def _expand_micro_batches(rows: Rows, job: TrainingJob, pins: Pins) -> Rows:
@@ -218,9 +227,11 @@ def _framework_runs(rows: Rows, options: list[tuple[int, int]], framework: Frame
         return np.ones((n, len(options)), dtype=bool)
     z = np.array([z for z, _ in options])[None, :]
     o = np.array([o for _, o in options])[None, :]
-    col = {d: rows[d][:, None] if d in rows else np.ones((n, 1), dtype=np.int64) for d in ("pp", "ep", "cp")}
+    col = {d: rows[d][:, None] if d in rows else np.ones((n, 1), dtype=np.int64) for d in ("pp", "ep", "cp", "tp")}
+    fold = rows["fold"][:, None] if "fold" in rows else np.zeros((n, 1), dtype=np.int64)
+    # the ranks ep must be a multiple of where it borrows from sharded dp: cp, tp x cp with the experts folded
     return ~zero_illegal(framework, z, col["pp"], np.isin(o, OPTIMIZER_ON_HOST), o == OFFLOAD_PARAMS,
-                         col["ep"], col["cp"])
+                         col["ep"], col["cp"] * np.where(fold > 0, col["tp"], 1))
 
 
 def option_mask(rows: Rows, options: list[tuple[int, int]], framework: Framework | None = None) -> np.ndarray:

@@ -66,9 +66,13 @@ def _cp_a2a(m, c, j, b):
 
 
 def _expert_parallel(m, c, j, b):
+    """ep divides the ranks it takes its groups from: dp x cp, or tp x dp x cp with the experts folded (which
+    needs experts, ep > 1 and tp > 1: with tp = 1 folding is the same plan)."""
     if m.moe is None:
-        return b.ep != 1
-    return ((b.dp * b.cp) % b.ep != 0) | (m.moe.num_experts % b.ep != 0)
+        return (b.ep != 1) | b.fold_experts
+    ranks = b.dp * b.cp * np.where(b.fold_experts, b.tp, 1)
+    pointless = b.fold_experts & ((b.ep == 1) | (b.tp == 1))
+    return (ranks % b.ep != 0) | (m.moe.num_experts % b.ep != 0) | pointless
 
 
 def _stage_layers(m, c, j, b):
@@ -201,7 +205,9 @@ def zero_illegal(fw: Framework, zero, pp, offload_optimizer, offload_params, ep,
 
 
 def _framework_zero(m, c, j, b):
-    return zero_illegal(j.framework_record, b.zero_stage, b.pp, b.offload_optimizer, b.offload_params, b.ep, b.cp)
+    # torchtitan's ep is a multiple of cp, of tp x cp with the experts folded (parallel_dims.py, v0.2.0)
+    inner = b.cp * np.where(b.fold_experts, b.tp, 1)
+    return zero_illegal(j.framework_record, b.zero_stage, b.pp, b.offload_optimizer, b.offload_params, b.ep, inner)
 
 
 def _framework_schedule(m, c, j, b):
@@ -282,7 +288,8 @@ RULES: dict[str, tuple[Rule, str]] = {
     "cp divides seq": (_cp_seq, "context parallelism needs the sequence length divisible by 2 x cp"),
     "ulysses heads": (_cp_a2a, "all-to-all (Ulysses) context parallelism needs cp > 1 and tp x cp dividing the "
                       "attention and key/value heads"),
-    "expert parallel": (_expert_parallel, "ep must be 1 for dense models, and for MoE divide dp x cp and the expert count"),
+    "expert parallel": (_expert_parallel, "ep must be 1 for dense models, and for MoE divide dp x cp (tp x dp x cp "
+                        "with the experts folded, which needs ep > 1 and tp > 1) and the expert count"),
     "stage layers": (_stage_layers, "stage layers must sum to the layer count, one entry per stage, each at least one layer"),
     "interleaving": (_interleaving, "the interleaved schedule goes with virtual stages > 1, pp > 1 and micro-batches divisible by pp"),
     "zero stage": (_zero, "the ZeRO stage must be 0, 1, 2 or 3"),
@@ -405,7 +412,7 @@ def _zero_detail(fw: Framework, s: Strategy) -> str:
     if not fw.optimizer_offload:
         parts.append("no optimizer-only offload (its CPU offload moves the parameters too: offload_params)")
     if fw.experts_from_sharded_dp:
-        parts.append("ep > 1 with ZeRO >= 1 and ep a multiple of cp")
+        parts.append("ep > 1 with ZeRO >= 1 and ep a multiple of cp (tp x cp with the experts folded)")
     return "; ".join(parts) + (f"; zero = {s.zero_stage}, pp = {s.pp}, offload_optimizer = "
                                f"{str(s.offload_optimizer).lower()}, offload_params = {str(s.offload_params).lower()}"
                                f", ep = {s.ep}, cp = {s.cp}")
@@ -420,7 +427,8 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "cp divides seq": f"cp = {s.cp}, seq = {j.seq_length}",
         "ulysses heads": f"cp = {s.cp}, tp = {s.tp}, heads = {m.num_attention_heads}, kv heads = {m.num_kv_heads}",
         "sequence parallel divides seq": f"tp = {s.tp}, seq = {j.seq_length}, cp = {s.cp}",
-        "expert parallel": f"ep = {s.ep}, dp x cp = {s.dp * s.cp}" + (f", experts = {m.moe.num_experts}" if m.moe else ", dense model"),
+        "expert parallel": f"ep = {s.ep}, dp x cp = {s.dp * s.cp}" + (f", tp = {s.tp}, folded" if s.fold_experts else "")
+                           + (f", experts = {m.moe.num_experts}" if m.moe else ", dense model"),
         "stage layers": f"stage_layers = {list(s.resolved_stage_layers(m.num_layers))}, layers = {m.num_layers}, vpp = {s.virtual_pipeline_stages}",
         "interleaving": f"schedule = {s.pipeline_schedule}, vpp = {s.virtual_pipeline_stages}, pp = {s.pp}, micro-batches = {s.num_micro_batches}",
         "zero stage": f"zero = {s.zero_stage}",

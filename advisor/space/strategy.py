@@ -130,7 +130,22 @@ class Strategy:
     ep: int = setting(
         1, kind="positive_int", maximum=limits.MAX_DEVICES, flags=("--ep",), search=True, plan="always",
         help="the expert-parallel degree (MoE models)",
-        doc="Expert-parallel degree (MoE): experts spread over ep of the dp x cp ranks.")
+        doc="Expert-parallel degree (MoE): experts spread over ep of the dp x cp ranks (of tp x dp x cp with "
+            "fold_experts).")
+    fold_experts: bool = setting(
+        False, kind="boolean", flags=("--fold-experts",), search=True,
+        frameworks={
+            # megatron/training/arguments.py (core_v0.13-0.15): --expert-tensor-parallel-size, default the tp size
+            "megatron": {"true": "--expert-tensor-parallel-size 1"},
+            # torchtitan/config/job_config.py (v0.2.0) [parallelism]: etp 1 ("partial dp + all tp -> ep") or tp
+            "torchtitan": {"true": "parallelism.expert_tensor_parallel_degree = 1"},
+        },
+        help="MoE parallel folding: experts whole on each rank, expert parallelism over the tensor-parallel ranks "
+             "too (Megatron --expert-tensor-parallel-size 1; torchtitan expert_tensor_parallel_degree 1)",
+        doc="MoE parallel folding (Liu et al. 2025, arXiv 2504.14960; Megatron-Core): the routed experts are not split over the "
+            "tensor-parallel group (expert tensor parallelism 1); ep takes its ranks from tp x cp x dp, so ep may "
+            "reach tp x dp x cp, and the MoE block's tensor-parallel collective goes (advisor.cost.placement, "
+            "memory, compute, layer_comm).")
     sequence_parallel: bool = setting(
         False, kind="boolean", flags=("--sequence-parallel",), search=True, plan="always",
         help="sequence parallelism over the tp group",
@@ -230,6 +245,11 @@ class Strategy:
     def devices(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
+    @property
+    def expert_tp(self) -> int:
+        """The tensor-parallel degree of the routed experts: 1 when folded, tp otherwise."""
+        return 1 if self.fold_experts else self.tp
+
     def degree(self, dim: str) -> int:
         return getattr(self, dim)
 
@@ -305,8 +325,11 @@ class StrategyBatch:
     offload_params: np.ndarray | None = None       # bool; None: none
     offload_fraction: np.ndarray | None = None     # None: all 1
     host_embedding: np.ndarray | None = None       # bool; None: all on the device
+    fold_experts: np.ndarray | None = None         # bool; None: experts split over tp (no folding)
 
     def __post_init__(self) -> None:
+        if self.fold_experts is None:
+            object.__setattr__(self, "fold_experts", np.zeros(len(self.dp), dtype=bool))
         if self.host_embedding is None:
             object.__setattr__(self, "host_embedding", np.zeros(len(self.dp), dtype=bool))
         if self.offload_fraction is None:
@@ -364,6 +387,7 @@ class StrategyBatch:
             offload_params=np.array([s.offload_params for s in strategies], dtype=bool),
             offload_fraction=np.array([s.offload_fraction for s in strategies], dtype=float),
             host_embedding=np.array([s.host_embedding for s in strategies], dtype=bool),
+            fold_experts=np.array([s.fold_experts for s in strategies], dtype=bool),
         )
 
     def take(self, index) -> "StrategyBatch":
@@ -402,4 +426,5 @@ class StrategyBatch:
             offload_params=bool(self.offload_params[i]),
             offload_fraction=float(self.offload_fraction[i]),
             host_embedding=bool(self.host_embedding[i]),
+            fold_experts=bool(self.fold_experts[i]),
         )

@@ -219,6 +219,8 @@ def _strategy(run: dict[str, Any], kind: str, model: ModelSpec, settings: dict[s
         # Megatron-Core's cpu_offloading of the first N layers' activations (only without pipelining):
         # priced as activation swapping (advisor.cost.swap)
         swap_layers=(settings["activation_offload_layers"],) if settings.get("activation_offload_layers") else None,
+        # the Megatron-Bridge MoE recipes' expert_tensor_parallel_size=1 (mbridge_settings.yaml fold_experts)
+        fold_experts=bool(settings.get("fold_experts")),
     )
 
 
