@@ -116,6 +116,17 @@ MEGATRON_FLAGS: dict[str, tuple] = {
     "--num-experts": (int, None),
     "--moe-layer-freq": (str, None),
     "--moe-ffn-hidden-size": (int, None),
+    "--moe-shared-expert-intermediate-size": (int, None),
+    "--expert-tensor-parallel-size": (int, None),
+    # _add_mla_args and the attention arguments (window attention: --window-size takes tuple_type "W,0")
+    "--multi-latent-attention": (None, None),
+    "--q-lora-rank": (int, None),
+    "--kv-lora-rank": (int, None),
+    "--qk-head-dim": (int, None),
+    "--qk-pos-emb-head-dim": (int, None),
+    "--v-head-dim": (int, None),
+    "--window-size": (str, None),
+    "--window-attn-skip-freq": (str, None),
     "--moe-router-topk": (int, None),
     "--moe-token-dispatcher-type": (str, ("allgather", "alltoall", "flex")),
     "--moe-expert-capacity-factor": (float, None),
@@ -325,3 +336,47 @@ def test_script_is_valid_bash(exported, tmp_path):
         path.write_text(result.files["megatron_pretrain_gpt.sh"])
         proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
         assert proc.returncode == 0, f"{name}: {proc.stderr}"
+
+
+@pytest.mark.parametrize("model, devices, job, pins", [
+    ("deepseek-v3", 512, {"global_batch_size": 4096, "seq_length": 4096, "dtype": "fp8"}, {}),   # MLA, shared, dense 3
+    ("gpt-oss-20b", 16, {}, {}),                                                               # windowed layers
+    ("qwen3-235b-a22b", 256, {"global_batch_size": 2048, "seq_length": 4096, "dtype": "fp8"},   # MoE parallel folding
+     {"tp": 2, "ep": 32, "fold_experts": True}),
+])
+def test_the_models_architecture_is_written_and_reads_back(tmp_path, model, devices, job, pins):
+    """MLA, shared experts, leading dense layers, sliding-window attention and folded experts as pretrain_gpt.py
+    flags that its parser takes; the launch read back with --from prices the plan exactly."""
+    from advisor.commands.estimate_request import estimate_request
+    from advisor.commands.inputs import resolve_inputs
+    from advisor.commands.recommend import recommend
+    from advisor.search import Pins
+
+    i = resolve_inputs(model, "dgx-h100", devices=devices, **job)
+    plan = recommend(i.model, i.hardware, i.cluster, i.job, pins=Pins(**pins), top_k=1).plans[0]
+    result = export_plan(plan, "megatron")
+    assert not result.unsupported, result.unsupported
+    a = megatron_parser().parse_args(megatron_launch(plan).args())
+    m = plan.model
+    if m.mla is not None:
+        assert a.multi_latent_attention and (a.q_lora_rank, a.kv_lora_rank, a.qk_head_dim, a.qk_pos_emb_head_dim,
+                                             a.v_head_dim) == (m.mla.q_lora_rank, m.mla.kv_lora_rank,
+                                                               m.mla.qk_nope_head_dim, m.mla.qk_rope_head_dim,
+                                                               m.mla.v_head_dim)
+    if m.moe is not None:
+        pattern = eval_moe_pattern(a.moe_layer_freq)
+        pattern = [int(k % pattern == 0) for k in range(m.num_layers)] if isinstance(pattern, int) else pattern
+        assert pattern == [int(m.is_moe_layer(k)) for k in range(m.num_layers)]
+        assert (a.moe_shared_expert_intermediate_size or 0) == m.moe.shared_ffn
+    if m.sliding_window is not None:
+        assert tuple(int(x) for x in a.window_size.split(",")) == (m.sliding_window, 0)
+        windowed = eval_moe_pattern(a.window_attn_skip_freq)
+        assert sum(windowed) / len(windowed) == 1.0 / m.sliding_window_every
+    assert (a.expert_tensor_parallel_size == 1) == plan.strategy.fold_experts
+    script = tmp_path / "launch.sh"
+    script.write_text(result.files["megatron_pretrain_gpt.sh"])
+    back = estimate_request(model, "dgx-h100", None, None, job={}, strategy={}, launch=str(script))
+    assert back.estimate.tokens_per_s == pytest.approx(plan.prediction["tokens_per_s"], rel=1e-12)
+    # the 0.13 and 0.14 releases have no window attention flags: refused there, not dropped
+    if m.sliding_window is not None:
+        assert any("sliding_window" in u for u in export_plan(plan, "megatron", target_version="0.13").unsupported)

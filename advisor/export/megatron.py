@@ -48,6 +48,7 @@ class MegatronRelease:
     git_tag: str                  # the NVIDIA/Megatron-LM tag of the release
     megatron_fsdp: bool           # --use-megatron-fsdp and --ckpt-format fsdp_dtensor (ZeRO-2/3)
     container: str                # the NGC PyTorch container its README names
+    window_attention: bool = False  # --window-size and --window-attn-skip-freq (arguments.py, core_v0.15.0 on)
 
 
 # ModelSpec and Strategy values as Megatron-LM's flags take them (arguments.py, core_v0.13-0.15); the importer
@@ -59,7 +60,7 @@ FRAMEWORK = "megatron"   # the framework record this export launches (the flags 
 VERSIONS = {
     "0.13": MegatronRelease("core_v0.13.0", False, "nvcr.io/nvidia/pytorch:25.04-py3"),
     "0.14": MegatronRelease("core_v0.14.0", True, "nvcr.io/nvidia/pytorch:25.04-py3"),
-    "0.15": MegatronRelease("core_v0.15.0", True, "nvcr.io/nvidia/pytorch:25.04-py3"),
+    "0.15": MegatronRelease("core_v0.15.0", True, "nvcr.io/nvidia/pytorch:25.04-py3", window_attention=True),
 }
 DEFAULT_VERSION = "0.15"
 GROUPS = ("PARALLEL_ARGS", "MODEL_ARGS", "TRAINING_ARGS", "OPTIMIZER_ARGS", "DATA_ARGS", "LOGGING_ARGS")
@@ -102,11 +103,50 @@ def pipeline_layout(plan: Plan) -> str:
     return "|".join(parts)
 
 
+def architecture_flags(plan: Plan) -> list[str]:
+    """The model's MLA, shared experts and sliding-window attention as pretrain_gpt.py flags (arguments.py,
+    core_v0.13-0.15: --multi-latent-attention with its ranks and head widths, --moe-shared-expert-intermediate-size
+    (all shared experts together); core_v0.15 --window-size (left, right) and --window-attn-skip-freq, as
+    Megatron-Bridge's GPTOSSProvider sets them: window_size (128, 0), skip frequency 2)."""
+    m = plan.model
+    out: list[str] = []
+    if m.mla is not None:
+        a = m.mla
+        out.append("--multi-latent-attention")
+        if a.q_lora_rank:
+            out += ["--q-lora-rank", str(a.q_lora_rank)]
+        out += ["--kv-lora-rank", str(a.kv_lora_rank), "--qk-head-dim", str(a.qk_nope_head_dim),
+                "--qk-pos-emb-head-dim", str(a.qk_rope_head_dim), "--v-head-dim", str(a.v_head_dim)]
+    if m.moe is not None and m.moe.num_shared_experts:
+        out += ["--moe-shared-expert-intermediate-size", str(m.moe.shared_ffn)]
+    if m.sliding_window is not None:
+        out += ["--window-size", f"{m.sliding_window},0"]
+        if m.sliding_window_every > 1:
+            out += ["--window-attn-skip-freq", window_pattern(plan)]
+    return out
+
+
+def window_pattern(plan: Plan) -> str:
+    """--window-attn-skip-freq as a list pattern (1: a windowed layer): one windowed layer in every
+    sliding_window_every, the first of each group (gpt-oss alternates from a windowed layer 0)."""
+    m = plan.model
+    k = m.sliding_window_every
+    if m.num_layers % k == 0:
+        return f"([1]+[0]*{k - 1})*{m.num_layers // k}"
+    return "[" + ",".join("1" if i % k == 0 else "0" for i in range(m.num_layers)) + "]"
+
+
 def moe_layer_freq(plan: Plan) -> str:
     """--moe-layer-freq: an integer N puts an MoE layer at indices 0, N, 2N...; advisor's convention
-    (ModelSpec.is_moe_layer) puts it last in each group of N, so give Megatron the explicit pattern."""
+    (ModelSpec.is_moe_layer) puts it last in each group of N, so give Megatron the explicit pattern, as for
+    leading dense layers (DeepSeek's first_k_dense_replace)."""
     m = plan.model
     freq = m.moe.layer_frequency
+    if m.moe.first_k_dense_layers:
+        k = m.moe.first_k_dense_layers
+        if freq == 1:
+            return f"([0]*{k}+[1]*{m.num_layers - k})"
+        return "[" + ",".join("1" if m.is_moe_layer(i) else "0" for i in range(m.num_layers)) + "]"
     if freq == 1:
         return "1"
     pattern = [1 if m.is_moe_layer(i) else 0 for i in range(m.num_layers)]
@@ -171,7 +211,10 @@ def megatron_launch(plan: Plan, target_version: str | None = None) -> MegatronLa
         model += ["--group-query-attention", "--num-query-groups", str(m.num_kv_heads)]
     if m.head_dim_override is not None:
         model += ["--kv-channels", str(m.head_dim)]
-    unsupported += unwritten_model_features(plan, "Megatron-LM", written=("head_dim",))
+    model += architecture_flags(plan)
+    written = ("head_dim", "mla", "moe.num_shared_experts", "moe.first_k_dense_layers") + (
+        ("sliding_window",) if VERSIONS[version].window_attention else ())
+    unsupported += unwritten_model_features(plan, f"Megatron-LM {version}", written=written)
     model += ["--seq-length", str(j.seq_length), "--max-position-embeddings", str(max(j.seq_length, m.seq_length))]
     model += ["--position-embedding-type", POSITION_EMBEDDINGS[m.position_embedding]]
     model += ["--normalization", NORMALIZATIONS[m.norm]]

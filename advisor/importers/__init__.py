@@ -73,11 +73,39 @@ def pins_of(imported: Imported, strategy: dict[str, Any], searched: set[str], nu
     return {k: v for k, v in rest.items() if k in searched}
 
 
+def _layer_patterns(model) -> dict[str, Any]:
+    """What the model gives for the layer patterns a launch states (Megatron's --moe-layer-freq, 1: an MoE layer,
+    and --window-attn-skip-freq, 1: a windowed layer): the MoE layers by index, the windowed share."""
+    layers = model.num_layers
+    return {"moe_layer_pattern": None if model.moe is None else [int(model.is_moe_layer(i)) for i in range(layers)],
+            "window_pattern": None if model.sliding_window is None else 1.0 / model.sliding_window_every}
+
+
+def _as_stated(key: str, value: Any, layers: int) -> Any:
+    """A launch's layer pattern as _layer_patterns gives the model's: an integer N expanded as Megatron reads it
+    (MoE at 0, N, 2N...; N-1 windowed layers then a full one), a window pattern as its windowed share."""
+    if key == "moe_layer_pattern" and isinstance(value, int):
+        return [int(i % max(value, 1) == 0) for i in range(layers)]
+    if key == "window_pattern":
+        if value is None:
+            return 1.0                               # every layer windowed
+        pattern = [int(i % value != value - 1) for i in range(layers)] if isinstance(value, int) else value
+        return sum(pattern) / max(len(pattern), 1)
+    return value
+
+
 def check_model(imported: Imported, model) -> None:
     """Refuse a file whose model shape differs from the model being priced, naming the key and both values."""
+    patterns = _layer_patterns(model)
     for key, value in imported.model.items():
         if key == "moe":
             have = None if model.moe is None else {k: getattr(model.moe, k) for k in value}
+        elif key == "mla":
+            have = None if model.mla is None else {k: getattr(model.mla, k) for k in (value or {})}
+        elif key in patterns:
+            value, have = _as_stated(key, value, model.num_layers), patterns[key]
+            if have is None and key == "moe_layer_pattern":
+                continue                             # Megatron reads the MoE pattern only with experts
         else:
             have = getattr(model, key)
         if have != value:

@@ -31,7 +31,7 @@ SWITCHES = {
     "--account-for-loss-in-pipeline-split", "--distribute-saved-activations", "--no-masked-softmax-fusion",
     "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-rope-fusion",
     "--log-timers-to-tensorboard", "--log-memory-to-tensorboard", "--log-params-norm", "--log-num-zeros-in-grad",
-    "--use-rotary-position-embeddings", "--no-async-tensor-model-parallel-allreduce",
+    "--use-rotary-position-embeddings", "--no-async-tensor-model-parallel-allreduce", "--multi-latent-attention",
 }
 
 # price-neutral flags and why (hyper-parameters, data, logging and checkpoints do not change a step's
@@ -54,7 +54,7 @@ NEUTRAL = {
     **dict.fromkeys(("--max-position-embeddings", "--use-precision-aware-optimizer", "--te-rng-tracker",
                      "--no-check-for-nan-in-loss-and-grad", "--no-gradient-accumulation-fusion",
                      "--no-create-attention-mask-in-dataloader", "--moe-grouped-gemm", "--use-rotary-position-embeddings",
-                     "--distributed-backend", "--moe-token-dispatcher-type", "--moe-layer-freq", "--overlap-param-gather",
+                     "--distributed-backend", "--moe-token-dispatcher-type", "--overlap-param-gather",
                      "--use-custom-fsdp", "--use-megatron-fsdp"),
                     "implied by the priced settings (read with the flags they go with)"),
 }
@@ -86,7 +86,15 @@ INTEGERS = {
     "--num-experts": ("model", "num_experts"),
     "--moe-router-topk": ("model", "top_k"),
     "--moe-ffn-hidden-size": ("model", "expert_ffn_hidden_size"),
+    "--moe-shared-expert-intermediate-size": ("model", "shared_ffn"),
+    "--q-lora-rank": ("model", "q_lora_rank"),
+    "--kv-lora-rank": ("model", "kv_lora_rank"),
+    "--qk-head-dim": ("model", "qk_nope_head_dim"),
+    "--qk-pos-emb-head-dim": ("model", "qk_rope_head_dim"),
+    "--v-head-dim": ("model", "v_head_dim"),
 }
+# Megatron-LM's MLA defaults (arguments.py, core_v0.13-0.15) for the widths a launch leaves out
+MLA_DEFAULTS = {"q_lora_rank": 0, "kv_lora_rank": 32, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 MULTI = {"--recompute-modules", "--cp-comm-type"}      # flags taking a list of words
 END = ")"                                              # where a bash array or the command ends
 
@@ -266,6 +274,83 @@ def _kv(values, job, strategy, model, seen, source):
     model["num_kv_heads"] = _int("--num-query-groups", values[0], source)
 
 
+def _pattern(text: str, flag: str, source: str) -> list[int] | int:
+    """A layer pattern as Megatron's moe_freq_type takes it: an integer, or a list expression of 0/1 lists joined
+    by + and repeated by *, e.g. "([0]*3+[1]*58)" or "([1]+[0])*12", parsed without evaluating any code."""
+    s = text.replace(" ", "")
+    if s.isdigit():
+        return int(s)
+    pos = 0
+
+    def fail():
+        raise AdvisorError(f"{where(source)}: {flag} {prefix(text)} is not an integer or a list pattern of 0 and 1 "
+                           "joined by + and repeated by *")
+
+    def number() -> int:
+        nonlocal pos
+        start = pos
+        while pos < len(s) and s[pos].isdigit():
+            pos += 1
+        if start == pos or pos - start > 6:
+            fail()
+        return int(s[start:pos])
+
+    def term() -> list[int]:
+        nonlocal pos
+        if pos < len(s) and s[pos] == "(":
+            pos += 1
+            out = expr()
+            if pos >= len(s) or s[pos] != ")":
+                fail()
+            pos += 1
+        elif pos < len(s) and s[pos] == "[":
+            pos += 1
+            out = []
+            while pos < len(s) and s[pos] != "]":
+                out.append(number())
+                if pos < len(s) and s[pos] == ",":
+                    pos += 1
+            if pos >= len(s):
+                fail()
+            pos += 1
+        else:
+            fail()
+        while pos < len(s) and s[pos] == "*":
+            pos += 1
+            out = out * number()
+            if len(out) > 100_000:
+                fail()
+        return out
+
+    def expr() -> list[int]:
+        nonlocal pos
+        out = term()
+        while pos < len(s) and s[pos] == "+":
+            pos += 1
+            out = out + term()
+        return out
+
+    result = expr()
+    if pos != len(s) or any(x not in (0, 1) for x in result):
+        fail()
+    return result
+
+
+def _layer_pattern(flag: str, key: str) -> Reader:
+    def read(values, job, strategy, model, seen, source):
+        model[key] = _pattern(values[0], flag, source)
+    return read
+
+
+def _window(values, job, strategy, model, seen, source):
+    parts = values[0].strip("()").split(",")
+    if len(parts) != 2 or not all(p.strip().lstrip("-").isdigit() for p in parts) or int(parts[1]) != 0 \
+            or int(parts[0]) < 1:
+        raise AdvisorError(f"{where(source)}: --window-size {prefix(values[0])}: advisor prices a causal window of "
+                           "W keys to the left, written W,0")
+    model["sliding_window"] = int(parts[0])
+
+
 def _capacity(values, job, strategy, model, seen, source):
     job["moe_dropless"] = False
 
@@ -316,6 +401,10 @@ READ: dict[str, Reader] = {
     "--cp-comm-type": _cp_comm,
     "--use-tp-pp-dp-mapping": _on("strategy", "mesh_order", ("dp", "pp", "cp", "tp")),
     "--expert-tensor-parallel-size": _read_elsewhere,   # read in _derive, with the tensor-parallel size
+    "--multi-latent-attention": _read_elsewhere,         # read in _derive, with its ranks and widths
+    "--moe-layer-freq": _layer_pattern("--moe-layer-freq", "moe_layer_pattern"),
+    "--window-size": _window,
+    "--window-attn-skip-freq": _layer_pattern("--window-attn-skip-freq", "window_pattern"),
     "--num-query-groups": _kv,
     "--group-query-attention": _read_elsewhere,   # read with --num-query-groups
     "--account-for-embedding-in-pipeline-split": _on("strategy", "account_embedding", True),
@@ -357,8 +446,21 @@ def _derive(job: dict, strategy: dict, model: dict, seen: dict, source: str) -> 
                                f"over the tensor-parallel size ({tp}) or whole (1, MoE parallel folding)")
         if etp == 1 and tp > 1:
             strategy["fold_experts"] = True
-    moe = {k: model.pop(k) for k in ("num_experts", "top_k", "expert_ffn_hidden_size") if k in model}
+    moe = {k: model.pop(k) for k in ("num_experts", "top_k", "expert_ffn_hidden_size", "shared_ffn") if k in model}
     if moe:
+        moe.setdefault("shared_ffn", 0)           # no --moe-shared-expert-intermediate-size: no shared expert
         model["moe"] = moe
+    mla = {k: model.pop(k) for k in MLA_DEFAULTS if k in model}
+    if "--multi-latent-attention" in seen:
+        model["mla"] = {**MLA_DEFAULTS, **mla}
+    elif mla:
+        raise AdvisorError(f"{where(source)}: {', '.join(f for f, (_, k) in INTEGERS.items() if k in mla)} without "
+                           "--multi-latent-attention: the attention is not latent")
+    elif "--num-attention-heads" in seen:
+        model["mla"] = None
+    if "--window-size" in seen:
+        model.setdefault("window_pattern", None)   # every layer windowed unless a skip frequency says otherwise
+    elif "--num-attention-heads" in seen:
+        model["sliding_window"] = None
     if "num_kv_heads" not in model and "--num-attention-heads" in seen:
         model["num_kv_heads"] = model["num_attention_heads"]
