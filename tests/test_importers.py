@@ -154,3 +154,22 @@ def test_recommend_from_a_launch_pins_what_it_pins(tmp_path):
     for key in ("dp", "tp", "pp", "cp", "zero_stage", "micro_batch_size"):
         assert best["parallel"][key] == getattr(plan.strategy, key), key
     assert best["prediction"]["tokens_per_s"] >= plan.prediction["tokens_per_s"] * (1 - 1e-9)
+
+
+def test_torch_compile_is_read_and_written_for_torchtitan(tmp_path):
+    """[compile] enable (torchtitan 0.2) is the fused_kernels setting (--fused-kernels): the export writes it from the
+    setting's record and the TOML reads back at the same price; an eager Megatron-LM plan is refused."""
+    i = resolve_inputs("llama3-8b", "dgx-h100", devices=16, framework="torchtitan", fused_kernels=True)
+    plan = recommend(i.model, i.hardware, i.cluster, i.job, pins=Pins(), top_k=1).plans[0]
+    text = export_plan(plan, "torchtitan").files["torchtitan.toml"]
+    assert "[compile]\nenable = true" in text
+    toml = tmp_path / "job.toml"
+    toml.write_text(text)
+    back = estimate_request("llama3-8b", "dgx-h100", None, None, job={}, strategy={}, launch=str(toml))
+    assert back.inputs.job.fused_kernels is True
+    assert back.estimate.tokens_per_s == pytest.approx(plan.prediction["tokens_per_s"], rel=1e-12)
+    eager = estimate_request("llama3-8b", "dgx-h100", None, 16, job={"framework": "torchtitan"}, strategy={})
+    assert eager.estimate.tokens_per_s < back.estimate.tokens_per_s       # unfused memory-bound kernels cost time
+    with pytest.raises(AdvisorError, match="framework megatron does not run it"):
+        estimate_request("llama3-8b", "dgx-h100", None, 16, job={"fused_kernels": False}, strategy={})
+    _refused(tmp_path / "bad.toml", "[compile]\nenable = true\nbackend = \"eager\"\n", ["compile.backend", "eager"])

@@ -156,10 +156,25 @@ def _training(keys: dict, job: dict, strategy: dict, source: str) -> None:
         raise _refuse(source, "training.mixed_precision_reduce", reduce, "torchtitan 0.2 reduces in float32 only")
     if k.pop("enable_cpu_offload", False):
         strategy["offload_optimizer"] = strategy["offload_params"] = True
-    if k.pop("compile", False):
-        job["fused_kernels"] = True
     for key, value in k.items():
         raise _refuse(source, f"training.{key}", value)
+
+
+def _compile(keys: dict, job: dict, strategy: dict, source: str) -> None:
+    """[compile] (torchtitan 0.2 Compile): enable runs torch.compile on the model and the loss (its default
+    components), which fuses the memory-bound kernels advisor prices (the fused_kernels setting)."""
+    k = dict(keys)
+    enable = k.pop("enable", False)
+    if not isinstance(enable, bool):
+        raise _refuse(source, "compile.enable", enable, "true or false")
+    job["fused_kernels"] = enable
+    if k.pop("backend", "inductor") != "inductor":
+        raise _refuse(source, "compile.backend", keys.get("backend"), "advisor prices torch.compile's inductor backend")
+    components = k.pop("components", ["model", "loss"])
+    if sorted(components) != ["loss", "model"]:
+        raise _refuse(source, "compile.components", components, "advisor prices the model and the loss compiled")
+    for key, value in k.items():
+        raise _refuse(source, f"compile.{key}", value)
 
 
 def _activation_checkpoint(keys: dict, job: dict, strategy: dict, source: str) -> None:
@@ -225,5 +240,6 @@ def _optimizer(keys: dict, job: dict, strategy: dict, source: str) -> None:
 
 
 READERS = {"parallelism": _parallelism, "training": _training, "activation_checkpoint": _activation_checkpoint,
+           "compile": _compile,
            "model": _model, "optimizer": _optimizer, "quantize.linear.float8": _fp8_section("quantize.linear.float8"),
            "quantize.linear.mx": _fp8_section("quantize.linear.mx")}

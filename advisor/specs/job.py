@@ -254,7 +254,17 @@ class Runtime:
             "gradient computation (FSDP1 BACKWARD_PRE, FSDP2's implicit prefetch, Megatron-FSDP), \"post\" after "
             "it, so that the next unit waits for it (FSDP1 BACKWARD_POST).")
     fused_kernels: bool | None = setting(
-        None, kind="boolean", optional=True,
+        None, kind="boolean", optional=True, flags=("--fused-kernels",),
+        help="memory-bound kernels fused (torchtitan: torch.compile; Megatron-LM and MindSpore always) or, "
+             "--no-fused-kernels, run one by one (eager PyTorch, DeepSpeed); default: the framework's",
+        frameworks={
+            "megatron": {"true": ""},                          # Transformer Engine's fused kernels, always
+            "mindspore": {"true": ""},                         # graph mode (jit_level O1/O2) fuses them
+            # torchtitan/config/job_config.py (v0.2.0): [compile] enable, components model and loss by default
+            "torchtitan": {"true": "compile.enable = true", "false": ""},
+            "deepspeed": {"false": ""},                        # eager modules: no compile switch in ds_config
+            "pytorch": {"false": ""},                          # advisor's executor runs eager
+        },
         doc="Memory-bound kernels fused (Transformer Engine, MindSpore graph mode, torch.compile) or run "
             "operator by operator (eager PyTorch); None: the framework's default.")
     comm_priority: bool = setting(
