@@ -52,7 +52,7 @@ def keys(plan: Plan, target: str, unsupported: list[str]) -> dict[str, Any]:
     out = {}
     for text in _spellings(plan, target, unsupported):
         path, _, raw = text.partition("=")
-        out[path.strip()] = _literal(raw.strip())
+        out[path.strip()] = literal(raw.strip())
     return out
 
 
@@ -72,7 +72,7 @@ def merge(config: dict[str, Any], values: dict[str, Any], sections: bool = False
     return config
 
 
-def _literal(text: str) -> Any:
+def literal(text: str) -> Any:
     """A config value as written in a record: true/false, a number, or text (quotes optional)."""
     if text in ("true", "false"):
         return text == "true"

@@ -23,7 +23,6 @@ from typing import Any
 from advisor.errors import AdvisorError
 from advisor.importers.imported import Imported, read_text, where
 from advisor.space.strategy import DEFAULT_MESH_ORDER, Strategy, even_stage_layers
-from advisor.specs import limits
 from advisor.specs.setting import field_default, settings_of
 
 

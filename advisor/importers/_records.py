@@ -6,21 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from advisor.export._settings import literal
 from advisor.space.strategy import Strategy
 from advisor.specs.job import TrainingJob
 from advisor.specs.setting import settings_of
-
-
-def literal(text: str) -> Any:
-    """A config value as a record writes it: true/false, a number, or text (quotes optional)."""
-    if text in ("true", "false"):
-        return text == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text.strip("\"'")
 
 
 def spelled_paths(target: str) -> set[str]:

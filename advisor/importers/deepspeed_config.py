@@ -24,7 +24,7 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.importers._records import read_spelled, spelled_paths
-from advisor.importers.imported import Imported, read_text, where
+from advisor.importers.imported import Imported, flatten, read_text, refuse, where
 from advisor.space.strategy import DEFAULT_MESH_ORDER
 from advisor.specs import limits
 from advisor.specs.frameworks import FRAMEWORKS
@@ -66,33 +66,20 @@ PIPELINE_CONSTANTS = {"NUM_STAGES": "pp", "TENSOR_PARALLEL": "tp", "DATA_PARALLE
                       "STAGE_LAYERS": "stage_layers"}
 
 
-def _refuse(source: str, key: str, value: Any, why: str = "advisor does not price it") -> AdvisorError:
-    return AdvisorError(f"{where(source)}: {key} = {prefix(str(value))}: {why}")
-
-
-def _flat(doc: dict, prefix_: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in doc.items():
-        name = f"{prefix_}{key}"
-        if isinstance(value, dict) and value:
-            out.update(_flat(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
 
 
 def _int(source: str, key: str, value: Any, low: int = 1) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)                       # 5e8 as JSON writes it
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise _refuse(source, key, value, f"an integer of at least {low} is needed")
+        raise refuse(source, key, value, f"an integer of at least {low} is needed")
     return value
 
 
 def _enabled(source: str, flat: dict, section: str) -> bool:
     value = flat.pop(f"{section}.enabled", False)
     if not isinstance(value, bool):
-        raise _refuse(source, f"{section}.enabled", value, "true or false")
+        raise refuse(source, f"{section}.enabled", value, "true or false")
     return value
 
 
@@ -105,12 +92,12 @@ def read_ds_config(text: str, source: str, devices: int | None = None,
     if not isinstance(doc, dict):
         raise AdvisorError(f"{where(source)}: a DeepSpeed config is a JSON object, got {type(doc).__name__}")
     checkpointing = "activation_checkpointing" in doc        # the section on: every layer checkpointed
-    flat = {k: v for k, v in _flat(doc).items()
+    flat = {k: v for k, v in flatten(doc).items()
             if k not in NEUTRAL and k.split(".")[0] not in NEUTRAL_SECTIONS}
     job, strategy, spelled = read_spelled(TARGET, flat)
     for path in spelled_paths(TARGET) & set(flat):
         if path not in spelled:
-            raise _refuse(source, path, flat[path], "a value advisor does not price")
+            raise refuse(source, path, flat[path], "a value advisor does not price")
     for path in spelled:
         flat.pop(path)
     job.update(framework=TARGET, dropout=False)
@@ -123,16 +110,16 @@ def read_ds_config(text: str, source: str, devices: int | None = None,
     _degrees(flat, strategy, source)
     _batch(flat, job, strategy, devices, source)
     for key, value in flat.items():
-        raise _refuse(source, key, value)
+        raise refuse(source, key, value)
     return Imported(source=source, framework=TARGET, job=job, strategy=strategy, devices=devices)
 
 
 def _precision(flat: dict, job: dict, source: str) -> None:
     bf16, fp16 = _enabled(source, flat, "bf16"), _enabled(source, flat, "fp16")
     if bf16 and fp16:
-        raise _refuse(source, "fp16.enabled", True, "bf16 and fp16 cannot both be on")
+        raise refuse(source, "fp16.enabled", True, "bf16 and fp16 cannot both be on")
     if flat.pop("fp16.auto_cast", False):
-        raise _refuse(source, "fp16.auto_cast", True, "advisor prices fp16 weights, not autocast")
+        raise refuse(source, "fp16.auto_cast", True, "advisor prices fp16 weights, not autocast")
     job["dtype"] = "bf16" if bf16 else "fp16" if fp16 else "fp32"
 
 
@@ -141,13 +128,13 @@ def _optimizer(flat: dict, job: dict, source: str) -> None:
     if name is None:
         return
     if str(name).lower() not in OPTIMIZERS:
-        raise _refuse(source, "optimizer.type", name, f"advisor prices {', '.join(OPTIMIZERS)}")
+        raise refuse(source, "optimizer.type", name, f"advisor prices {', '.join(OPTIMIZERS)}")
     job["optimizer"] = OPTIMIZERS[str(name).lower()]
     torch_adam = flat.pop("optimizer.params.torch_adam", False)
     if job["optimizer"] != "sgd":
         job["optimizer_impl"] = "unfused" if torch_adam is True else "fused"
     if flat.pop("optimizer.params.adam_w_mode", True) is False and job["optimizer"] == "adamw":
-        raise _refuse(source, "optimizer.params.adam_w_mode", False, "AdamW with adam_w_mode false is Adam: name it so")
+        raise refuse(source, "optimizer.params.adam_w_mode", False, "AdamW with adam_w_mode false is Adam: name it so")
     for key in [k for k in flat if k.startswith("optimizer.params.")]:
         if key.split(".")[-1] in OPTIMIZER_PARAMS:
             flat.pop(key)                         # hyper-parameters
@@ -156,35 +143,35 @@ def _optimizer(flat: dict, job: dict, source: str) -> None:
 def _zero(flat: dict, job: dict, strategy: dict, source: str) -> None:
     stage = _int(source, "zero_optimization.stage", flat.pop("zero_optimization.stage", 0), low=0)
     if stage > 3:
-        raise _refuse(source, "zero_optimization.stage", stage, "ZeRO stages are 0 to 3")
+        raise refuse(source, "zero_optimization.stage", stage, "ZeRO stages are 0 to 3")
     strategy["zero_stage"] = stage
     overlap = flat.pop("zero_optimization.overlap_comm", None)
     if overlap is not None:
         if not isinstance(overlap, bool):
-            raise _refuse(source, "zero_optimization.overlap_comm", overlap, "true or false")
+            raise refuse(source, "zero_optimization.overlap_comm", overlap, "true or false")
         job["overlap_grad_reduce"] = overlap
     if flat.pop("zero_optimization.reduce_scatter", True) is not True:
-        raise _refuse(source, "zero_optimization.reduce_scatter", False, "advisor prices the gradients reduce-"
+        raise refuse(source, "zero_optimization.reduce_scatter", False, "advisor prices the gradients reduce-"
                       "scattered over the data-parallel ranks (DeepSpeed's default)")
     device = flat.pop("zero_optimization.offload_optimizer.device", "none")
     if device not in ("cpu", "none"):
-        raise _refuse(source, "zero_optimization.offload_optimizer.device", device, "advisor prices cpu offload only")
+        raise refuse(source, "zero_optimization.offload_optimizer.device", device, "advisor prices cpu offload only")
     if device == "cpu":
         strategy["offload_optimizer"] = True
         ratio = flat.pop("zero_optimization.offload_optimizer.ratio", 1.0)
         if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0 < ratio <= 1:
-            raise _refuse(source, "zero_optimization.offload_optimizer.ratio", ratio, "a fraction in (0, 1]")
+            raise refuse(source, "zero_optimization.offload_optimizer.ratio", ratio, "a fraction in (0, 1]")
         if ratio != 1.0:
             strategy["offload_fraction"] = float(ratio)
     param = flat.pop("zero_optimization.offload_param.device", "none")
     if param not in ("cpu", "none"):
-        raise _refuse(source, "zero_optimization.offload_param.device", param, "advisor prices cpu offload only")
+        raise refuse(source, "zero_optimization.offload_param.device", param, "advisor prices cpu offload only")
     if param == "cpu":
         strategy["offload_params"] = True
     bucket = flat.pop("zero_optimization.reduce_bucket_size", None)
     if bucket is not None and _int(source, "zero_optimization.reduce_bucket_size", bucket) != DEFAULT_BUCKET:
         if stage >= 2:
-            raise _refuse(source, "zero_optimization.reduce_bucket_size", bucket, "advisor prices a bucket size of "
+            raise refuse(source, "zero_optimization.reduce_bucket_size", bucket, "advisor prices a bucket size of "
                           f"its own with ZeRO stage 0 or 1 only (stage {stage} at DeepSpeed's {DEFAULT_BUCKET:.0e})")
         strategy["bucket_params"] = int(bucket)
 
@@ -195,16 +182,16 @@ def _recompute(flat: dict, strategy: dict, every: bool, source: str) -> None:
     section = {k: flat.pop(k) for k in [k for k in flat if k.startswith("activation_checkpointing")]}
     for key in ("partition_activations", "cpu_checkpointing"):
         if section.pop(f"activation_checkpointing.{key}", False) is not False:
-            raise _refuse(source, f"activation_checkpointing.{key}", True, "advisor prices checkpoints kept whole on "
+            raise refuse(source, f"activation_checkpointing.{key}", True, "advisor prices checkpoints kept whole on "
                           "the device")
     for key, value in section.items():
         if key != "activation_checkpointing":
-            raise _refuse(source, key, value)
+            raise refuse(source, key, value)
     interval = flat.pop("pipeline.activation_checkpoint_interval", None)
     if interval is not None:
         interval = _int(source, "pipeline.activation_checkpoint_interval", interval, low=0)
         if interval > 1:
-            raise _refuse(source, "pipeline.activation_checkpoint_interval", interval, "advisor prices every layer "
+            raise refuse(source, "pipeline.activation_checkpoint_interval", interval, "advisor prices every layer "
                           "(1) or none (0) checkpointed")
     strategy["recompute"] = "full" if (interval == 1 or (interval is None and every)) else "none"
 
@@ -212,7 +199,7 @@ def _recompute(flat: dict, strategy: dict, every: bool, source: str) -> None:
 def _degrees(flat: dict, strategy: dict, source: str) -> None:
     for key in ("pipeline.stages", "pipeline.partition"):
         if key in flat and flat[key] not in ("auto", "parameters", "uniform"):
-            raise _refuse(source, key, flat[key])
+            raise refuse(source, key, flat[key])
         flat.pop(key, None)
     autotp = flat.pop("tensor_parallel.autotp_size", None)
     if autotp is not None:
@@ -237,11 +224,11 @@ def _batch(flat: dict, job: dict, strategy: dict, devices: int | None, source: s
     elif gas is not None and dp is not None:
         job["global_batch_size"] = mbs * gas * dp           # what DeepSpeed derives: micro x accumulation x dp
     elif gas is not None:
-        raise _refuse(source, "gradient_accumulation_steps", gas, "without train_batch_size the batch is micro x "
+        raise refuse(source, "gradient_accumulation_steps", gas, "without train_batch_size the batch is micro x "
                       "accumulation x data-parallel ranks: read the launch script that gives the cluster, or add "
                       "train_batch_size")
     if gas is not None and dp is not None and job["global_batch_size"] != mbs * gas * dp:
-        raise _refuse(source, "train_batch_size", job["global_batch_size"], f"DeepSpeed asserts it equals micro "
+        raise refuse(source, "train_batch_size", job["global_batch_size"], f"DeepSpeed asserts it equals micro "
                       f"{mbs} x accumulation {gas} x data parallel {dp} = {mbs * gas * dp}")
 
 
@@ -268,7 +255,7 @@ def read_deepspeed_launch(text: str, source: str) -> Imported:
         if flag in LAUNCHER_COUNTS:
             counts[LAUNCHER_COUNTS[flag]] = _int(source, flag, _number(source, flag, value))
         elif flag not in LAUNCHER_NEUTRAL:
-            raise _refuse(source, flag, value, "a launcher flag advisor does not read")
+            raise refuse(source, flag, value, "a launcher flag advisor does not read")
         i += 1
     rest = words[i + 1:]                                       # after the training script
     j = 0
@@ -285,7 +272,7 @@ def read_deepspeed_launch(text: str, source: str) -> Imported:
             config = word.partition("=")[2]
             j += 1
             continue
-        raise _refuse(source, "train.py argument", word, "the training script's own arguments are not read (advisor "
+        raise refuse(source, "train.py argument", word, "the training script's own arguments are not read (advisor "
                       "cannot know what the script does with them); price ds_config.json with the flags instead")
     if config is None:
         raise AdvisorError(f"{where(source)}: the script names no --deepspeed_config")
@@ -328,11 +315,11 @@ def _pipeline_constants(path: Path) -> dict[str, Any] | None:
         out = {"ep": out["ep"]} if "ep" in out else {}
     for key in ("pp", "tp", "dp", "ep"):
         if key in out and (not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 1):
-            raise _refuse(str(path), key, out[key], "a positive integer is needed")
+            raise refuse(str(path), key, out[key], "a positive integer is needed")
     layers = out.get("stage_layers")
     if layers is not None:
         if not isinstance(layers, list) or not all(isinstance(x, int) and x >= 0 for x in layers):
-            raise _refuse(str(path), "STAGE_LAYERS", layers, "a list of layer counts is needed")
+            raise refuse(str(path), "STAGE_LAYERS", layers, "a list of layer counts is needed")
         out["stage_layers"] = tuple(layers)
     if out.get("ep", 1) == 1:
         out.pop("ep", None)

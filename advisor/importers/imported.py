@@ -30,6 +30,26 @@ class Imported:
     """ModelSpec field -> value the file states (num_layers, hidden_size, ...)."""
 
 
+def flatten(doc: dict, prefix_: str = "") -> dict[str, Any]:
+    """A nested config as dotted paths to its values ("zero_optimization.stage" -> 3); an empty mapping stays a
+    value of its own path."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        name = f"{prefix_}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def refuse(source: str, key: str, value: Any, why: str = "advisor does not price it") -> AdvisorError:
+    """The one-sentence refusal of a config key, naming the file, the key and its value."""
+    from advisor.specs.untrusted import prefix
+
+    return AdvisorError(f"{where(source)}: {key} = {prefix(str(value))}: {why}")
+
+
 def where(source: str) -> str:
     """``--from FILE`` as messages name it (the path whole up to 300 characters, quoted and escaped)."""
     return f"--from {source[:300]!r}"

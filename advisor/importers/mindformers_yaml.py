@@ -21,9 +21,9 @@ from typing import Any
 from advisor.errors import AdvisorError
 from advisor.export.mindspore import COMPUTE_DTYPE
 from advisor.importers._records import read_spelled, spelled_paths
-from advisor.importers.imported import Imported, where
+from advisor.importers.imported import Imported, flatten, refuse, where
 from advisor.specs import limits
-from advisor.specs.untrusted import check_tree, parse, prefix
+from advisor.specs.untrusted import check_tree, parse
 
 TARGET = "mindspore"
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -85,19 +85,16 @@ NEUTRAL_KEYS = {
 }
 
 
-def _refuse(source: str, key: str, value: Any, why: str = "advisor does not price it") -> AdvisorError:
-    return AdvisorError(f"{where(source)}: {key} = {prefix(str(value))}: {why}")
-
 
 def _int(source: str, key: str, value: Any, low: int = 1) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise _refuse(source, key, value, f"an integer of at least {low} is needed")
+        raise refuse(source, key, value, f"an integer of at least {low} is needed")
     return value
 
 
 def _bool(source: str, key: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise _refuse(source, key, value, "true or false")
+        raise refuse(source, key, value, "true or false")
     return value
 
 
@@ -114,7 +111,7 @@ def _section(doc: dict, path: str, source: str) -> dict:
     for part in path.split("."):
         node = node.get(part, {}) if isinstance(node, dict) else None
         if not isinstance(node, dict):
-            raise _refuse(source, path, node, "a mapping is needed")
+            raise refuse(source, path, node, "a mapping is needed")
     neutral = NEUTRAL_KEYS.get(path, {})
     return {k: v for k, v in node.items() if k not in neutral}
 
@@ -124,15 +121,15 @@ def read_mindformers(text: str, source: str) -> Imported:
     doc = _load(text, source)
     for key in doc:
         if key not in NEUTRAL_SECTIONS and key not in READ_SECTIONS and key not in NEUTRAL_KEYS:
-            raise _refuse(source, key, "...", "a section advisor does not price")
+            raise refuse(source, key, "...", "a section advisor does not price")
     if doc.get("use_legacy", True) is not True:
-        raise _refuse(source, "use_legacy", doc["use_legacy"], "advisor reads the legacy model path (use_legacy: "
+        raise refuse(source, "use_legacy", doc["use_legacy"], "advisor reads the legacy model path (use_legacy: "
                       "True; the mcore path builds registered models only)")
-    flat = _flat({k: v for k, v in doc.items() if k in ("model", "parallel", "parallel_config", "recompute_config")})
+    flat = flatten({k: v for k, v in doc.items() if k in ("model", "parallel", "parallel_config", "recompute_config")})
     job, strategy, spelled = read_spelled(TARGET, flat)
     for path in spelled_paths(TARGET) & set(flat):
         if path not in spelled:
-            raise _refuse(source, path, flat[path], "a value advisor does not price")
+            raise refuse(source, path, flat[path], "a value advisor does not price")
     job.update(framework=TARGET, dropout=False)
     model: dict[str, Any] = {}
     state = {"spelled": {p.rpartition(".")[2] for p in spelled}, "devices": None}
@@ -140,27 +137,17 @@ def read_mindformers(text: str, source: str) -> Imported:
         reader(doc, job, strategy, model, state, source)
     degrees = strategy["dp"] * strategy["tp"] * strategy["pp"] * strategy["cp"]
     if state["devices"] is not None and state["devices"] != degrees:
-        raise _refuse(source, "parallel.device_num", state["devices"], f"data x model x pipeline x context parallel "
+        raise refuse(source, "parallel.device_num", state["devices"], f"data x model x pipeline x context parallel "
                       f"= {degrees} devices")
     state["devices"] = degrees          # MindFormers' degrees cover every device (msrun starts that many)
     return Imported(source=source, framework=TARGET, job=job, strategy=strategy, devices=state["devices"], model=model)
 
 
-def _flat(doc: dict, prefix_: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in doc.items():
-        name = f"{prefix_}{key}"
-        if isinstance(value, dict) and value:
-            out.update(_flat(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
-
 
 def _left(rest: dict, section: str, source: str, state: dict) -> None:
     for key, value in rest.items():
         if key not in state["spelled"]:
-            raise _refuse(source, f"{section}.{key}", value)
+            raise refuse(source, f"{section}.{key}", value)
 
 
 # ---- the sections read ---------------------------------------------------------------------------
@@ -178,20 +165,20 @@ def _parallel_config(doc, job, strategy, model, state, source):
     state["micro_batch_num"] = _int(source, "parallel_config.micro_batch_num", k.pop("micro_batch_num", 1))
     algo = k.pop("context_parallel_algo", "colossalai_cp")
     if algo not in ("colossalai_cp", "ulysses_cp"):
-        raise _refuse(source, "parallel_config.context_parallel_algo", algo, "advisor prices colossalai_cp (the ring) "
+        raise refuse(source, "parallel_config.context_parallel_algo", algo, "advisor prices colossalai_cp (the ring) "
                       "and ulysses_cp (all-to-all)")
     if strategy["cp"] > 1:
         strategy["cp_comm"] = "a2a" if algo == "ulysses_cp" else "p2p"
     for key in ("seq_split_num", "ulysses_degree_in_cp"):
         if key in k and k.pop(key) not in (1, None):
-            raise _refuse(source, f"parallel_config.{key}", doc["parallel_config"][key])
+            raise refuse(source, f"parallel_config.{key}", doc["parallel_config"][key])
     if k.pop("optimizer_shard", None) not in (None, False):
-        raise _refuse(source, "parallel_config.optimizer_shard", True, "the parallel optimizer is parallel."
+        raise refuse(source, "parallel_config.optimizer_shard", True, "the parallel optimizer is parallel."
                       "enable_parallel_optimizer with its optimizer_level")
     vocab_dp = doc["parallel_config"].get("vocab_emb_dp", strategy["tp"] == 1) if isinstance(
         doc.get("parallel_config"), dict) else True
     if vocab_dp is not (strategy["tp"] == 1):
-        raise _refuse(source, "parallel_config.vocab_emb_dp", vocab_dp, "advisor prices the embedding split over "
+        raise refuse(source, "parallel_config.vocab_emb_dp", vocab_dp, "advisor prices the embedding split over "
                       "model_parallel when it is above 1 (vocab_emb_dp false) and whole otherwise")
     _left(k, "parallel_config", source, state)
 
@@ -200,35 +187,35 @@ def _parallel(doc, job, strategy, model, state, source):
     k = _section(doc, "parallel", source)
     mode = k.pop("parallel_mode", "semi_auto_parallel")
     if mode not in ("semi_auto_parallel", 1):
-        raise _refuse(source, "parallel.parallel_mode", mode, "advisor prices the degrees given (semi_auto_parallel); "
+        raise refuse(source, "parallel.parallel_mode", mode, "advisor prices the degrees given (semi_auto_parallel); "
                       "with auto_parallel MindSpore searches its own layout: price the plan JSON instead")
     if "device_num" in k:
         state["devices"] = _int(source, "parallel.device_num", k.pop("device_num"))
     strategy["full_batch"] = _bool(source, "parallel.full_batch", k.pop("full_batch", False))
     if "pipeline_stages" in k and k.pop("pipeline_stages") != strategy.get("pp", 1):
-        raise _refuse(source, "parallel.pipeline_stages", doc["parallel"]["pipeline_stages"],
+        raise refuse(source, "parallel.pipeline_stages", doc["parallel"]["pipeline_stages"],
                       f"it differs from parallel_config.pipeline_stage = {strategy.get('pp', 1)}")
     enabled = _bool(source, "parallel.enable_parallel_optimizer", k.pop("enable_parallel_optimizer", False))
     config = k.pop("parallel_optimizer_config", {}) or {}
     if not isinstance(config, dict):
-        raise _refuse(source, "parallel.parallel_optimizer_config", config, "a mapping is needed")
+        raise refuse(source, "parallel.parallel_optimizer_config", config, "a mapping is needed")
     config = {c: v for c, v in config.items() if c not in NEUTRAL_KEYS["parallel.parallel_optimizer_config"]}
     level = config.pop("optimizer_level", "level1")
     shard = config.pop("gradient_accumulation_shard", None)
     if level not in ("level1", "level2", "level3"):
-        raise _refuse(source, "parallel.parallel_optimizer_config.optimizer_level", level, "level1, level2 or level3")
+        raise refuse(source, "parallel.parallel_optimizer_config.optimizer_level", level, "level1, level2 or level3")
     if shard is True:
         level = "level2"                          # the older spelling of level2's sharded gradients
     strategy["zero_stage"] = int(level[-1]) if enabled else 0
     size = (doc["parallel"].get("parallel_optimizer_config") or {}).get("optimizer_weight_shard_size", -1)
     if enabled and size not in (-1, strategy.get("dp", 1)):
-        raise _refuse(source, "parallel.parallel_optimizer_config.optimizer_weight_shard_size", size, "advisor prices "
+        raise refuse(source, "parallel.parallel_optimizer_config.optimizer_weight_shard_size", size, "advisor prices "
                       f"the optimizer sharded over all data_parallel = {strategy.get('dp', 1)} ranks (or -1)")
     _left(config, "parallel.parallel_optimizer_config", source, state)
     pipeline = k.pop("pipeline_config", {}) or {}
     interleave = pipeline.get("pipeline_interleave", False) if isinstance(pipeline, dict) else None
     if not isinstance(pipeline, dict) or pipeline.get("pipeline_scheduler", "1f1b") != "1f1b":
-        raise _refuse(source, "parallel.pipeline_config", pipeline, "advisor reads pipeline_scheduler 1f1b (with "
+        raise refuse(source, "parallel.pipeline_config", pipeline, "advisor reads pipeline_scheduler 1f1b (with "
                       "pipeline_interleave for interleaved stages)")
     state["interleave"] = _bool(source, "parallel.pipeline_config.pipeline_interleave", interleave)
     fusion = k.pop("comm_fusion", None)
@@ -236,7 +223,7 @@ def _parallel(doc, job, strategy, model, state, source):
         sizes = {v.get("config") for v in fusion.values() if isinstance(v, dict) and v.get("mode") == "size"} \
             if isinstance(fusion, dict) else set()
         if len(sizes) != 1 or not all(isinstance(v, dict) and v.get("mode") == "size" for v in fusion.values()):
-            raise _refuse(source, "parallel.comm_fusion", fusion, "advisor reads one fusion size (mode size) for the "
+            raise refuse(source, "parallel.comm_fusion", fusion, "advisor reads one fusion size (mode size) for the "
                           "gradient collectives")
         strategy["grad_bucket_mb"] = float(_int(source, "parallel.comm_fusion config", sizes.pop()))
     _left(k, "parallel", source, state)
@@ -259,7 +246,7 @@ def _copies(doc, job, strategy, model, state, source):
     strategy["micro_batch_size"] = state["batch_size"] * copies
     pp = strategy.get("pp", 1)
     if pp > 1 and state["accumulation"] != 1:
-        raise _refuse(source, "runner_config.gradient_accumulation_steps", state["accumulation"], "with pipeline "
+        raise refuse(source, "runner_config.gradient_accumulation_steps", state["accumulation"], "with pipeline "
                       "stages the micro-batches are parallel_config.micro_batch_num (MindFormers ignores accumulation)")
     micro = state["micro_batch_num"] if pp > 1 else state["accumulation"]
     job["global_batch_size"] = strategy["micro_batch_size"] * strategy.get("dp", 1) * micro
@@ -269,14 +256,14 @@ def _recompute_config(doc, job, strategy, model, state, source):
     k = _section(doc, "recompute_config", source)
     full, select = k.pop("recompute", False), k.pop("select_recompute", False)
     if k.pop("recompute_slice_activation", False) and strategy.get("tp", 1) > 1:
-        raise _refuse(source, "recompute_config.recompute_slice_activation", True, "advisor prices the recomputed "
+        raise refuse(source, "recompute_config.recompute_slice_activation", True, "advisor prices the recomputed "
                       "layers' inputs whole (sliced over model_parallel only when it is 1, where slicing is a no-op)")
     for key, want in (("parallel_optimizer_comm_recompute", False), ("mp_comm_recompute", True),
                       ("select_comm_recompute", False)):
         if key in k and k.pop(key) is not want:
-            raise _refuse(source, f"recompute_config.{key}", doc["recompute_config"][key], f"advisor prices {want}")
+            raise refuse(source, f"recompute_config.{key}", doc["recompute_config"][key], f"advisor prices {want}")
     if full not in (False, None) and select not in (False, None):
-        raise _refuse(source, "recompute_config.select_recompute", select, "advisor prices one of recompute and "
+        raise refuse(source, "recompute_config.select_recompute", select, "advisor prices one of recompute and "
                       "select_recompute per layer")
     kind, given = ("full", full) if full not in (False, None) else ("selective", select) if select not in (
         False, None) else ("none", None)
@@ -284,7 +271,7 @@ def _recompute_config(doc, job, strategy, model, state, source):
     if isinstance(given, list):
         state["recompute_rows"] = (kind, given)
     elif given not in (True, None):
-        raise _refuse(source, f"recompute_config.{'recompute' if kind == 'full' else 'select_recompute'}", given,
+        raise refuse(source, f"recompute_config.{'recompute' if kind == 'full' else 'select_recompute'}", given,
                       "true, false or a list of layer counts per stage")
     _left(k, "recompute_config", source, state)
 
@@ -301,11 +288,11 @@ def _model_config(doc, job, strategy, model, state, source):
         job["seq_length"] = _int(source, "model.model_config.seq_length", k.pop("seq_length"))
     dtype = k.pop("compute_dtype", "float16")
     if dtype not in DTYPES:
-        raise _refuse(source, "model.model_config.compute_dtype", dtype, f"advisor prices {', '.join(DTYPES)}")
+        raise refuse(source, "model.model_config.compute_dtype", dtype, f"advisor prices {', '.join(DTYPES)}")
     job["dtype"] = DTYPES[dtype]
     param = k.pop("param_init_type", "float32")
     if param not in DTYPES:
-        raise _refuse(source, "model.model_config.param_init_type", param, f"advisor reads {', '.join(DTYPES)}")
+        raise refuse(source, "model.model_config.param_init_type", param, f"advisor reads {', '.join(DTYPES)}")
     # 16-bit parameter types (most shipped v1.3.0 YAMLs) are priced with float32 parameters, as advisor.validation
     # prices those runs (advisor.cost.optimizer_step documents the casts it does not price)
     if "use_flash_attention" in k:
@@ -313,7 +300,7 @@ def _model_config(doc, job, strategy, model, state, source):
                                             k.pop("use_flash_attention")) else "math"
     vpp = _int(source, "model.model_config.pp_interleave_num", k.pop("pp_interleave_num", 1))
     if vpp > 1 and not state.get("interleave"):
-        raise _refuse(source, "model.model_config.pp_interleave_num", vpp, "it needs parallel.pipeline_config."
+        raise refuse(source, "model.model_config.pp_interleave_num", vpp, "it needs parallel.pipeline_config."
                       "pipeline_interleave true")
     if vpp > 1:
         strategy["virtual_pipeline_stages"] = vpp
@@ -330,15 +317,15 @@ def _stages(job, strategy, model, state, source):
     rows = _rows(offset, pp, vpp, "model.model_config.offset", source)
     if rows is not None:
         if layers is None:
-            raise _refuse(source, "model.model_config.offset", offset, "it needs model.model_config.num_layers")
+            raise refuse(source, "model.model_config.offset", offset, "it needs model.model_config.num_layers")
         base = layers // (pp * vpp)
         per_stage = [sum(base + rows[v][p] for v in range(vpp)) for p in range(pp)]
         if sum(per_stage) != layers or min(base + x for row in rows for x in row) < 0:
-            raise _refuse(source, "model.model_config.offset", offset, f"it does not split {layers} layers over "
+            raise refuse(source, "model.model_config.offset", offset, f"it does not split {layers} layers over "
                           f"pp {pp} x pp_interleave_num {vpp}")
         strategy["stage_layers"] = tuple(per_stage)
     elif layers is not None and layers % (pp * vpp):
-        raise _refuse(source, "model.model_config.num_layers", layers, f"without an offset MindFormers needs it "
+        raise refuse(source, "model.model_config.num_layers", layers, f"without an offset MindFormers needs it "
                       f"divisible by pp {pp} x pp_interleave_num {vpp}")
     recomputed = state.get("recompute_rows")
     if recomputed is not None:
@@ -346,7 +333,7 @@ def _stages(job, strategy, model, state, source):
         counts = _rows(given, pp, vpp, f"recompute_config.{'recompute' if kind == 'full' else 'select_recompute'}",
                        source, zeros=False)
         if min(x for row in counts for x in row) < 0:
-            raise _refuse(source, "recompute_config.recompute", given, "layer counts are not negative")
+            raise refuse(source, "recompute_config.recompute", given, "layer counts are not negative")
         per_stage = tuple(sum(counts[v][p] for v in range(vpp)) for p in range(pp))
         strategy["recompute_layers"] = per_stage[0] if len(set(per_stage)) == 1 else per_stage
 
@@ -360,10 +347,10 @@ def _rows(value: Any, pp: int, vpp: int, key: str, source: str, zeros: bool = Tr
     elif isinstance(value, list):
         rows = [value]
     else:
-        raise _refuse(source, key, value, f"a list of {pp} integers (or {vpp} such lists) is needed")
+        raise refuse(source, key, value, f"a list of {pp} integers (or {vpp} such lists) is needed")
     if len(rows) != vpp or any(len(r) != pp for r in rows) or not all(
             isinstance(x, int) and not isinstance(x, bool) for r in rows for x in r):
-        raise _refuse(source, key, value, f"{vpp} list(s) of {pp} integers are needed")
+        raise refuse(source, key, value, f"{vpp} list(s) of {pp} integers are needed")
     return rows
 
 
@@ -379,17 +366,17 @@ def _moe_config(doc, job, strategy, model, state, source):
     model["moe"] = moe
     factor = k.pop("capacity_factor", 1.1)
     if not isinstance(factor, (int, float)) or isinstance(factor, bool):
-        raise _refuse(source, "moe_config.capacity_factor", factor, "a number is needed")
+        raise refuse(source, "moe_config.capacity_factor", factor, "a number is needed")
     if factor >= experts / top_k:
         job["moe_dropless"] = True                # every token reaches its experts (calculate_expert_capacity)
     elif factor == 1.0:
         job["moe_dropless"] = False
     else:
-        raise _refuse(source, "moe_config.capacity_factor", factor, f"advisor prices 1.0 (tokens beyond capacity "
+        raise refuse(source, "moe_config.capacity_factor", factor, f"advisor prices 1.0 (tokens beyond capacity "
                       f"dropped) or at least expert_num / num_experts_chosen = {experts / top_k:g} (none dropped)")
     ep = k.pop("expert_model_parallel", strategy.get("ep", 1))
     if ep != strategy.get("ep", 1):
-        raise _refuse(source, "moe_config.expert_model_parallel", ep, f"it differs from parallel_config."
+        raise refuse(source, "moe_config.expert_model_parallel", ep, f"it differs from parallel_config."
                       f"expert_parallel = {strategy.get('ep', 1)}")
     _left(k, "moe_config", source, state)
 
@@ -400,7 +387,7 @@ def _optimizer(doc, job, strategy, model, state, source):
     k = _section(doc, "optimizer", source)
     name = k.pop("type", "AdamW")
     if name not in ADAMW:
-        raise _refuse(source, "optimizer.type", name, f"advisor prices {', '.join(ADAMW)}")
+        raise refuse(source, "optimizer.type", name, f"advisor prices {', '.join(ADAMW)}")
     job["optimizer"] = "adamw"
     fused = _bool(source, "optimizer.use_fused", k.pop("use_fused", ADAMW[name]))
     job["optimizer_impl"] = "fused" if fused else "unfused"
@@ -416,14 +403,14 @@ def _swap_config(doc, job, strategy, model, state, source):
     if not _bool(source, "swap_config.swap", k.pop("swap", False)):
         return
     if k.pop("default_prefetch", 1) != 1 or k.pop("op_swap", None) or k.pop("swap_layers", None):
-        raise _refuse(source, "swap_config", doc["swap_config"], "advisor prices whole layers swapped with a prefetch "
+        raise refuse(source, "swap_config", doc["swap_config"], "advisor prices whole layers swapped with a prefetch "
                       "of one layer (layer_swap)")
     entries = k.pop("layer_swap", []) or []
     swapped: set[int] = set()
     for entry in entries if isinstance(entries, list) else [entries]:
         if not isinstance(entry, dict) or entry.get("backward_prefetch", 1) != 1 or not isinstance(
                 entry.get("layers"), list):
-            raise _refuse(source, "swap_config.layer_swap", entry, "entries of layers with backward_prefetch 1")
+            raise refuse(source, "swap_config.layer_swap", entry, "entries of layers with backward_prefetch 1")
         swapped.update(_int(source, "swap_config.layer_swap.layers", x, low=0) for x in entry["layers"])
     layers = strategy.get("stage_layers") or _even(model.get("num_layers"), strategy.get("pp", 1), source)
     start, counts = 0, []
@@ -436,7 +423,7 @@ def _swap_config(doc, job, strategy, model, state, source):
 
 def _even(layers: int | None, pp: int, source: str) -> tuple[int, ...]:
     if layers is None:
-        raise _refuse(source, "swap_config.layer_swap", "...", "it needs model.model_config.num_layers")
+        raise refuse(source, "swap_config.layer_swap", "...", "it needs model.model_config.num_layers")
     return (layers // pp,) * pp
 
 
@@ -446,15 +433,15 @@ def _context(doc, job, strategy, model, state, source):
     (its set_context / set_offload_context calls, literals only, never run)."""
     context = doc.get("context") or {}
     if not isinstance(context, dict):
-        raise _refuse(source, "context", context, "a mapping is needed")
+        raise refuse(source, "context", context, "a mapping is needed")
     calls = _context_calls(Path(source).parent / "parallel_context.py")
     offload = calls.get("set_context", {}).get("memory_offload", context.get("memory_offload", "OFF"))
     if offload not in ("ON", "OFF"):
-        raise _refuse(source, "context.memory_offload", offload, "ON or OFF")
+        raise refuse(source, "context.memory_offload", offload, "ON or OFF")
     if offload == "ON":
         config = calls.get("set_offload_context", {}).get("offload_config", {"offload_param": "cpu"})
         if not isinstance(config, dict) or config.get("offload_param", "cpu") != "cpu":
-            raise _refuse(source, "offload_config", config, "advisor prices the parameters offloaded to the cpu")
+            raise refuse(source, "offload_config", config, "advisor prices the parameters offloaded to the cpu")
         strategy["offload_params"] = True
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.export.torchtitan import FP8_CONVERTERS, SCHEDULE_NAMES
-from advisor.importers.imported import Imported, where
+from advisor.importers.imported import Imported, refuse, where
 
 # the export's tables (advisor.export.torchtitan) read backwards
 SCHEDULES = {name: schedule for schedule, name in SCHEDULE_NAMES.items()}
@@ -37,10 +37,6 @@ NEUTRAL_KEYS = {
     "parallelism": {"context_parallel_rotate_method": "both rotations are ring attention (cp_comm p2p)"},
     "quantize.linear.float8": {"precompute_float8_dynamic_scale_for_fsdp": "one all-reduce of scales per step"},
 }
-
-
-def _refuse(source: str, key: str, value: Any, why: str = "advisor does not price it") -> AdvisorError:
-    return AdvisorError(f"{where(source)}: {key} = {str(value)[:80]!r}: {why}")
 
 
 def _tables(doc: dict, prefix: str = "") -> dict[str, dict]:
@@ -68,7 +64,7 @@ def read_torchtitan(text: str, source: str) -> Imported:
             continue
         reader = READERS.get(section)
         if reader is None:
-            raise _refuse(source, f"[{section}]", ", ".join(keys), "a section advisor does not price")
+            raise refuse(source, f"[{section}]", ", ".join(keys), "a section advisor does not price")
         neutral = NEUTRAL_KEYS.get(section, {})
         reader({k: v for k, v in keys.items() if k not in neutral}, job, strategy, source)
     devices = None
@@ -79,7 +75,7 @@ def read_torchtitan(text: str, source: str) -> Imported:
 
 def _int(source: str, key: str, value: Any, low: int = 1) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise _refuse(source, key, value, f"an integer of at least {low} is needed")
+        raise refuse(source, key, value, f"an integer of at least {low} is needed")
     return value
 
 
@@ -99,22 +95,22 @@ def _parallelism(keys: dict, job: dict, strategy: dict, source: str) -> None:
     # torchtitan 0.2's default is 1: with tp > 1 and experts, ep then takes the tensor-parallel ranks too (folded)
     etp = _int(source, "expert_tensor_parallel_degree", k.pop("expert_tensor_parallel_degree", 1))
     if etp not in (1, tp):
-        raise _refuse(source, "expert_tensor_parallel_degree", etp, f"torchtitan runs 1 or tensor_parallel_degree "
+        raise refuse(source, "expert_tensor_parallel_degree", etp, f"torchtitan runs 1 or tensor_parallel_degree "
                       f"({tp})")
     if etp == 1 and tp > 1 and ep > 1:
         strategy["fold_experts"] = True
     reshard = k.pop("fsdp_reshard_after_forward", "default")
     if replicate > 1 and shard not in (1,):
-        raise _refuse(source, "data_parallel_replicate_degree", replicate, "HSDP (replicated and sharded data "
+        raise refuse(source, "data_parallel_replicate_degree", replicate, "HSDP (replicated and sharded data "
                       "parallelism together) is not priced; give one of the two")
     if shard == 1 or (replicate > 1 and shard == 1):
         strategy["zero_stage"] = 0
         strategy["dp"] = replicate
     else:
         if reshard not in ("default", "never", "always"):
-            raise _refuse(source, "fsdp_reshard_after_forward", reshard, "it is default, always or never")
+            raise refuse(source, "fsdp_reshard_after_forward", reshard, "it is default, always or never")
         if reshard == "always" and pp > 1:
-            raise _refuse(source, "fsdp_reshard_after_forward", reshard, "resharding every micro-batch under "
+            raise refuse(source, "fsdp_reshard_after_forward", reshard, "resharding every micro-batch under "
                           "pipelining is not priced (the default keeps the gathered weights, as priced)")
         strategy["zero_stage"] = 2 if reshard == "never" else 3
         if shard != -1:
@@ -122,7 +118,7 @@ def _parallelism(keys: dict, job: dict, strategy: dict, source: str) -> None:
     if pp > 1:
         schedule = k.pop("pipeline_parallel_schedule", "1F1B")
         if schedule not in SCHEDULES:
-            raise _refuse(source, "pipeline_parallel_schedule", schedule, f"advisor prices {', '.join(SCHEDULES)}")
+            raise refuse(source, "pipeline_parallel_schedule", schedule, f"advisor prices {', '.join(SCHEDULES)}")
         strategy["pipeline_schedule"] = SCHEDULES[schedule]
         strategy["micro_batch_size"] = _int(source, "pipeline_parallel_microbatch_size",
                                             k.pop("pipeline_parallel_microbatch_size", 1))
@@ -137,7 +133,7 @@ def _parallelism(keys: dict, job: dict, strategy: dict, source: str) -> None:
     if tp > 1:
         strategy["sequence_parallel"] = True       # torchtitan's tensor-parallel plan shards the norms by sequence
     for key, value in k.items():
-        raise _refuse(source, f"parallelism.{key}", value)
+        raise refuse(source, f"parallelism.{key}", value)
 
 
 def _training(keys: dict, job: dict, strategy: dict, source: str) -> None:
@@ -149,15 +145,15 @@ def _training(keys: dict, job: dict, strategy: dict, source: str) -> None:
     strategy["local_batch_size"] = _int(source, "local_batch_size", k.pop("local_batch_size", 8))
     param = k.pop("mixed_precision_param", "bfloat16")
     if param not in ("bfloat16", "float32"):
-        raise _refuse(source, "training.mixed_precision_param", param, "it is bfloat16 or float32")
+        raise refuse(source, "training.mixed_precision_param", param, "it is bfloat16 or float32")
     job.setdefault("dtype", "bf16" if param == "bfloat16" else "fp32")
     reduce = k.pop("mixed_precision_reduce", "float32")
     if reduce != "float32":
-        raise _refuse(source, "training.mixed_precision_reduce", reduce, "torchtitan 0.2 reduces in float32 only")
+        raise refuse(source, "training.mixed_precision_reduce", reduce, "torchtitan 0.2 reduces in float32 only")
     if k.pop("enable_cpu_offload", False):
         strategy["offload_optimizer"] = strategy["offload_params"] = True
     for key, value in k.items():
-        raise _refuse(source, f"training.{key}", value)
+        raise refuse(source, f"training.{key}", value)
 
 
 def _compile(keys: dict, job: dict, strategy: dict, source: str) -> None:
@@ -166,15 +162,15 @@ def _compile(keys: dict, job: dict, strategy: dict, source: str) -> None:
     k = dict(keys)
     enable = k.pop("enable", False)
     if not isinstance(enable, bool):
-        raise _refuse(source, "compile.enable", enable, "true or false")
+        raise refuse(source, "compile.enable", enable, "true or false")
     job["fused_kernels"] = enable
     if k.pop("backend", "inductor") != "inductor":
-        raise _refuse(source, "compile.backend", keys.get("backend"), "advisor prices torch.compile's inductor backend")
+        raise refuse(source, "compile.backend", keys.get("backend"), "advisor prices torch.compile's inductor backend")
     components = k.pop("components", ["model", "loss"])
     if sorted(components) != ["loss", "model"]:
-        raise _refuse(source, "compile.components", components, "advisor prices the model and the loss compiled")
+        raise refuse(source, "compile.components", components, "advisor prices the model and the loss compiled")
     for key, value in k.items():
-        raise _refuse(source, f"compile.{key}", value)
+        raise refuse(source, f"compile.{key}", value)
 
 
 def _activation_checkpoint(keys: dict, job: dict, strategy: dict, source: str) -> None:
@@ -188,11 +184,11 @@ def _activation_checkpoint(keys: dict, job: dict, strategy: dict, source: str) -
     elif mode == "selective" and option == "op":
         strategy["recompute"] = "selective"
     else:
-        raise _refuse(source, "activation_checkpoint.mode", f"{mode} ({option})", "advisor prices none, full and "
+        raise refuse(source, "activation_checkpoint.mode", f"{mode} ({option})", "advisor prices none, full and "
                       "selective with selective_ac_option = \"op\"")
     k.pop("per_op_sac_force_recompute_mm_shapes_by_fqns", None)     # the router gate's GEMM: negligible
     for key, value in k.items():
-        raise _refuse(source, f"activation_checkpoint.{key}", value)
+        raise refuse(source, f"activation_checkpoint.{key}", value)
 
 
 def _model(keys: dict, job: dict, strategy: dict, source: str) -> None:
@@ -200,11 +196,11 @@ def _model(keys: dict, job: dict, strategy: dict, source: str) -> None:
     converters = k.pop("converters", [])
     for converter in converters:
         if converter not in CONVERTERS:
-            raise _refuse(source, "model.converters", converter, f"advisor prices {', '.join(CONVERTERS)}")
+            raise refuse(source, "model.converters", converter, f"advisor prices {', '.join(CONVERTERS)}")
         job["dtype"] = "fp8"
         job.setdefault("fp8_recipe", next(iter(CONVERTERS[converter].values())))   # the converter's default recipe
     for key, value in k.items():
-        raise _refuse(source, f"model.{key}", value)
+        raise refuse(source, f"model.{key}", value)
 
 
 def _fp8_section(name: str):
@@ -213,15 +209,15 @@ def _fp8_section(name: str):
         recipe = k.pop("recipe_name", None)
         if recipe is not None:
             if recipe not in CONVERTERS[name]:
-                raise _refuse(source, f"{name}.recipe_name", recipe, f"advisor prices {', '.join(CONVERTERS[name])}")
+                raise refuse(source, f"{name}.recipe_name", recipe, f"advisor prices {', '.join(CONVERTERS[name])}")
             job["fp8_recipe"] = CONVERTERS[name][recipe]
         if k.pop("enable_fsdp_float8_all_gather", False):
             job["fp8_param_gather"] = True
         if k.pop("filter_fqns", []) not in ([], ["output"]):
-            raise _refuse(source, f"{name}.filter_fqns", keys.get("filter_fqns"), "advisor prices every linear "
+            raise refuse(source, f"{name}.filter_fqns", keys.get("filter_fqns"), "advisor prices every linear "
                           "layer but the output head in FP8")
         for key, value in k.items():
-            raise _refuse(source, f"{name}.{key}", value)
+            raise refuse(source, f"{name}.{key}", value)
     return read
 
 
@@ -229,14 +225,14 @@ def _optimizer(keys: dict, job: dict, strategy: dict, source: str) -> None:
     k = dict(keys)
     name = k.pop("name", "AdamW")
     if name not in ("AdamW", "Adam"):
-        raise _refuse(source, "optimizer.name", name, "advisor prices AdamW and Adam")
+        raise refuse(source, "optimizer.name", name, "advisor prices AdamW and Adam")
     job["optimizer"] = name.lower()
     impl = k.pop("implementation", "fused")
     if impl not in ("fused", "foreach", "for-loop"):
-        raise _refuse(source, "optimizer.implementation", impl, "it is fused, foreach or for-loop")
+        raise refuse(source, "optimizer.implementation", impl, "it is fused, foreach or for-loop")
     job["optimizer_impl"] = "fused" if impl == "fused" else "unfused"
     for key, value in k.items():
-        raise _refuse(source, f"optimizer.{key}", value)
+        raise refuse(source, f"optimizer.{key}", value)
 
 
 READERS = {"parallelism": _parallelism, "training": _training, "activation_checkpoint": _activation_checkpoint,
