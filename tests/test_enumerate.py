@@ -54,7 +54,7 @@ PIPELINES = [(SCHEDULES.index("gpipe"), 1), (SCHEDULES.index("1f1b"), 1),
 
 def _brute_force_batch(model, cluster, job):
     """Every combination of every knob (all 24 mesh orders, every ZeRO/offload pair, every schedule
-    and virtual-stage count, ring and Ulysses context parallelism), legal per the rules; built without
+    and virtual-stage count, ring and Ulysses context parallelism, MoE parallel folding), legal per the rules; built without
     the enumerator's code."""
     n, gbs = cluster.devices, job.global_batch_size
     divs = [d for d in range(1, max(n, gbs) + 1) if n % d == 0 or gbs % d == 0]
@@ -62,7 +62,9 @@ def _brute_force_batch(model, cluster, job):
     degrees = [(n // (tp * pp * cp), tp, pp, cp, ep, mbs)
                for tp, pp, cp in itertools.product(divs, repeat=3) if n % (tp * pp * cp) == 0 and pp <= model.num_layers
                for ep in experts for mbs in divs if gbs % (n // (tp * pp * cp) * mbs) == 0]
-    knobs = list(itertools.product(range(len(PIPELINES)), (0, 1), range(3), range(4), (0, 1), range(len(ORDERS)), (0, 1)))
+    folds = (0, 1) if model.moe else (0,)            # MoE parallel folding: the experts whole, ep over tp x dp x cp
+    knobs = list(itertools.product(range(len(PIPELINES)), (0, 1), range(3), range(4), (0, 1), range(len(ORDERS)), (0, 1),
+                                   folds))
     d = np.repeat(np.array(degrees), len(knobs), axis=0)
     k = np.tile(np.array(knobs), (len(degrees), 1))
     dp, tp, pp, cp, ep, mbs = d.T
@@ -80,7 +82,8 @@ def _brute_force_batch(model, cluster, job):
         dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=k[:, 1].astype(bool), virtual_pipeline_stages=vpp,
         micro_batch_size=mbs, num_micro_batches=gbs // (dp * mbs), zero_stage=k[:, 3], recompute=k[:, 2],
         recompute_layers=np.full(stage.shape, -1), pipeline_schedule=schedule, offload_optimizer=k[:, 4].astype(bool),
-        stage_layers=stage, cp_comm=k[:, 6], mesh_order=tuple(ORDERS[i] for i in k[:, 5]), **strides)
+        stage_layers=stage, cp_comm=k[:, 6], mesh_order=tuple(ORDERS[i] for i in k[:, 5]),
+        fold_experts=k[:, 7].astype(bool), **strides)
     return batch.take(legal_mask(model, cluster, job, batch))
 
 
