@@ -211,6 +211,9 @@ def test_a_mindformers_yaml_is_read_key_by_key(tmp_path):
     assert (j.framework, j.dtype, j.optimizer_impl, j.tp_comm_overlap, j.global_batch_size, j.seq_length) == \
         ("mindspore", "bf16", "unfused", True, 128, 4096)
     assert r.inputs.cluster.devices == 16
+    path.write_text(MINDFORMERS.replace("fine_grain_interleave: 2", "fine_grain_interleave: 1"))   # one slice: off
+    off = estimate_request("llama2-7b", "ascend-910b", None, None, job={}, strategy={}, launch=str(path))
+    assert off.inputs.job.tp_comm_overlap is False
 
 
 @pytest.mark.parametrize("change, words", [

@@ -66,8 +66,6 @@ PIPELINE_CONSTANTS = {"NUM_STAGES": "pp", "TENSOR_PARALLEL": "tp", "DATA_PARALLE
                       "STAGE_LAYERS": "stage_layers"}
 
 
-
-
 def _int(source: str, key: str, value: Any, low: int = 1) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)                       # 5e8 as JSON writes it

@@ -27,6 +27,8 @@ from advisor.specs.untrusted import check_tree, parse
 
 TARGET = "mindspore"
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+# settings a record spells "on" whose "off" a YAML may also write: one slice is no fine-grain interleave (LlamaConfig)
+OFF = {"model.model_config.fine_grain_interleave": 1}
 # MindFormers' Adam-family optimizers -> fused by default: FusedAdamW, or AdamW with use_fused; the per-operation
 # AdamWeightDecay family (advisor.cost.optimizer_step: MindFormers' unfused step)
 ADAMW = {"AdamW": False, "FusedAdamW": True, "AdamWeightDecay": False, "FP32StateAdamWeightDecay": False,
@@ -85,7 +87,6 @@ NEUTRAL_KEYS = {
 }
 
 
-
 def _int(source: str, key: str, value: Any, low: int = 1) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise refuse(source, key, value, f"an integer of at least {low} is needed")
@@ -126,13 +127,14 @@ def read_mindformers(text: str, source: str) -> Imported:
         raise refuse(source, "use_legacy", doc["use_legacy"], "advisor reads the legacy model path (use_legacy: "
                       "True; the mcore path builds registered models only)")
     flat = flatten({k: v for k, v in doc.items() if k in ("model", "parallel", "parallel_config", "recompute_config")})
+    flat = {k: v for k, v in flat.items() if OFF.get(k, object()) != v}
     job, strategy, spelled = read_spelled(TARGET, flat)
     for path in spelled_paths(TARGET) & set(flat):
         if path not in spelled:
             raise refuse(source, path, flat[path], "a value advisor does not price")
     job.update(framework=TARGET, dropout=False)
     model: dict[str, Any] = {}
-    state = {"spelled": {p.rpartition(".")[2] for p in spelled}, "devices": None}
+    state = {"spelled": {p.rpartition(".")[2] for p in spelled | set(OFF)}, "devices": None}
     for name, reader in READ_SECTIONS.items():
         reader(doc, job, strategy, model, state, source)
     degrees = strategy["dp"] * strategy["tp"] * strategy["pp"] * strategy["cp"]
@@ -141,7 +143,6 @@ def read_mindformers(text: str, source: str) -> Imported:
                       f"= {degrees} devices")
     state["devices"] = degrees          # MindFormers' degrees cover every device (msrun starts that many)
     return Imported(source=source, framework=TARGET, job=job, strategy=strategy, devices=state["devices"], model=model)
-
 
 
 def _left(rest: dict, section: str, source: str, state: dict) -> None:
