@@ -173,3 +173,18 @@ def test_torch_compile_is_read_and_written_for_torchtitan(tmp_path):
     with pytest.raises(AdvisorError, match="framework megatron does not run it"):
         estimate_request("llama3-8b", "dgx-h100", None, 16, job={"fused_kernels": False}, strategy={})
     _refused(tmp_path / "bad.toml", "[compile]\nenable = true\nbackend = \"eager\"\n", ["compile.backend", "eager"])
+
+
+def test_torchtitan_shards_over_context_parallel_ranks(tmp_path):
+    """torchtitan applies FSDP over dp_shard x cp whenever cp > 1 (ParallelDims.fsdp_enabled): a TOML with
+    data_parallel_shard_degree 1 and cp 4 is ZeRO over the 4 cp ranks, and a replicated (ZeRO-0) plan with cp > 1 is
+    not one torchtitan runs."""
+    toml = tmp_path / "cp.toml"
+    toml.write_text("[parallelism]\ndata_parallel_shard_degree = 1\ncontext_parallel_degree = 4\n"
+                    "tensor_parallel_degree = 2\n[training]\nlocal_batch_size = 1\nglobal_batch_size = 8\n"
+                    "seq_len = 8192\n")
+    r = estimate_request("llama3-8b", "dgx-h100", None, None, job={}, strategy={}, launch=str(toml))
+    assert (r.strategy.dp, r.strategy.cp, r.strategy.zero_stage) == (1, 4, 3)
+    with pytest.raises(AdvisorError, match="ZeRO >= 1 with cp > 1"):
+        estimate_request("llama3-8b", "dgx-h100", None, 8, job={"framework": "torchtitan", "seq_length": 8192},
+                         strategy={"cp": 2, "zero_stage": 0})

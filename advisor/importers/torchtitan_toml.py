@@ -100,10 +100,11 @@ def _parallelism(keys: dict, job: dict, strategy: dict, source: str) -> None:
     if etp == 1 and tp > 1 and ep > 1:
         strategy["fold_experts"] = True
     reshard = k.pop("fsdp_reshard_after_forward", "default")
-    if replicate > 1 and shard not in (1,):
+    cp = strategy["cp"]
+    if replicate > 1 and (shard not in (1,) or cp > 1):
         raise refuse(source, "data_parallel_replicate_degree", replicate, "HSDP (replicated and sharded data "
-                      "parallelism together) is not priced; give one of the two")
-    if shard == 1 or (replicate > 1 and shard == 1):
+                      "parallelism together, which torchtitan also runs with cp > 1) is not priced; give one of the two")
+    if shard == 1 and cp == 1:
         strategy["zero_stage"] = 0
         strategy["dp"] = replicate
     else:

@@ -231,7 +231,7 @@ def _framework_runs(rows: Rows, options: list[tuple[int, int]], framework: Frame
     fold = rows["fold"][:, None] if "fold" in rows else np.zeros((n, 1), dtype=np.int64)
     # the ranks ep must be a multiple of where it borrows from sharded dp: cp, tp x cp with the experts folded
     return ~zero_illegal(framework, z, col["pp"], np.isin(o, OPTIMIZER_ON_HOST), o == OFFLOAD_PARAMS,
-                         col["ep"], col["cp"] * np.where(fold > 0, col["tp"], 1))
+                         col["ep"], col["cp"], np.where(fold > 0, col["tp"], 1))
 
 
 def option_mask(rows: Rows, options: list[tuple[int, int]], framework: Framework | None = None) -> np.ndarray:

@@ -194,20 +194,23 @@ def _full_batch(m, c, j, b):
 
 
 # ---- what the framework runs (its record's "what it can run" fields, advisor.specs.frameworks) ---------------
-def zero_illegal(fw: Framework, zero, pp, offload_optimizer, offload_params, ep, cp) -> np.ndarray:
+def zero_illegal(fw: Framework, zero, pp, offload_optimizer, offload_params, ep, cp, folded_tp=1) -> np.ndarray:
     """True where the framework cannot run the ZeRO stage and offload at that pipeline depth (vectorized; the
-    enumerator crosses its skeletons with ZeRO/offload pairs through this too, advisor.search.enumerate_space)."""
+    enumerator crosses its skeletons with ZeRO/offload pairs through this too, advisor.search.enumerate_space).
+    ``folded_tp``: tp where the experts are folded, 1 elsewhere."""
     stages = np.where(pp > 1, np.isin(zero, fw.zero_stages_under_pipeline), np.isin(zero, fw.zero_stages))
     bad = (~stages & (zero >= 0) & (zero <= 3)) | (offload_optimizer & ~offload_params & (not fw.optimizer_offload))
     if fw.experts_from_sharded_dp:
-        bad = bad | ((ep > 1) & ((zero == 0) | (ep % cp != 0)))
+        # torchtitan's ep is a multiple of cp, of tp x cp with the experts folded (parallel_dims.py, v0.2.0)
+        bad = bad | ((ep > 1) & ((zero == 0) | (ep % (cp * folded_tp) != 0)))
+    if fw.shards_over_cp:
+        bad = bad | ((zero == 0) & (cp > 1))
     return bad
 
 
 def _framework_zero(m, c, j, b):
-    # torchtitan's ep is a multiple of cp, of tp x cp with the experts folded (parallel_dims.py, v0.2.0)
-    inner = b.cp * np.where(b.fold_experts, b.tp, 1)
-    return zero_illegal(j.framework_record, b.zero_stage, b.pp, b.offload_optimizer, b.offload_params, b.ep, inner)
+    return zero_illegal(j.framework_record, b.zero_stage, b.pp, b.offload_optimizer, b.offload_params, b.ep, b.cp,
+                        np.where(b.fold_experts, b.tp, 1))
 
 
 def _framework_schedule(m, c, j, b):
@@ -413,6 +416,8 @@ def _zero_detail(fw: Framework, s: Strategy) -> str:
         parts.append("no optimizer-only offload (its CPU offload moves the parameters too: offload_params)")
     if fw.experts_from_sharded_dp:
         parts.append("ep > 1 with ZeRO >= 1 and ep a multiple of cp (tp x cp with the experts folded)")
+    if fw.shards_over_cp:
+        parts.append("ZeRO >= 1 with cp > 1 (its FSDP shards over dp x cp whenever cp > 1)")
     return "; ".join(parts) + (f"; zero = {s.zero_stage}, pp = {s.pp}, offload_optimizer = "
                                f"{str(s.offload_optimizer).lower()}, offload_params = {str(s.offload_params).lower()}"
                                f", ep = {s.ep}, cp = {s.cp}")

@@ -211,6 +211,10 @@ class Framework:
     every layer in full or none (activation_checkpointing with deepspeed.checkpointing in the model, or the
     pipeline engine's activation_checkpoint_interval 1; runtime/activation_checkpointing/config.py, v0.15-0.19):
     its selective recomputation is Megatron-DeepSpeed's model code, which the export cannot write."""
+    shards_over_cp: bool = False
+    """Its data parallelism shards the parameters over dp x cp whenever cp > 1, so it has no replicated data
+    parallelism with context parallelism (torchtitan: ParallelDims.fsdp_enabled = dp_shard or cp enabled, and
+    apply_fsdp over the dp_shard_cp mesh; distributed/parallel_dims.py, models/llama3/infra/parallelize.py, v0.2.0)."""
     recompute_some_layers: bool = True
     """Recomputation can cover some of a stage's layers (Megatron --recompute-num-layers, MindFormers' per-stage
     lists, advisor's executor); DeepSpeed's config checkpoints every layer or none."""
@@ -266,7 +270,7 @@ TORCHTITAN = replace(
     PYTORCH, name="torchtitan", title="torchtitan", loss_logit_bytes=(4.0, 8.0), selective_recompute=("op_sac",),
     reshards_under_pipeline=False, zero_stages=(0, 2, 3), zero_stages_under_pipeline=(0, 2, 3), uneven_chunks=True,
     sequence_parallel=(True,), dtypes=("fp32", "tf32", "bf16", "fp8"), fp8_recipes=("tensorwise", "mxfp8"),
-    mesh_orders=(("pp", "dp", "cp", "tp"),), experts_from_sharded_dp=True,
+    mesh_orders=(("pp", "dp", "cp", "tp"),), experts_from_sharded_dp=True, shards_over_cp=True,
 )
 
 # DeepSpeed runs the PyTorch stack (eager kernels, torch's attention) with its own data parallelism: ZeRO 0-3
