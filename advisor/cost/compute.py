@@ -156,13 +156,13 @@ def layer_compute(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: St
     cast_elements = zero                   # forward inputs + backward output gradients, per micro-batch
     norm_fused_elements = zero             # of those, inputs of norm-fused linears
     # the routed experts' tensor parallelism: tp, or 1 folded (each rank then keeps its sequence-parallel tokens)
-    etp = np.where(b.fold_experts, 1.0, t)
+    etp = b.expert_tp.astype(float)
     for position, call in enumerate(_linear_calls(model, job, moe_layer)):
         expert = call.count is None
         div = (etp if expert else t) if call.split else 1.0
         # a local expert sees ep x its share of the tokens, a tp / etp-th of them when folded
         rows = tokens * call.share * (b.ep * etp / t if expert else 1.0)
-        n_calls = model.moe.num_experts / b.ep if call.count is None else call.count
+        n_calls = model.moe.num_experts / b.ep if expert else call.count
         flops = 2.0 * rows * call.fan_in * call.fan_out / div
         # the router is a plain higher-precision linear in Megatron-Core (TopKRouter), not an FP8 GEMM
         dtype = job.compute_dtype if call.kind == "router" else job.gemm_dtype

@@ -35,7 +35,7 @@ import numpy as np
 
 from advisor.cost import comm
 from advisor.cost.data_parallel import gathers_under_next_forward
-from advisor.cost.layer_comm import CP_A2A, ep_message_bytes, tp_message_bytes
+from advisor.cost.layer_comm import CP_A2A, ep_message_bytes, tp_blocks, tp_message_bytes
 from advisor.cost.memory import resharding
 from advisor.cost.placement import GroupPlacement
 from advisor.space.strategy import StrategyBatch
@@ -62,9 +62,7 @@ def critical_busy_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: 
     sp = _add(comm.tier_busy_s(hw, "reduce_scatter", msg, tp), comm.tier_busy_s(hw, "all_gather", msg, tp))
     ar = comm.tier_busy_s(hw, "all_reduce", msg, tp)
     tp_layer = tuple(np.where(b.sequence_parallel, x, y) for x, y in zip(sp, ar))     # one block's collective
-    # two blocks a layer, one in an MoE layer with folded experts and no shared expert (layer_comm.tp_comm_s)
-    one_block = b.fold_experts if (model.moe is not None and not model.moe.shared_ffn) else False
-    blocks = 2.0 * dense_layers + np.where(one_block, 1.0, 2.0) * moe_layers
+    blocks = tp_blocks(model, b, False) * dense_layers + tp_blocks(model, b, True) * moe_layers
     fwd = _scale(tp_layer, blocks)
     if model.moe is not None:
         a2a = comm.tier_busy_s(hw, "all_to_all", ep_message_bytes(model, job, b), groups["ep"])

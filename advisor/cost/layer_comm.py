@@ -69,17 +69,22 @@ def ep_message_bytes(model: ModelSpec, job: TrainingJob, b: StrategyBatch):
     return tokens * model.moe.top_k * model.hidden_size * job.dtype_bytes
 
 
+def tp_blocks(model: ModelSpec, b: StrategyBatch, moe_layer: bool) -> np.ndarray:
+    """Blocks of a layer that run a tensor-parallel collective: the attention block and the MLP block, unless the
+    MLP is an MoE block whose experts are folded (no tensor parallelism in them) and has no shared expert (which
+    stays tensor-parallel)."""
+    folded_mlp = moe_layer and model.moe is not None and not model.moe.shared_ffn
+    return np.where(b.fold_experts & folded_mlp, 1.0, 2.0)
+
+
 def tp_comm_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, tp: GroupPlacement,
               moe_layer: bool = False):
-    """Forward TP collectives of one layer and micro-batch, before any overlap (the backward repeats them): the
-    attention block's and the MLP block's, unless the MLP is an MoE block whose experts are folded (no tensor
-    parallelism in the experts) and has no shared expert (which stays tensor-parallel)."""
+    """Forward TP collectives of one layer and micro-batch, before any overlap (the backward repeats them), one per
+    block (tp_blocks)."""
     msg = tp_message_bytes(model, job, b)
     ar = comm.group_time_s(hw, "all_reduce", msg, tp)
     rs_ag = comm.group_time_s(hw, "reduce_scatter", msg, tp) + comm.group_time_s(hw, "all_gather", msg, tp)
-    folded_mlp = moe_layer and model.moe is not None and not model.moe.shared_ffn
-    blocks = np.where(b.fold_experts & folded_mlp, 1.0, 2.0)
-    return blocks * np.where(b.sequence_parallel, rs_ag, ar)
+    return tp_blocks(model, b, moe_layer) * np.where(b.sequence_parallel, rs_ag, ar)
 
 
 def ep_comm_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, ep: GroupPlacement):

@@ -94,11 +94,6 @@ def in_flight(b: StrategyBatch):
     return np.select([sched == GPIPE, sched == INTERLEAVED], [np.broadcast_to(m, one_f.shape), inter], one_f)
 
 
-def expert_tp(b: StrategyBatch) -> np.ndarray:
-    """(N, 1): the routed experts' tensor-parallel degree, 1 with MoE parallel folding (Strategy.fold_experts)."""
-    return np.where(b.fold_experts, 1, b.tp)[:, None].astype(float)
-
-
 def stage_params(model: ModelSpec, b: StrategyBatch):
     """(dense, expert) parameters held by one device of each stage, (N, P) float arrays."""
     t = b.tp[:, None].astype(float)
@@ -110,7 +105,7 @@ def stage_params(model: ModelSpec, b: StrategyBatch):
     expert = np.zeros_like(dense)
     if model.moe is not None:
         dense = dense + moe_layers * (model.attention_params / t + norms + model.router_params)
-        expert = moe_layers * (model.moe.num_experts / ep) * model.expert_params / expert_tp(b)
+        expert = moe_layers * (model.moe.num_experts / ep) * model.expert_params / col(b.expert_tp)
     vocab = model.vocab_size * model.hidden_size / t
     pos = model.embedding_params - model.vocab_size * model.hidden_size
     # the word-embedding table on the host (advisor.cost.host_embedding) leaves the first stage
@@ -175,7 +170,7 @@ def linear_params(model: ModelSpec, b: StrategyBatch):
     if model.moe is not None:
         local_experts = model.moe.num_experts / b.ep[:, None]
         expert = (moe_layers * local_experts * model.ffn_matrices * model.hidden_size * model.moe.expert_ffn_hidden_size
-                  / expert_tp(b))
+                  / col(b.expert_tp))
         dense = dense + moe_layers * (attn + model.ffn_matrices * model.hidden_size * model.moe.shared_ffn) / t
     return dense, expert
 
@@ -188,7 +183,7 @@ def largest_local_layer(model: ModelSpec, b: StrategyBatch) -> np.ndarray:
     if model.moe is None:
         return dense / t
     experts = model.moe.num_experts * model.expert_params
-    moe = (model.moe_layer_params - experts) / t + experts / b.ep[:, None] / expert_tp(b)
+    moe = (model.moe_layer_params - experts) / t + experts / b.ep[:, None] / col(b.expert_tp)
     return np.maximum(dense / t, moe)
 
 
@@ -235,7 +230,7 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     dense, expert = stage_params(model, b)
     dp_group = (b.dp * b.cp)[:, None].astype(float)
     # the experts' data-parallel group: tp x dp x cp ranks over ep x the experts' own tp (dp x cp / ep unfolded)
-    ep_group = np.maximum(dp_group * col(b.tp) / (b.ep[:, None] * expert_tp(b)), 1.0)
+    ep_group = np.maximum(dp_group * col(b.tp) / (b.ep[:, None] * col(b.expert_tp)), 1.0)
     z = b.zero_stage[:, None]
     wb, gb, ob = state_bytes_per_param(job)
 

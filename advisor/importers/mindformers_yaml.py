@@ -176,9 +176,9 @@ def _parallel_config(doc, job, strategy, model, state, source):
     if k.pop("optimizer_shard", None) not in (None, False):
         raise refuse(source, "parallel_config.optimizer_shard", True, "the parallel optimizer is parallel."
                       "enable_parallel_optimizer with its optimizer_level")
-    vocab_dp = doc["parallel_config"].get("vocab_emb_dp", strategy["tp"] == 1) if isinstance(
-        doc.get("parallel_config"), dict) else True
-    if vocab_dp is not (strategy["tp"] == 1):
+    vocab_dp = _bool(source, "parallel_config.vocab_emb_dp",
+                     (doc.get("parallel_config") or {}).get("vocab_emb_dp", strategy["tp"] == 1))
+    if vocab_dp != (strategy["tp"] == 1):
         raise refuse(source, "parallel_config.vocab_emb_dp", vocab_dp, "advisor prices the embedding split over "
                       "model_parallel when it is above 1 (vocab_emb_dp false) and whole otherwise")
     _left(k, "parallel_config", source, state)

@@ -92,12 +92,13 @@ def operator_plan(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
     order = np.argsort(-np.where(e.feasible, e.tokens_per_s, 0.0), kind="stable")
     problems: dict = {}
     layouts: dict = {}
-    todo = len({(keys[i], headroom_bytes(e, i, usable_bytes(job, hw))) for i in order if keys[i].tp > 1})
+    capacity = usable_bytes(job, hw)
+    todo = len({(keys[i], headroom_bytes(e, i, capacity)) for i in order if keys[i].tp > 1})
     records: list = [None] * len(batch)
     ilp_spent = 0.0
     for i in order:
         key = keys[i]
-        memo = (key, headroom_bytes(e, i, usable_bytes(job, hw)))
+        memo = (key, headroom_bytes(e, i, capacity))
         layout = layouts.get(memo)
         if layout is None:
             if key not in problems:

@@ -70,7 +70,7 @@ def _expert_parallel(m, c, j, b):
     needs experts, ep > 1 and tp > 1: with tp = 1 folding is the same plan)."""
     if m.moe is None:
         return (b.ep != 1) | b.fold_experts
-    ranks = b.dp * b.cp * np.where(b.fold_experts, b.tp, 1)
+    ranks = b.dp * b.cp * b.tp // b.expert_tp
     pointless = b.fold_experts & ((b.ep == 1) | (b.tp == 1))
     return (ranks % b.ep != 0) | (m.moe.num_experts % b.ep != 0) | pointless
 
@@ -210,7 +210,7 @@ def zero_illegal(fw: Framework, zero, pp, offload_optimizer, offload_params, ep,
 
 def _framework_zero(m, c, j, b):
     return zero_illegal(j.framework_record, b.zero_stage, b.pp, b.offload_optimizer, b.offload_params, b.ep, b.cp,
-                        np.where(b.fold_experts, b.tp, 1))
+                        b.tp // b.expert_tp)
 
 
 def _framework_schedule(m, c, j, b):

@@ -52,32 +52,21 @@ def _stage_layers(data: dict[str, Any], key: str, origin: str):
     return tuple(value)
 
 
-def _layer_list(text: str) -> tuple[int, ...]:
-    """--stage-layers "15,16,16,15" as the setting's tuple."""
+def _counts(text: str, flag: str, low: int) -> tuple[int, ...]:
+    """A comma-separated list of layer counts given on the command line ("15,16,16,15"), each at least ``low``."""
     parts = [p.strip() for p in str(text).split(",")]
-    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts) or len(parts) > limits.MAX_LAYERS:
-        raise AdvisorError(f"--stage-layers: expected positive layer counts separated by commas (at most "
+    if len(parts) > limits.MAX_LAYERS or not all(p.isdigit() and low <= int(p) <= limits.MAX_LAYERS for p in parts):
+        raise AdvisorError(f"{flag}: expected layer counts of at least {low} separated by commas (each at most "
                            f"{limits.MAX_LAYERS}), got {prefix(str(text))}")
     return tuple(int(p) for p in parts)
 
 
 def _recompute_counts(text: str) -> int | tuple[int, ...]:
     """--recompute-layers "4" (every stage) or "8,6" (one per stage, MindFormers' lists) as the setting holds it."""
-    parts = [p.strip() for p in str(text).split(",")]
-    if not all(p.isdigit() for p in parts) or len(parts) > limits.MAX_LAYERS or max(map(int, parts)) > limits.MAX_LAYERS \
-            or (len(parts) == 1 and int(parts[0]) < 1):
-        raise AdvisorError(f"--recompute-layers: expected a positive layer count or one count per stage separated by "
-                           f"commas (each at most {limits.MAX_LAYERS}), got {prefix(str(text))}")
-    return int(parts[0]) if len(parts) == 1 else tuple(int(p) for p in parts)
-
-
-def _counts(text: str, flag: str) -> tuple[int, ...]:
-    """A per-stage list of non-negative layer counts given on the command line ("4,4,2,0")."""
-    parts = [p.strip() for p in str(text).split(",")]
-    if not all(p.isdigit() and int(p) <= limits.MAX_LAYERS for p in parts) or len(parts) > limits.MAX_LAYERS:
-        raise AdvisorError(f"{flag}: expected one non-negative layer count per stage separated by commas, got "
-                           f"{prefix(str(text))}")
-    return tuple(int(p) for p in parts)
+    counts = _counts(text, "--recompute-layers", 0)
+    if len(counts) == 1 and counts[0] < 1:
+        raise AdvisorError(f"--recompute-layers: one count for every stage must be positive, got {counts[0]}")
+    return counts[0] if len(counts) == 1 else counts
 
 
 def _mesh_order(data: dict[str, Any], key: str, origin: str):
@@ -181,7 +170,7 @@ class Strategy:
         help="gpipe | 1f1b | interleaved-1f1b", doc="The pipeline schedule (interleaved-1f1b with virtual stages).")
     stage_layers: tuple[int, ...] | None = setting(
         None, plan="always", read=_stage_layers, write=_layer_counts, flags=("--stage-layers",),
-        commands=("estimate",), parse=lambda text: _layer_list(text),
+        commands=("estimate",), parse=lambda text: _counts(text, "--stage-layers", 1),
         help="transformer layers per pipeline stage, comma-separated, first stage first (e.g. 15,16,16,16,16,16,16,15 "
              "for Megatron's uneven split; default an even split)",
         doc="Transformer layers per physical pipeline stage (None: an even split; the plan holds the resolved split).")
@@ -211,7 +200,7 @@ class Strategy:
             "collectives run under another's compute (MindSpore MicroBatchInterleaved; advisor.cost.multi_copy).")
     swap_layers: tuple[int, ...] | None = setting(
         None, read=_swap_layers, write=list, flags=("--swap-layers",), commands=("estimate",),
-        parse=lambda text: _counts(text, "--swap-layers"),
+        parse=lambda text: _counts(text, "--swap-layers", 0),
         help="per stage, how many of its first layers swap their activations to the host (4,4,2,0)",
         doc="Activation swapping (vPipe): per stage, how many of its first layers send their saved activations to "
             "the host after the forward and fetch them back for the backward (MindFormers' swap_config layer_swap; "
@@ -349,6 +338,11 @@ class StrategyBatch:
 
     def __len__(self) -> int:
         return int(self.dp.shape[0])
+
+    @property
+    def expert_tp(self) -> np.ndarray:
+        """The routed experts' tensor-parallel degree per candidate: 1 when folded, tp otherwise (Strategy.expert_tp)."""
+        return np.where(self.fold_experts, 1, self.tp)
 
     @staticmethod
     def from_strategies(strategies: Sequence[Strategy], num_layers: int) -> "StrategyBatch":

@@ -199,6 +199,7 @@ class Runtime:
         doc="Tensor-parallel collectives overlapped with the GEMMs they feed (Megatron --tp-comm-overlap with "
             "Transformer Engine userbuffers; MindFormers' fine_grain_interleave; torchtitan's async TP).")
     memory_margin: float = setting(
+        # at most 0.9: an input bound (a plan keeps at least a tenth of the device), not a measured figure
         0.0, kind="fraction", minimum=0.0, maximum=0.9, flags=("--memory-margin",),
         help="share of each device's memory a plan must leave free, e.g. 0.1 (plans must fit in 90%%)",
         doc="A share of each device's memory a plan must leave free: for what the model does not count (allocator "
