@@ -13,6 +13,8 @@ Formats (``read_launch_config`` picks by the file's content):
 * ``deepspeed``  a DeepSpeed ds_config.json, or the launch script naming it (advisor.importers.deepspeed_config)
 * ``torchtitan`` a torchtitan job TOML (advisor.importers.torchtitan_toml)
 * ``mindspore``  a MindFormers training YAML (advisor.importers.mindformers_yaml)
+* ``megatron``   a Megatron-Bridge ConfigContainer YAML: the run_config.yaml it writes with every checkpoint, or a
+  recipe's config as ConfigContainer.to_yaml() prints it (advisor.importers.megatron_bridge)
 """
 
 from __future__ import annotations
@@ -39,7 +41,12 @@ def read_launch_config(path: str | Path) -> Imported:
 
         return read_deepspeed_launch(text, name)
     if name.endswith((".yaml", ".yml")):
+        from advisor.importers.megatron_bridge import is_bridge_config, read_bridge
         from advisor.importers.mindformers_yaml import read_mindformers
+        from advisor.specs.untrusted import parse
+
+        if is_bridge_config(parse(text, where(name), "yaml")):
+            return read_bridge(text, name)
 
         return read_mindformers(text, name)
     if name.endswith(".toml"):
@@ -52,7 +59,7 @@ def read_launch_config(path: str | Path) -> Imported:
         return read_megatron(text, name)
     raise AdvisorError(f"{where(name)}: none of a Megatron-LM argument list or launch script (pretrain_gpt.py "
                        "flags), a DeepSpeed config (.json) or launch script (--deepspeed_config), a torchtitan job "
-                       "TOML (.toml) or a MindFormers YAML (.yaml)")
+                       "TOML (.toml), a MindFormers YAML or a Megatron-Bridge ConfigContainer YAML (.yaml)")
 
 
 def pins_of(imported: Imported, strategy: dict[str, Any], searched: set[str], num_layers: int) -> dict[str, Any]:
