@@ -11,6 +11,7 @@ import math
 import sys
 import tomllib
 import types
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +37,7 @@ ACTIVATION_CHECKPOINT_FIELDS = {
     "mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns", "early_stop", "memory_budget",
     "visualize_memory_budget_pareto",
 }
+MODEL_FIELDS = {"name", "flavor", "hf_assets_path", "tokenizer_path", "converters", "print_after_conversion"}
 LITERALS = {  # Literal[...] annotations in the same file
     ("parallelism", "fsdp_reshard_after_forward"): {"default", "always", "never"},
     ("training", "mixed_precision_param"): {"bfloat16", "float32"},
@@ -55,7 +57,8 @@ def exported():
 
 def test_sections_and_fields_are_torchtitans(exported):
     for name, (_, _, doc) in exported.items():
-        assert set(doc) == {"parallelism", "training", "activation_checkpoint"}, name
+        assert set(doc) - {"model"} == {"parallelism", "training", "activation_checkpoint"}, name
+        assert set(doc.get("model", {})) <= MODEL_FIELDS, (name, SOURCE)
         assert set(doc["parallelism"]) <= PARALLELISM_FIELDS, (name, set(doc["parallelism"]) - PARALLELISM_FIELDS, SOURCE)
         assert set(doc["training"]) <= TRAINING_FIELDS, (name, SOURCE)
         assert set(doc["activation_checkpoint"]) <= ACTIVATION_CHECKPOINT_FIELDS, (name, SOURCE)
@@ -182,3 +185,76 @@ def test_unexpressible_features_are_reported(exported):
     assert doc["parallelism"]["fsdp_reshard_after_forward"] == "default"
     assert exported["llama7b_zero2_pp"][2]["parallelism"]["fsdp_reshard_after_forward"] == "never"
     assert exported["gpt3_gpipe_fp16"][2]["parallelism"]["data_parallel_replicate_degree"] == 2
+
+
+# ---- the architecture: torchtitan's own flavors -------------------------------------------------------------------
+def _shipped_flavors() -> dict:
+    """Each flavor's keyword arguments as the installed torchtitan's source writes them (read with ast: importing
+    the models needs Triton), defaults of the model's args dataclass filled in."""
+    import ast
+
+    if "torchtitan" in sys.modules:                   # _torchtitan_config's package stand-in has no spec
+        paths = list(sys.modules["torchtitan"].__path__)
+    else:
+        spec = importlib.util.find_spec("torchtitan")
+        if spec is None:
+            pytest.skip("torchtitan is not installed")
+        paths = list(spec.submodule_search_locations)
+    root = Path(paths[0]) / "models"
+    out = {}
+    for name, table in (("llama3", "llama3_args"), ("qwen3", "qwen3_args")):
+        tree = ast.parse((root / name / "__init__.py").read_text())
+        defaults = {}
+        for node in ast.walk(ast.parse((root / name / "model" / "args.py").read_text())):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                try:
+                    defaults[node.target.id] = ast.literal_eval(node.value)
+                except ValueError:
+                    pass
+        for node in ast.walk(tree):
+            if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == table or \
+                    isinstance(node, ast.Assign) and any(getattr(t, "id", None) == table for t in node.targets):
+                for key, call in zip(node.value.keys, node.value.values):
+                    args = {kw.arg: kw.value for kw in call.keywords}
+                    moe = args.pop("moe_args", None)
+                    flat = {k: ast.literal_eval(v) for k, v in args.items()}
+                    if moe is not None:
+                        flat.update({kw.arg: ast.literal_eval(kw.value) for kw in moe.keywords})
+                    out[(name, ast.literal_eval(key))] = {**defaults, **flat}
+    return out
+
+
+def test_the_flavor_table_is_torchtitans():
+    from advisor.export.torchtitan_flavors import FLAVORS
+
+    shipped = _shipped_flavors()
+    for key, args in FLAVORS.items():
+        assert key in shipped, key
+        assert {k: shipped[key].get(k) for k in args} == args, key
+
+
+def test_a_bundled_model_with_a_flavor_exports_its_architecture(tmp_path):
+    """qwen3-30b-a3b's head_dim (128, wider than hidden / heads) was a refusal: its flavor carries it, and the file
+    reads back at the same price, the flavor checked against --model."""
+    from advisor.commands.estimate_request import estimate_request
+    from advisor.commands.inputs import resolve_inputs
+    from advisor.commands.recommend import recommend
+    from advisor.errors import AdvisorError
+    from advisor.export.torchtitan_flavors import flavor_of
+    from advisor.search import Pins
+
+    i = resolve_inputs("qwen3-30b-a3b", "dgx-h100", devices=16, framework="torchtitan")
+    plan = recommend(i.model, i.hardware, i.cluster, i.job, pins=Pins(), top_k=1).plans[0]
+    result = export_plan(plan, "torchtitan")
+    assert not result.unsupported, result.unsupported
+    doc = tomllib.loads(result.files["torchtitan.toml"])
+    assert (doc["model"]["name"], doc["model"]["flavor"]) == ("qwen3", "30B-A3B")
+    path = tmp_path / "torchtitan.toml"
+    path.write_text(result.files["torchtitan.toml"])
+    back = estimate_request("qwen3-30b-a3b", "dgx-h100", None, 16, job={}, strategy={}, launch=str(path))
+    assert back.estimate.tokens_per_s == pytest.approx(plan.prediction["tokens_per_s"], rel=1e-12)
+    with pytest.raises(AdvisorError, match="num_layers = 48, but --model qwen3-235b-a22b has 94"):
+        estimate_request("qwen3-235b-a22b", "dgx-h100", None, 16, job={}, strategy={}, launch=str(path))
+    assert [flavor_of(resolve_inputs(n, "dgx-h100", devices=8).model) for n in
+            ("llama3-8b", "llama3-70b", "llama3-405b", "qwen3-235b-a22b", "mixtral-8x7b", "deepseek-v3")] == \
+        [("llama3", "8B"), ("llama3", "70B"), ("llama3", "405B"), ("qwen3", "235B-A22B"), None, None]

@@ -25,9 +25,10 @@ from math import gcd
 from advisor.export import ExportResult
 from advisor.export import _comm_knobs, _settings
 from advisor.export._common import (
-    chunk_layers, comment_block, header_lines, mesh_text, non_default_mesh, pick_version, stage_layers, train_steps,
-    unwritten_model_features,
+    MODEL_FEATURES, chunk_layers, comment_block, header_lines, mesh_text, non_default_mesh, pick_version, stage_layers,
+    train_steps, unwritten_model_features,
 )
+from advisor.export.torchtitan_flavors import flavor_of
 from advisor.export._recompute import CORE_ATTENTION, FULL, NONE, OP_LEVEL, cannot_express, priced_recompute
 from advisor.plan import Plan
 
@@ -210,7 +211,8 @@ def _toml_value(value, indent: str = "") -> str:
 def render_toml(plan: Plan, secs: dict[str, dict], version: str = DEFAULT_VERSION) -> str:
     out = [comment_block(header_lines(plan, f"torchtitan {version} job config")),
            "# Merge these sections into your torchtitan job TOML (the [job], [optimizer] ... sections and the\n"
-           "# [model] keys not written here are yours); run with --job.config_file.\n"]
+           "# [model] keys not written here are yours: without a name and flavor, register the priced\n"
+           "# architecture yourself); run with --job.config_file.\n"]
     for name, body in secs.items():
         out.append(f"\n[{name}]\n")
         for key, value in body.items():
@@ -225,7 +227,11 @@ def export(plan: Plan, target_version: str | None = None) -> ExportResult:
     if plan.cluster.devices % plan.cluster.nodes:
         unsupported.append(f"cluster.devices = {plan.cluster.devices} on {plan.cluster.nodes} nodes: torchrun starts "
                            "the same number of processes on every node")
-    unsupported += unwritten_model_features(plan, "torchtitan")
+    flavor = flavor_of(plan.model)
+    # a flavor torchtitan ships carries the whole architecture (head_dim, experts); without one, [model] is yours
+    unsupported += unwritten_model_features(plan, "torchtitan", written=MODEL_FEATURES if flavor else ())
     secs = sections(plan, unsupported, notes)
+    if flavor:
+        secs["model"] = {"name": flavor[0], "flavor": flavor[1], **secs.get("model", {})}
     return ExportResult(target="torchtitan", files={"torchtitan.toml": render_toml(plan, secs, version)},
                         unsupported=tuple(unsupported), notes=tuple(notes))

@@ -12,6 +12,7 @@ import tomllib
 from typing import Any
 
 from advisor.errors import AdvisorError
+from advisor.export.torchtitan_flavors import FLAVORS, shape
 from advisor.export.torchtitan import FP8_CONVERTERS, SCHEDULE_NAMES
 from advisor.importers.imported import Imported, refuse, where
 
@@ -27,7 +28,8 @@ NEUTRAL_SECTIONS = {"job": "names and folders", "profiling": "profiler output", 
                     "comm": "timeouts", "fault_tolerance": "restarts", "experimental": "custom imports"}
 # section -> key -> why it does not change the price
 NEUTRAL_KEYS = {
-    "model": {"name": "the model is --model", "flavor": "the model is --model", "tokenizer_path": "the data",
+    "model": {"name": "the architecture: a flavor torchtitan ships is checked against --model",
+              "flavor": "the architecture: a flavor torchtitan ships is checked against --model", "tokenizer_path": "the data",
               "hf_assets_path": "the data", "print_after_conversion": "logging"},
     "optimizer": {"lr": "a hyper-parameter", "eps": "a hyper-parameter", "weight_decay": "a hyper-parameter",
                   "beta1": "a hyper-parameter", "beta2": "a hyper-parameter", "early_step_in_backward": "memory only"},
@@ -70,7 +72,16 @@ def read_torchtitan(text: str, source: str) -> Imported:
     devices = None
     if "dp" in strategy:        # every degree given: the cluster's size (-1 shards over what --devices leaves)
         devices = strategy["dp"] * strategy["tp"] * strategy["cp"] * strategy["pp"]
-    return Imported(source=source, framework="torchtitan", job=job, strategy=strategy, devices=devices)
+    return Imported(source=source, framework="torchtitan", job=job, strategy=strategy, devices=devices,
+                    model=_flavor_shape(tables.get("model", {})))
+
+
+def _flavor_shape(keys: dict) -> dict[str, Any]:
+    """The architecture a torchtitan flavor of its own names (advisor.export.torchtitan_flavors), checked against
+    --model; a model or flavor torchtitan does not ship (your own registration) states nothing."""
+    name, flavor = keys.get("name"), keys.get("flavor")
+    args = FLAVORS.get((name, flavor)) if isinstance(name, str) and isinstance(flavor, str) else None
+    return {} if args is None else shape(name, args)
 
 
 def _int(source: str, key: str, value: Any, low: int = 1) -> int:
