@@ -289,3 +289,18 @@ def test_sweeps_can_skip_the_suggestion_searches():
     with pytest.raises(InfeasibleError) as err:
         _recommend(i, suggest=False)
     assert "no strategy for llama3-70b fits" in str(err.value) and "smallest change" not in str(err.value)
+
+
+@pytest.mark.parametrize("model,hardware,devices", [("llama3-70b", "dgx-h100", 64), ("mixtral-8x7b", "dgx-h100", 32)])
+def test_the_answer_does_not_depend_on_top(model, hardware, devices):
+    """--top 1 is the first row of --top 5, and --top 5 the first rows of a deeper listing (the first
+    SEARCH_DEPTH rows come from a search of that depth whatever --top asks); no row repeats another."""
+    i = resolve_inputs(model, hardware, devices=devices)
+    runs = {k: rec.recommend(i.model, i.hardware, i.cluster, i.job, top_k=k) for k in (1, 5, rec.SEARCH_DEPTH + 4)}
+    firsts = {k: [p.strategy for p in r.plans] for k, r in runs.items()}
+    assert firsts[1] == firsts[5][:1]
+    assert firsts[5] == firsts[rec.SEARCH_DEPTH + 4][:5]
+    deep = runs[rec.SEARCH_DEPTH + 4]
+    assert len(set(firsts[rec.SEARCH_DEPTH + 4])) == len(deep.plans) == rec.SEARCH_DEPTH + 4
+    assert [p.search["rank"] for p in deep.plans] == list(range(1, rec.SEARCH_DEPTH + 5))
+    assert runs[1].plans[0].prediction["tokens_per_s"] == runs[5].plans[0].prediction["tokens_per_s"]

@@ -41,6 +41,7 @@ SEARCHERS: dict[str, Searcher] = {
 }
 
 BALANCE_LEADERS = 4               # candidates per requested plan whose pipeline stages are balanced
+SEARCH_DEPTH = 5                  # plans every search ranks, whatever --top asks (the default --top)
 MAX_CLUSTER_GROWTH = 2 ** 12      # the "more devices" suggestion looks up to 4096x the cluster
 
 
@@ -87,6 +88,28 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
         search = partial(_semi_auto, searcher=searcher, fixed=operator_strategies)
     check_top_k(top_k)
     check_pins(cluster, pins)
+    # The first SEARCH_DEPTH plans come from a search of that depth whatever --top asks (the finalists refined and
+    # balanced are then the same): --top 1 is the first row of --top 5 and of --top 200. Deeper rows come from a
+    # search of the depth asked, after those, without repeating them.
+    first = _ranked(model, hardware, cluster, job, pins, SEARCH_DEPTH, search, progress, suggest,
+                    searcher, objective, keep=min(top_k, SEARCH_DEPTH))
+    if top_k <= SEARCH_DEPTH:
+        return first
+    deeper = _ranked(model, hardware, cluster, job, pins, top_k, search, progress, suggest, searcher, objective,
+                     keep=top_k)
+    seen = {p.strategy for p in first.plans}
+    rows = list(zip(first.plans, first.estimates)) + [(p, e) for p, e in zip(deeper.plans, deeper.estimates)
+                                                      if p.strategy not in seen]
+    rows = rows[:top_k]
+    plans = tuple(replace(p, search={**p.search, "rank": n}) for n, (p, _) in enumerate(rows, start=1))
+    return RecommendResult(plans, tuple(e for _, e in rows), deeper.search)
+
+
+def _ranked(model, hardware, cluster, job, pins, depth, search, progress, suggest, searcher, objective,
+            keep) -> RecommendResult:
+    """The first ``keep`` plans of a search ``depth`` deep: its finalists refined (buckets, copies, offload
+    fraction), the leaders' stages balanced, ranked."""
+    top_k = depth
     outcome = search(model, hardware, cluster, job, pins, top_k, progress)
     if len(outcome.finalists) == 0:
         if outcome.stats.candidates == 0:
@@ -110,7 +133,7 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
             outcome = replace(outcome, operator_strategies=[outcome.operator_strategies[int(i)] for i in lead])
         e = price_layouts(estimate_batch(model, hardware, cluster, job, batch), batch, outcome.operator_strategies,
                           usable_bytes(job, hardware))
-    order = rank(score(e), simplicity_key(batch, hardware), top_k, feasible=e.feasible, memory_bytes=e.memory.total)
+    order = rank(score(e), simplicity_key(batch, hardware), keep, feasible=e.feasible, memory_bytes=e.memory.total)
     if len(order) == 0:   # a searcher proposed only plans that do not fit
         raise InfeasibleError(nothing_fits_message(model, hardware, cluster, job, pins, searcher, suggest))
     summary = {k: v for k, v in outcome.stats.to_dict().items() if k in ("searcher", "candidates", "scored", "feasible", "seconds")}
