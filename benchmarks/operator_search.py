@@ -63,7 +63,7 @@ def gpt3_problem(hw, devices: int, fine: bool = False, zero_stages=(1, 2, 3)) ->
 def _timed_search(model, hw, cluster, job, searcher: str, time_limit: float):
     start = time.perf_counter()
     if searcher == "enumerate":
-        outcome = enumerator.search(model, hw, cluster, job, Pins(), 5)
+        outcome = enumerator.search(model, hw, cluster, job, Pins(), 5, distinct_layouts=False)
     else:
         outcome = operator_plan(model, hw, cluster, job, searcher, Pins(), 5, time_limit_s=time_limit)
     seconds = time.perf_counter() - start

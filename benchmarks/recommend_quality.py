@@ -3,7 +3,9 @@
 For each run in benchmarks/data/published_runs.yaml, `recommend` gets the same model, hardware,
 device count, global batch, sequence length and dtype; the cost model prices both the published
 configuration (advisor.validation.published.predict) and the recommended plan. The recommended plan should be
-predicted at least as fast: ratio = recommended tokens/s / published tokens/s >= 1.
+predicted at least as fast: ratio = recommended tokens/s / published tokens/s >= 1. It also prints how many
+distinct layouts (degrees and pipeline schedule) the top 5 hold, and whether the #1 is the same for --top 1,
+--top 5 and --top 200.
 
     python benchmarks/recommend_quality.py
 """
@@ -19,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.validation.published import PublishedRun, load_published_runs, predict  # noqa: E402
 from advisor.commands.recommend import recommend  # noqa: E402
+from advisor.search.rank import LAYOUT_FIELDS  # noqa: E402
 from advisor.specs.hardware import load_hardware  # noqa: E402
 from advisor.specs.job import Cluster  # noqa: E402
 
@@ -33,6 +36,8 @@ class QualityRow:
     recommended: str
     recommended_tokens_per_s: float
     seconds: float
+    distinct_in_top5: int
+    same_for_any_top: bool
 
     @property
     def ratio(self) -> float:
@@ -57,22 +62,32 @@ def compare(run: PublishedRun) -> QualityRow:
     result = recommend(run.model, hw, cluster, run.job, top_k=1)
     seconds = time.perf_counter() - start
     best = result.estimates[0]
+    top5 = recommend(run.model, hw, cluster, run.job, top_k=5)
+    top200 = recommend(run.model, hw, cluster, run.job, top_k=200)
+    layouts = {tuple(getattr(p.strategy, f) for f in LAYOUT_FIELDS) for p in top5.plans}
+    same = result.best.strategy == top5.best.strategy == top200.best.strategy
     return QualityRow(
         run_id=run.id, devices=run.devices, published=_describe(published.strategy),
         published_tokens_per_s=run.job.tokens_per_step / published.step_time_s, published_fits=published.feasible,
         recommended=_describe(result.best.strategy), recommended_tokens_per_s=best.tokens_per_s, seconds=seconds,
+        distinct_in_top5=len(layouts), same_for_any_top=same,
     )
 
 
 def main() -> None:
     rows = [compare(run) for run in load_published_runs()]
-    print(f"{'run':<24} {'devices':>7}  {'published (predicted)':<38} {'recommended':<40} {'ratio':>6} {'search s':>8}")
+    print(f"{'run':<24} {'devices':>7}  {'published (predicted)':<38} {'recommended':<40} {'ratio':>6} {'search s':>8} "
+          f"{'layouts':>7} {'same #1':>7}")
     for r in rows:
         flag = "" if r.published_fits else " (published does not fit in the model)"
-        print(f"{r.run_id:<24} {r.devices:>7}  {r.published:<38} {r.recommended:<40} {r.ratio:>6.3f} {r.seconds:>8.2f}{flag}")
+        print(f"{r.run_id:<24} {r.devices:>7}  {r.published:<38} {r.recommended:<40} {r.ratio:>6.3f} {r.seconds:>8.2f} "
+              f"{r.distinct_in_top5:>7} {'yes' if r.same_for_any_top else 'NO':>7}{flag}")
     ratios = [r.ratio for r in rows]
     print(f"\n{len(rows)} runs: ratio min {min(ratios):.3f}, median {sorted(ratios)[len(ratios) // 2]:.3f}, "
           f"max {max(ratios):.3f}; recommended >= published in {sum(x >= 1.0 for x in ratios)} of {len(rows)}")
+    layouts = sorted(r.distinct_in_top5 for r in rows)
+    print(f"distinct layouts in the top 5: median {layouts[len(layouts) // 2]}, min {layouts[0]}; the #1 the same for "
+          f"--top 1, 5 and 200 in {sum(r.same_for_any_top for r in rows)} of {len(rows)}")
 
 
 if __name__ == "__main__":

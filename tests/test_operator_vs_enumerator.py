@@ -42,7 +42,7 @@ REL = 1e-9
 def _composed(model_name: str, hw_name: str, devices: int):
     model, hw = load_model(model_name), load_hardware(hw_name)
     cluster = Cluster.of(hw, devices=devices)
-    outer = enumerator.search(model, hw, cluster, JOB, Pins(), OUTER_TOP_K)
+    outer = enumerator.search(model, hw, cluster, JOB, Pins(), OUTER_TOP_K, distinct_layouts=False)
     drec = operator_plan(model, hw, cluster, JOB, "drec", outer=outer)
     ilp = operator_plan(model, hw, cluster, JOB, "ilp", outer=outer, time_limit_s=10.0)
     return model, hw, cluster, outer, drec, ilp

@@ -74,7 +74,7 @@ def test_composed_search_never_loses_to_one_d():
     model, hw = load_model("mt-nlg-530b"), A100
     job = TrainingJob(global_batch_size=1536, seq_length=2048)
     cluster = Cluster.of(hw, devices=64)
-    outer = enumerator.search(model, hw, cluster, job, Pins(), OUTER_TOP_K)
+    outer = enumerator.search(model, hw, cluster, job, Pins(), OUTER_TOP_K, distinct_layouts=False)
     one = operator_plan(model, hw, cluster, job, "drec", outer=outer, two_d=False)
     two = operator_plan(model, hw, cluster, job, "drec", outer=outer)
     one_best, _ = best_priced(model, hw, cluster, job, one)

@@ -17,7 +17,7 @@ from advisor.cost.estimate import Estimate, estimate_batch, from_batch
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.families import family_of_model
 from advisor.plan import Plan, plan_to_dict
-from advisor.search.rank import rank, simplicity_key
+from advisor.search.rank import LAYOUT_FIELDS, layout_key, rank, simplicity_key
 from advisor.search import MAX_TOP_K, PIN_FLAGS, Pins, Progress, SearchOutcome, SearchStats, check_top_k  # noqa: F401
 from advisor.search import comm_knobs
 from advisor.search import enumerate as enumerate_searcher
@@ -97,9 +97,15 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
         return first
     deeper = _ranked(model, hardware, cluster, job, pins, top_k, search, progress, suggest, searcher, objective,
                      keep=top_k)
-    seen = {p.strategy for p in first.plans}
-    rows = list(zip(first.plans, first.estimates)) + [(p, e) for p, e in zip(deeper.plans, deeper.estimates)
-                                                      if p.strategy not in seen]
+    def layout(p):
+        return tuple(getattr(p.strategy, f) for f in LAYOUT_FIELDS)
+
+    rows = list(zip(first.plans, first.estimates))
+    for distinct in (True, False):     # new layouts first; then, if too few, variants of listed ones
+        for p, e in zip(deeper.plans, deeper.estimates):
+            if p.strategy not in {q.strategy for q, _ in rows} and \
+                    (not distinct or layout(p) not in {layout(q) for q, _ in rows}):
+                rows.append((p, e))
     rows = rows[:top_k]
     plans = tuple(replace(p, search={**p.search, "rank": n}) for n, (p, _) in enumerate(rows, start=1))
     return RecommendResult(plans, tuple(e for _, e in rows), deeper.search)
@@ -123,8 +129,9 @@ def _ranked(model, hardware, cluster, job, pins, depth, search, progress, sugges
                       usable_bytes(job, hardware))
     score = partial(_score, objective, hardware, cluster, job)
     # Balanced pipeline stages for the leading candidates (the search prices even splits).
+    # (distinct layouts first, so that the balanced leaders hold as many layouts as there are)
     lead = rank(score(e), simplicity_key(batch, hardware), min(len(batch), BALANCE_LEADERS * top_k),
-                feasible=e.feasible, memory_bytes=e.memory.total)
+                feasible=e.feasible, memory_bytes=e.memory.total, layouts=layout_key(batch))
     if len(lead):
         batch = balance_stages(model, hardware, cluster, job, batch.take(lead))
         # ... and, for those with no or full recomputation, stages sized with per-stage recompute counts (vPipe)
@@ -133,7 +140,9 @@ def _ranked(model, hardware, cluster, job, pins, depth, search, progress, sugges
             outcome = replace(outcome, operator_strategies=[outcome.operator_strategies[int(i)] for i in lead])
         e = price_layouts(estimate_batch(model, hardware, cluster, job, batch), batch, outcome.operator_strategies,
                           usable_bytes(job, hardware))
-    order = rank(score(e), simplicity_key(batch, hardware), keep, feasible=e.feasible, memory_bytes=e.memory.total)
+    # distinct layouts, each row the best of its knob variants (ZeRO stage, offload, recomputation, ...)
+    order = rank(score(e), simplicity_key(batch, hardware), keep, feasible=e.feasible, memory_bytes=e.memory.total,
+                 layouts=layout_key(batch))
     if len(order) == 0:   # a searcher proposed only plans that do not fit
         raise InfeasibleError(nothing_fits_message(model, hardware, cluster, job, pins, searcher, suggest))
     summary = {k: v for k, v in outcome.stats.to_dict().items() if k in ("searcher", "candidates", "scored", "feasible", "seconds")}

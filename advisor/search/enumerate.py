@@ -49,6 +49,7 @@ from advisor.cost.estimate import estimate_batch
 from advisor.cost.host_embedding import first_stage_per_node, node_host_bytes
 from advisor.cost.memory import GIB
 from advisor.search.rank import TIE_BAND
+from advisor.space.strategy import ONE_F_ONE_B
 from advisor.search import Pins, Progress, SearchOutcome, SearchStats
 from advisor.search.enumerate_bounds import (
     UNBOUNDED_GBPS, bound_skeletons, bound_step_s, cheaper_cp_kind, family_bounds, fastest_link_hardware, free_hardware,
@@ -100,8 +101,10 @@ def _space(model, hw, cluster, job, pins: Pins, pruned: Counter, dedup: Counter)
 
 
 def search(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, pins: Pins = Pins(),
-           top_k: int = 5, progress: Progress = None) -> SearchOutcome:
-    """Every legal candidate, scored or bounded; returns the feasible ones that could place in the top K.
+           top_k: int = 5, progress: Progress = None, distinct_layouts: bool = True) -> SearchOutcome:
+    """Every legal candidate, scored or bounded; returns the feasible ones that could place in the top K:
+    with ``distinct_layouts`` (recommend's listing) the K best layouts' (advisor.search.rank.layout_key), each its
+    best variant, otherwise the K best candidates' (the operator-level searchers' outer configurations).
 
     Bounds nest: a family of skeletons (family_bounds), then each skeleton (bound_skeletons), then
     each ZeRO/offload pair (_Scoring), then every mesh order exactly. Families are taken in order of
@@ -114,7 +117,7 @@ def search(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Trainin
     ends = np.r_[starts[1:], _count(skel)].astype(np.int64)
     family_variants = np.add.reduceat(variants, starts) if len(starts) else np.zeros(0, dtype=np.int64)
     family_cells = np.add.reduceat(skel["pp"], starts) if len(starts) else np.zeros(0, dtype=np.int64)
-    scoring = _Scoring(model, hw, cluster, job, pins, options, top_k, pruned)
+    scoring = _Scoring(model, hw, cluster, job, pins, options, top_k, pruned, distinct_layouts)
     scoring.bounded += len(starts)
     done = [0]
 
@@ -145,6 +148,12 @@ def space_size(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tra
     _, variants, _ = _space(model, hw, cluster, job, pins, pruned, dedup)
     return SearchStats(searcher="enumerate", candidates=int(variants.sum()), scored=0, feasible=0,
                        seconds=time.perf_counter() - start, pruned=dict(pruned), deduplicated=dict(dedup))
+
+
+# the Rows columns of a layout (advisor.search.rank.LAYOUT_FIELDS: degrees and pipeline schedule) and their
+# values where a row leaves them out
+LAYOUT_COLUMNS = ("dp", "tp", "pp", "cp", "ep", "schedule")
+LAYOUT_DEFAULTS = {"ep": 1, "schedule": ONE_F_ONE_B}
 
 
 def top_distinct(values: np.ndarray, k: int) -> np.ndarray:
@@ -178,18 +187,21 @@ class _Scoring:
     the top K are priced exactly on the real hardware under each of their mesh orders. Keeps the K
     best throughputs (the bound's threshold) and every candidate that may still rank."""
 
-    def __init__(self, model, hw, cluster, job, pins, options, top_k, pruned: Counter):
+    def __init__(self, model, hw, cluster, job, pins, options, top_k, pruned: Counter, distinct_layouts: bool = True):
         self.args = (model, hw, cluster, job)
         self.fast = fastest_link_hardware(hw, cluster.devices, model.moe is not None)
         self.pins, self.options, self.k, self.pruned = pins, options, max(top_k, 1), pruned
         self.best = np.zeros(0)
+        self.layout_best: dict[tuple, float] = {}     # layout (advisor.search.rank.LAYOUT_FIELDS) -> its best
+        self.distinct_layouts = distinct_layouts
         self.kept: list[tuple[Rows, np.ndarray]] = []
         self.scored = self.bounded = 0
 
     @property
     def limit(self) -> float:
-        """Throughput a candidate needs to matter: within the tie band of the K-th best distinct
-        throughput so far (the ranking drops candidates that duplicate a pick)."""
+        """Throughput a candidate needs to matter: within the tie band of the K-th best layout so far (the
+        ranking lists distinct layouts, each its best variant; without distinct layouts, the K-th best distinct
+        throughput), the ranking dropping candidates that duplicate a pick."""
         return float(self.best[-1]) * (1.0 - TIE_BAND) if len(self.best) >= self.k else 0.0
 
     def best_first(self, upper: np.ndarray, cells: np.ndarray, variants: np.ndarray, process, budget: int) -> None:
@@ -237,8 +249,27 @@ class _Scoring:
             ok = e.feasible   # all of them while memory does not depend on links or placement
             _add(self.pruned, DEVICE_MEMORY_REASON, int((~ok).sum()))
             tps = e.tokens_per_s[ok]
-            self.best = top_distinct(np.concatenate([self.best, tps]), self.k)
-            self.kept.append((_take(part, ok), tps))
+            kept = _take(part, ok)
+            if self.distinct_layouts:
+                self._layouts(kept, tps)
+            else:
+                self.best = top_distinct(np.concatenate([self.best, tps]), self.k)
+            self.kept.append((kept, tps))
+
+    def _layouts(self, rows: Rows, tps: np.ndarray) -> None:
+        """Update each layout's best throughput and the K best layouts' (the limit's)."""
+        if len(tps) == 0:
+            return
+        n = len(tps)
+        cols = np.stack([rows[k] if k in rows else np.full(n, LAYOUT_DEFAULTS[k]) for k in LAYOUT_COLUMNS], axis=1)
+        keys, inverse = np.unique(cols, axis=0, return_inverse=True)
+        inverse = np.asarray(inverse).reshape(-1)
+        best = np.full(len(keys), -np.inf)
+        np.maximum.at(best, inverse, tps)
+        for key, value in zip(map(tuple, keys.tolist()), best):
+            if value > self.layout_best.get(key, -np.inf):
+                self.layout_best[key] = float(value)
+        self.best = top_distinct(np.fromiter(self.layout_best.values(), dtype=float), self.k)
 
     def _bound_pairs(self, pairs: Rows) -> tuple[Rows, np.ndarray]:
         """The ZeRO/offload pairs that fit (device and host) and whose bound reaches the limit, with

@@ -80,7 +80,8 @@ def operator_plan(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
         raise ValueError(f"unknown operator-level searcher {searcher!r}")
     if outer is None:
         outer = (_fixed_outer(model, hw, cluster, job, pins, max(top_k, OUTER_TOP_K), progress, fixed) if fixed
-                 else enumerator.search(model, hw, cluster, job, pins, max(top_k, OUTER_TOP_K), progress))
+                 else enumerator.search(model, hw, cluster, job, pins, max(top_k, OUTER_TOP_K), progress,
+                                        distinct_layouts=False))
     if fixed and len(outer.finalists):
         outer = _holding(model, job, outer, fixed)
     batch = outer.finalists
@@ -139,9 +140,10 @@ def _fixed_outer(model, hw, cluster, job, pins: Pins, k: int, progress, fixed: O
         if pins.tp % group:
             raise AdvisorError(f"{fixed.source}: the strategies span groups of {group} devices, which --tp {pins.tp} "
                                f"is not a multiple of")
-        return enumerator.search(model, hw, cluster, job, pins, k, progress)
+        return enumerator.search(model, hw, cluster, job, pins, k, progress, distinct_layouts=False)
     degrees = [t for t in range(group, cluster.devices + 1, group) if cluster.devices % t == 0]
-    outcomes = [enumerator.search(model, hw, cluster, job, replace(pins, tp=t), k, progress) for t in degrees]
+    outcomes = [enumerator.search(model, hw, cluster, job, replace(pins, tp=t), k, progress, distinct_layouts=False)
+                for t in degrees]
     found = [o for o in outcomes if len(o.finalists)]
     stats = replace(outcomes[0].stats, candidates=sum(o.stats.candidates for o in outcomes),
                     scored=sum(o.stats.scored for o in outcomes), feasible=sum(o.stats.feasible for o in outcomes))

@@ -1,4 +1,5 @@
-"""Ranking: by throughput, and among plans within TIE_BAND of each other, the simpler one first.
+"""Ranking: by throughput, and among plans within TIE_BAND of each other, the simpler one first; recommend's
+listing takes distinct layouts (layout_key), each the best of its knob variants.
 
 Simplicity, most important first (the order an engineer would weigh them): fewer active parallel
 dimensions; no parameter offload; no optimizer offload; the TP group inside one node; a smaller ZeRO stage; then no
@@ -40,12 +41,42 @@ def simplicity_key(b: StrategyBatch, hw: HardwareProfile) -> np.ndarray:
     return np.stack([np.asarray(c, dtype=np.int64) for c in columns], axis=1)
 
 
+LAYOUT_FIELDS = ("dp", "tp", "pp", "cp", "ep", "pipeline_schedule")
+
+
+def layout_key(b: StrategyBatch) -> np.ndarray:
+    """(N,) integer id of each candidate's layout: its parallel degrees and pipeline schedule; candidates that
+    differ only in knobs (ZeRO stage, offload, recomputation, micro-batch, interleaving depth, ring or Ulysses, mesh
+    order, sequence parallelism, buckets) share it."""
+    columns = np.stack([np.asarray(getattr(b, f)).astype(str) for f in LAYOUT_FIELDS], axis=1)
+    _, ids = np.unique(columns, axis=0, return_inverse=True)
+    return np.asarray(ids).reshape(-1)
+
+
 def rank(tokens_per_s: np.ndarray, key: np.ndarray, top_k: int, feasible: np.ndarray | None = None,
-         memory_bytes: np.ndarray | None = None) -> np.ndarray:
+         memory_bytes: np.ndarray | None = None, layouts: np.ndarray | None = None) -> np.ndarray:
     """Indices of the top_k candidates, best first. Each pick takes the simplest candidate within
     TIE_BAND of the best remaining throughput (ties in simplicity: the faster one). Candidates that
     the cost model cannot tell from a pick (the same throughput and memory, e.g. selective
-    recomputation with a fused attention that stores no scores) are dropped as duplicates of it."""
+    recomputation with a fused attention that stores no scores) are dropped as duplicates of it.
+    With ``layouts`` (layout_key), a pick folds the other candidates of its layout: the picks are distinct
+    layouts, and only when fewer layouts than top_k remain do the folded variants follow, ranked the same way."""
+    if layouts is None:
+        return _greedy(tokens_per_s, key, top_k, feasible, memory_bytes, None)
+    first = _greedy(tokens_per_s, key, top_k, feasible, memory_bytes, np.asarray(layouts))
+    if len(first) >= top_k:
+        return first
+    tps = np.asarray(tokens_per_s, dtype=float)
+    mem = np.zeros(len(tps)) if memory_bytes is None else np.asarray(memory_bytes, dtype=float)
+    alive = np.ones(len(tps), dtype=bool) if feasible is None else np.asarray(feasible, dtype=bool).copy()
+    for i in first:             # the picks and what the cost model cannot tell from them
+        alive &= ~(np.isclose(tps, tps[i], rtol=1e-9, atol=0.0) & np.isclose(mem, mem[i], rtol=1e-9, atol=0.0))
+    rest = _greedy(tps, key, top_k - len(first), alive, mem, None)
+    return np.concatenate([first, rest]).astype(np.int64)
+
+
+def _greedy(tokens_per_s, key, top_k, feasible, memory_bytes, fold) -> np.ndarray:
+    """rank's picks; ``fold``: each pick drops the candidates of its layout."""
     tps = np.asarray(tokens_per_s, dtype=float)
     alive = np.ones(len(tps), dtype=bool) if feasible is None else np.asarray(feasible, dtype=bool).copy()
     mem = np.zeros(len(tps)) if memory_bytes is None else np.asarray(memory_bytes, dtype=float)
@@ -58,5 +89,7 @@ def rank(tokens_per_s: np.ndarray, key: np.ndarray, top_k: int, feasible: np.nda
         choice = int(band[order[0]])
         picks.append(choice)
         alive &= ~(np.isclose(tps, tps[choice], rtol=1e-9, atol=0.0) & np.isclose(mem, mem[choice], rtol=1e-9, atol=0.0))
+        if fold is not None:
+            alive &= fold != fold[choice]
         alive[choice] = False
     return np.array(picks, dtype=np.int64)
