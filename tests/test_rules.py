@@ -68,6 +68,7 @@ BROKEN = {
     "framework sequence parallel": (DENSE, BASE),                                        # torchtitan, tp 2 without sp
     "framework mesh order": (DENSE, replace(BASE, mesh_order=("tp", "pp", "dp", "cp"))),  # megatron
     "framework recompute": (DENSE, replace(BASE, recompute="selective")),                 # deepspeed: full or none
+    "framework cp attention": (DENSE, replace(BASE, dp=1, cp=2, num_micro_batches=8)),     # megatron, math attention
     "fold_experts framework": (MOE, replace(BASE, ep=4, fold_experts=True)),              # deepspeed: no folding
 }
 ODD_SEQ_RULES = {"sequence parallel divides seq", "cp divides seq"}
@@ -84,6 +85,8 @@ def _job(rule: str) -> TrainingJob:
         return replace(JOB, recompute_modules=("moe_act",))
     if rule == "cuda graphs":
         return replace(JOB, cuda_graphs=("full",))
+    if rule == "framework cp attention":
+        return replace(JOB, attention="math")
     return TrainingJob(global_batch_size=16, seq_length=1021) if rule in ODD_SEQ_RULES else JOB
 
 

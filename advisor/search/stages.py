@@ -34,6 +34,7 @@ import numpy as np
 
 from advisor.cost.estimate import estimate_batch
 from advisor.cost.memory import memory
+from advisor.space.rules import legal_mask
 from advisor.space.strategy import Strategy, StrategyBatch, even_stage_layers
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
@@ -276,4 +277,5 @@ def rebalance(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Trai
     alt = replace(batch, stage_layers=balanced)
     bal_e = estimate_batch(model, hw, cluster, job, alt)
     better = bal_e.feasible & (~even_e.feasible | (bal_e.step_time_s < even_e.step_time_s * (1 - 1e-9)))
+    better &= legal_mask(model, cluster, job, alt)       # a split the framework runs (Framework.uneven_stages)
     return replace(batch, stage_layers=np.where(better[:, None], balanced, batch.stage_layers))

@@ -31,6 +31,7 @@ import numpy as np
 from advisor.cost.estimate import estimate_batch
 from advisor.cost.memory import memory
 from advisor.search.stages import _min_max, _min_sum, stage_cost_model
+from advisor.space.rules import legal_mask
 from advisor.space.strategy import RECOMPUTE, Strategy, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
@@ -176,9 +177,11 @@ def repartition(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tr
                     owner.append(int(i))
     if not tried:
         return batch
-    e = estimate_batch(model, hw, cluster, job, StrategyBatch.from_strategies(tried, model.num_layers))
+    alternatives = StrategyBatch.from_strategies(tried, model.num_layers)
+    e = estimate_batch(model, hw, cluster, job, alternatives)
+    legal = legal_mask(model, cluster, job, alternatives)      # what the framework runs (uneven stages, swapping)
     best = {int(i): float(current.step_time_s[i]) if current.feasible[i] else np.inf for i in rows}
     for k, i in enumerate(owner):
-        if e.feasible[k] and e.step_time_s[k] < best[i] * (1 - 1e-9):
+        if legal[k] and e.feasible[k] and e.step_time_s[k] < best[i] * (1 - 1e-9):
             strategies[i], best[i] = tried[k], float(e.step_time_s[k])
     return StrategyBatch.from_strategies(strategies, model.num_layers)

@@ -236,6 +236,14 @@ def _framework_cp(m, c, j, b):
     return (b.cp > 1) & (~np.isin(kinds, runs) | ((b.pp > 1) & (not fw.cp_under_pipeline)))
 
 
+def _framework_cp_attention(m, c, j, b):
+    fw = j.framework_record
+    if j.attention != "math":
+        return np.zeros(len(b), dtype=bool)
+    kinds = np.zeros(len(b), dtype=np.int64) if b.cp_comm is None else b.cp_comm
+    return (b.cp > 1) & ~np.isin(kinds, [CP_COMM.index(kind) for kind in fw.cp_unfused_attention])
+
+
 def _framework_recompute(m, c, j, b):
     """A recomputation policy the framework does not launch, or a layer count where it recomputes every layer or
     none (Framework.recompute_some_layers)."""
@@ -325,6 +333,8 @@ RULES: dict[str, tuple[Rule, str]] = {
     "framework schedule": (_framework_schedule, "the framework does not run this pipeline schedule"),
     "framework stage layers": (_framework_stages, "the framework does not run these pipeline stage sizes"),
     "framework context parallel": (_framework_cp, "the framework does not run this context parallelism"),
+    "framework cp attention": (_framework_cp_attention, "the framework runs context parallelism on a fused "
+                               "attention kernel only (give --attention flash)"),
     "framework recompute": (_framework_recompute, "the framework does not launch this recomputation"),
     "framework sequence parallel": (_framework_sp, "the framework does not run tensor parallelism with this "
                                     "sequence-parallel setting"),

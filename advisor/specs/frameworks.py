@@ -185,6 +185,13 @@ class Framework:
     """Context-parallel communication it runs (advisor.space.strategy.CP_COMM): Megatron --cp-comm-type p2p /
     a2a, MindFormers colossalai_cp / ulysses_cp, torchtitan's and PyTorch's ring attention only, DeepSpeed's
     Ulysses (all-to-all) only."""
+    cp_unfused_attention: tuple[str, ...]
+    """The context-parallel kinds it runs with the unfused (math) attention: none in Megatron-Core (its local
+    DotProductAttention asserts context_parallel_size == 1, "Context parallelism is only supported by
+    TEDotProductAttention!", transformer/dot_product_attention.py @core_v0.15.0) and in torchtitan and PyTorch
+    (torch's context_parallel runs on SDPA's cuDNN, flash and memory-efficient kernels, torchtitan
+    models/attention.py @v0.2.0); DeepSpeed's Ulysses wraps whatever local attention the model has
+    (DistributedAttention). MindSpore is not restricted here (no source checked)."""
     cp_under_pipeline: bool
     """Context parallelism together with pipeline parallelism (DeepSpeed's Ulysses sequence parallelism is not
     wired into its pipeline engine)."""
@@ -236,7 +243,7 @@ MEGATRON = Framework(
     activation_swap=False,
     zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1), optimizer_offload=True,
     schedules=("1f1b", "interleaved-1f1b"), uneven_stages=True, uneven_chunks=True, cp_kinds=("p2p", "a2a"),
-    cp_under_pipeline=True,
+    cp_unfused_attention=(), cp_under_pipeline=True,
     sequence_parallel=(False, True), dtypes=("fp32", "tf32", "fp16", "bf16", "fp8"),
     fp8_recipes=("delayed", "tensorwise", "mxfp8", "blockwise"),
     mesh_orders=(("pp", "dp", "cp", "tp"), ("dp", "pp", "cp", "tp")), experts_from_sharded_dp=False,
@@ -258,7 +265,7 @@ PYTORCH = Framework(
     activation_swap=False,
     zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1, 2, 3), optimizer_offload=False,
     schedules=("gpipe", "1f1b", "interleaved-1f1b"), uneven_stages=True, uneven_chunks=False, cp_kinds=("p2p",),
-    cp_under_pipeline=True,
+    cp_unfused_attention=(), cp_under_pipeline=True,
     sequence_parallel=(False, True), dtypes=("fp32", "tf32", "fp16", "bf16", "fp8"), mesh_orders=None,
     fp8_recipes=("delayed", "tensorwise", "mxfp8", "blockwise"), experts_from_sharded_dp=False,
 )
@@ -281,7 +288,8 @@ DEEPSPEED = replace(
     PYTORCH, name="deepspeed", title="DeepSpeed", bucket_params=500_000_000, bucket_params_per_dp_rank=0,
     bf16_grad_reduce_bytes=2.0, fp16_grad_reduce_bytes=2.0, offload_fraction_zero_stages=(3,),
     zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1), optimizer_offload=True, schedules=("1f1b",),
-    uneven_stages=False, cp_kinds=("a2a",), cp_under_pipeline=False, sequence_parallel=(False,),
+    uneven_stages=False, cp_kinds=("a2a",), cp_unfused_attention=("a2a",), cp_under_pipeline=False,
+    sequence_parallel=(False,),
     dtypes=("fp32", "tf32", "fp16", "bf16"), fp8_recipes=(), mesh_orders=(("pp", "dp", "cp", "tp"),),
     recompute_kinds=("none", "full"), recompute_some_layers=False,
 )
@@ -302,7 +310,8 @@ MINDSPORE = Framework(
     activation_swap=True,
     zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1, 2, 3), optimizer_offload=True,
     schedules=("1f1b", "interleaved-1f1b"), uneven_stages=True, uneven_chunks=True, cp_kinds=("p2p", "a2a"),
-    cp_under_pipeline=True, sequence_parallel=(False, True), dtypes=("fp32", "fp16", "bf16"), fp8_recipes=(),
+    cp_unfused_attention=("p2p", "a2a"), cp_under_pipeline=True, sequence_parallel=(False, True),
+    dtypes=("fp32", "fp16", "bf16"), fp8_recipes=(),
     mesh_orders=(("pp", "dp", "cp", "tp"),), experts_from_sharded_dp=False,
 )
 
