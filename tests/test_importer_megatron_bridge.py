@@ -197,6 +197,8 @@ def test_refusals_of_whole_sections_and_disagreements(tmp_path):
     doc["mystery"] = {"x": 1}
     with pytest.raises(AdvisorError, match="mystery"):
         read_launch_config(_write(tmp_path, doc))
+    with pytest.raises(AdvisorError, match="train = '8': a ConfigContainer section is a mapping"):
+        read_launch_config(_write(tmp_path, {"model": {"num_layers": 2}, "train": 8}))
     with pytest.raises(AdvisorError, match="mixed_precision = 'bf17': not a recipe"):
         read_launch_config(_write(tmp_path, {"model": {"num_layers": 2}, "mixed_precision": "bf17"}))
 

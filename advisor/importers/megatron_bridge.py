@@ -248,6 +248,9 @@ def read_bridge(text: str, source: str) -> Imported:
         if section == "peft" and value is not None:
             raise refuse(source, "peft", _target(value) or value, "parameter-efficient fine-tuning; advisor prices "
                          "training every parameter")
+        if value is not None and not isinstance(value, dict) and not (section == "mixed_precision"
+                                                                     and isinstance(value, str)):
+            raise refuse(source, section, value, "a ConfigContainer section is a mapping of its fields")
     precision = doc.get("mixed_precision")
     if isinstance(precision, str):
         name = precision.replace("-", "_")
