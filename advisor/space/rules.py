@@ -374,7 +374,7 @@ RULES.update(_framework_rules())
 FRAMEWORK_RULES = {"framework zero": "zero_stage", "framework schedule": "pipeline_schedule",
                    "framework stage layers": "stage_layers", "framework context parallel": "cp_comm",
                    "framework sequence parallel": "sequence_parallel", "framework mesh order": "mesh_order",
-                   "framework recompute": "recompute"}
+                   "framework recompute": "recompute", "framework cp attention": "cp"}
 
 
 def illegal_masks(model: ModelSpec, cluster: Cluster, job: TrainingJob, batch: StrategyBatch) -> dict[str, np.ndarray]:
