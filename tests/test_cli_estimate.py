@@ -90,7 +90,7 @@ def test_good_call_exits_0_and_prints_the_breakdown():
     ["--model", "mixtral-8x7b", "--hardware", "dgx-h100", "--nodes", "8", "--tp", "2", "--pp", "4", "--ep", "8",
      "--gbs", "64", "--seq-len", "4096", "--recompute", "full", "--zero", "1"],
     GPT + ["--devices", "8", "--tp", "2", "--cp", "2", "--gbs", "16", "--schedule", "gpipe", "--pp", "2",
-           "--zero", "3", "--attention", "math", "--framework", "pytorch"],
+           "--zero", "3", "--attention", "flash", "--framework", "pytorch"],
 ], ids=["gpt3-tp2-pp2", "megatron-22b-sp", "llama3-8b-ascend-vpp", "mixtral-ep", "gpt3-cp-zero3-gpipe"])
 def test_json_output_is_one_object_with_consistent_figures(args):
     r = advisor_estimate(*args, "--json")
@@ -410,3 +410,12 @@ def test_plan_that_is_not_an_object(tmp_path):
 
 def test_plan_file_not_found():
     assert_bad_input(advisor_estimate("--plan", "/nonexistent/plan.json"), "/nonexistent/plan.json")
+
+
+def test_context_parallelism_with_the_unfused_attention_is_refused():
+    """No framework advisor exports runs ring attention on the unfused softmax(QK^T)V (Megatron-Core's local
+    attention asserts cp == 1; torch's context_parallel runs on SDPA's fused kernels)."""
+    r = advisor_estimate(*GPT, "--devices", "8", "--tp", "2", "--cp", "2", "--gbs", "16", "--pp", "2",
+                         "--attention", "math", "--framework", "pytorch")
+    assert r.returncode == 2
+    assert "context parallelism on a fused attention kernel only (give --attention flash)" in r.stderr
