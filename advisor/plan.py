@@ -161,6 +161,7 @@ def _target_from_dict(data: Any, origin: str) -> dict[str, Any] | None:
 _PREDICTION_NUMBERS = ("step_time_s", "tokens_per_s", "mfu", "hfu", "tflops_per_device", "energy_kwh",
                        "emissions_tco2e")
 _PREDICTION_PARTS = ("memory_gib", "time_s")
+BAND_PAIRS = ("tokens_per_s", "step_time_s", "memory_gib", "error")     # prediction.band's [low, high] figures
 _SEARCH_COUNTS = ("candidates", "scored", "feasible", "rank")
 
 
@@ -186,6 +187,18 @@ def check_prediction(pred: dict[str, Any] | None, origin: str) -> None:
             _number_or_fail(value, f"{origin}: key '{key}.{part}'")
     if pred.get("bottleneck") is not None and not isinstance(pred["bottleneck"], str):
         raise AdvisorError(f"{origin}: key 'bottleneck' must be a string, got {prefix(pred['bottleneck'])}")
+    band = pred.get("band")
+    if band is not None:
+        if not isinstance(band, dict):
+            raise AdvisorError(f"{origin}: key 'band' must be a mapping, got {prefix(band)}")
+        for key in BAND_PAIRS:
+            pair = band.get(key)
+            if pair is None:
+                continue
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise AdvisorError(f"{origin}: key 'band.{key}' must be [low, high], got {prefix(pair)}")
+            for value in pair:
+                _number_or_fail(value, f"{origin}: key 'band.{key}'")
     conf = pred.get("confidence")
     if conf is not None:
         if (not isinstance(conf, dict) or not isinstance(conf.get("calibrated"), bool)

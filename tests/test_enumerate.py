@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from advisor.cost.comm import slowest_tier
+from advisor.cost.confidence import pessimistic_tokens_per_s
 from advisor.cost.estimate import estimate, estimate_batch
 from advisor.cost.memory import memory
 from advisor.commands.inputs import default_dtype
@@ -98,8 +99,9 @@ def _distinct(values: np.ndarray) -> np.ndarray:
     (SMALL_MODEL, "ascend-910", 8, 8),
 ])
 def test_search_finds_what_brute_force_finds(spec, hw_name, devices, gbs):
-    """Every distinct throughput within the tie band of the K-th best distinct one is found, the
-    same as pricing every legal combination (de-duplicated candidates are exact copies of kept ones)."""
+    """Every distinct score (throughput at the pessimistic end of its band, what recommend ranks by) within the tie
+    band of the K-th best distinct one is found, the same as pricing every legal combination (de-duplicated
+    candidates are exact copies of kept ones)."""
     model = model_from_dict(spec, "test")
     hw = small_node_hardware(hw_name)
     cluster, job, outcome = _search(model, hw, devices, gbs, top_k=3)
@@ -109,9 +111,9 @@ def test_search_finds_what_brute_force_finds(spec, hw_name, devices, gbs):
     if hw.node.group_size < hw.node.devices_per_node:
         batch = batch.take(en.tp_inside_fast_group(hw, batch.tp, batch.tp_stride))
     e = estimate_batch(model, hw, cluster, job, batch)
-    brute = _distinct(e.tokens_per_s[e.feasible])
+    brute = _distinct(pessimistic_tokens_per_s(model, hw, job, batch, e)[e.feasible])
     limit = brute[2] * (1 - TIE_BAND)
-    found = _distinct(searched.tokens_per_s)
+    found = _distinct(pessimistic_tokens_per_s(model, hw, job, outcome.finalists, searched))
     assert len(found[found >= limit]) == len(brute[brute >= limit])
     assert np.allclose(found[found >= limit], brute[brute >= limit], rtol=1e-9)
 

@@ -34,10 +34,10 @@ def test_a_plan_that_fits_the_device_but_not_its_margin_does_not_fit():
 
 @pytest.mark.parametrize("margin", [0.1, 0.25])
 def test_recommended_plans_leave_the_margin_free(margin):
-    i = resolve_inputs("llama3-70b", "dgx-h100", devices=64, memory_margin=margin)
+    i = resolve_inputs("llama3-70b", "dgx-h100", devices=32, memory_margin=margin)
     plans = recommend(i.model, i.hardware, i.cluster, i.job, pins=Pins(), top_k=5).plans
     assert plans and all(p.prediction["memory_gib"]["total"] <= 80.0 * (1.0 - margin) for p in plans)
-    bare = resolve_inputs("llama3-70b", "dgx-h100", devices=64)
+    bare = resolve_inputs("llama3-70b", "dgx-h100", devices=32)
     best = recommend(bare.model, bare.hardware, bare.cluster, bare.job, pins=Pins(), top_k=1).plans[0]
     assert best.prediction["memory_gib"]["total"] > 80.0 * 0.9     # without it the #1 fills the device
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Callable
 
+from advisor.cost.confidence import pessimistic_tokens_per_s
 from advisor.cost.estimate import Estimate, estimate_batch, from_batch
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.families import family_of_model
@@ -127,10 +128,10 @@ def _ranked(model, hardware, cluster, job, pins, depth, search, progress, sugges
         comm_knobs.refine(model, hardware, cluster, job, outcome.finalists)
     e = price_layouts(estimate_batch(model, hardware, cluster, job, batch), batch, outcome.operator_strategies,
                       usable_bytes(job, hardware))
-    score = partial(_score, objective, hardware, cluster, job)
+    score = partial(_score, objective, model, hardware, cluster, job)
     # Balanced pipeline stages for the leading candidates (the search prices even splits).
     # (distinct layouts first, so that the balanced leaders hold as many layouts as there are)
-    lead = rank(score(e), simplicity_key(batch, hardware), min(len(batch), BALANCE_LEADERS * top_k),
+    lead = rank(score(e, batch), simplicity_key(batch, hardware), min(len(batch), BALANCE_LEADERS * top_k),
                 feasible=e.feasible, memory_bytes=e.memory.total, layouts=layout_key(batch))
     if len(lead):
         batch = balance_stages(model, hardware, cluster, job, batch.take(lead))
@@ -141,7 +142,7 @@ def _ranked(model, hardware, cluster, job, pins, depth, search, progress, sugges
         e = price_layouts(estimate_batch(model, hardware, cluster, job, batch), batch, outcome.operator_strategies,
                           usable_bytes(job, hardware))
     # distinct layouts, each row the best of its knob variants (ZeRO stage, offload, recomputation, ...)
-    order = rank(score(e), simplicity_key(batch, hardware), keep, feasible=e.feasible, memory_bytes=e.memory.total,
+    order = rank(score(e, batch), simplicity_key(batch, hardware), keep, feasible=e.feasible, memory_bytes=e.memory.total,
                  layouts=layout_key(batch))
     if len(order) == 0:   # a searcher proposed only plans that do not fit
         raise InfeasibleError(nothing_fits_message(model, hardware, cluster, job, pins, searcher, suggest))
@@ -157,11 +158,13 @@ def _ranked(model, hardware, cluster, job, pins, depth, search, progress, sugges
     return RecommendResult(tuple(plans), tuple(estimates), outcome.stats)
 
 
-def _score(objective: str, hardware: HardwareProfile, cluster: Cluster, job: TrainingJob, e):
-    """What the ranking maximizes: tokens/s, or (carbon) tokens per joule of the job's IT power, which
-    ranks as emissions do for a fixed grid and PUE."""
+def _score(objective: str, model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job: TrainingJob, e, batch):
+    """What the ranking maximizes: tokens/s at the pessimistic end of each plan's band (advisor.cost.band: a plan
+    the measured runs do not cover ranks by what the model knows of it), or (carbon) the same tokens per joule of
+    the job's IT power, which ranks as emissions do for a fixed grid and PUE."""
+    pessimistic = pessimistic_tokens_per_s(model, hardware, job, batch, e)
     if objective in ("throughput", "cost"):     # on one cluster, dollars per token follow 1 / throughput
-        return e.tokens_per_s
+        return pessimistic
     if objective != "carbon":
         raise AdvisorError(f"recommend ranks by throughput, cost or carbon, got objective {str(objective)[:40]!r}")
     from advisor.cost.carbon import cluster_power_w
@@ -169,7 +172,7 @@ def _score(objective: str, hardware: HardwareProfile, cluster: Cluster, job: Tra
     power = cluster_power_w(hardware, job.dtype, cluster.devices, e.hfu)
     if power is None:
         raise AdvisorError(f"--objective carbon needs the device power of profile {hardware.name} (power_watts)")
-    return e.tokens_per_s / power
+    return pessimistic / power
 
 
 def _semi_auto(model, hardware, cluster, job, pins, top_k, progress, *, searcher, fixed) -> SearchOutcome:
@@ -195,6 +198,7 @@ def prediction_of(e: Estimate) -> dict[str, Any]:
         **({"energy_kwh": e.energy_to_train_kwh} if e.energy_to_train_kwh is not None else {}),
         **({"emissions_tco2e": e.emissions_to_train_tco2e} if e.emissions_to_train_tco2e is not None else {}),
         **({"confidence": e.confidence.to_dict()} if e.confidence is not None else {}),
+        **({"band": e.band.to_dict(e.tokens_per_s, e.step_time_s, mem.total)} if e.band is not None else {}),
     }
 
 

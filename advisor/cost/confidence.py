@@ -14,8 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from advisor.cost.attention import HEAD_WIDTH_EFFICIENCY, head_width
-from advisor.space.strategy import Strategy
+from advisor.cost.band import coverage_of, pessimistic_factor
+from advisor.space.strategy import CP_COMM, Strategy, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
@@ -35,25 +38,81 @@ def dtype_label(job: TrainingJob) -> str:
     return f"fp8:{job.recipe}" if job.recipe else job.dtype
 
 
-def features(strategy: Strategy, job: TrainingJob | None = None, moe: bool = False) -> set[str]:
-    """The parallelisms and knobs of a plan that calibration runs can cover (with the job: its CUDA
-    graphs and, for MoE models, token dropping)."""
-    out = {name for name in ("tp", "pp", "cp", "ep") if strategy.degree(name) > 1}
-    if strategy.zero_stage == 3:
-        out.add("zero3")
-    if strategy.cp > 1 and strategy.cp_comm == "a2a":
-        out.add("cp-a2a")
-    if strategy.offload_optimizer:
-        out.add("offload")
-    if strategy.offload_params:
-        out.add("offload-params")
-    if strategy.host_embedding:
-        out.add("host-embedding")
-    if job is not None and job.cuda_graphs:
-        out.add("cuda-graphs")
-    if job is not None and moe and not job.moe_dropless:
-        out.add("token-drop")
+def feature_masks(b: StrategyBatch, job: TrainingJob | None = None, moe: bool = False) -> dict[str, np.ndarray]:
+    """Per candidate, which of the parallelisms and knobs that calibration runs can cover it uses ((N,)
+    boolean arrays; with the job: its CUDA graphs and, for MoE models, token dropping)."""
+    n = len(b)
+    out = {name: getattr(b, name) > 1 for name in ("tp", "pp", "cp", "ep")}
+    out["zero3"] = b.zero_stage == 3
+    out["cp-a2a"] = (b.cp > 1) & (b.cp_comm == CP_COMM.index("a2a"))
+    out["offload"] = np.asarray(b.offload_optimizer, dtype=bool)
+    out["offload-params"] = np.asarray(b.offload_params, dtype=bool)
+    out["host-embedding"] = np.asarray(b.host_embedding, dtype=bool)
+    if job is not None:
+        out["cuda-graphs"] = np.full(n, bool(job.cuda_graphs))
+        out["token-drop"] = np.full(n, bool(moe and not job.moe_dropless))
     return out
+
+
+def features(strategy: Strategy, job: TrainingJob | None = None, moe: bool = False) -> set[str]:
+    """The parallelisms and knobs of one plan that calibration runs can cover (feature_masks)."""
+    masks = feature_masks(StrategyBatch.from_strategies([strategy], max(strategy.pp, 1)), job, moe)
+    return {name for name, on in masks.items() if bool(on[0])}
+
+
+def _coverage_masks(model: ModelSpec, job: TrainingJob, b: StrategyBatch, dp_share, cov: dict[str, Any]):
+    """The plan-dependent ranges the measured runs span (the band table's coverage, advisor.cost.band): per
+    check, (N,) mask of the candidates beyond it and a function naming candidate i's part."""
+    out = []
+    ranks = b.dp * b.cp
+    zero3 = cov.get("zero3_ranks")
+    if zero3 is not None:
+        beyond = (b.zero_stage == 3) & (ranks > zero3[1])
+        out.append((beyond, lambda i: f"ZeRO-3 sharded over {int(ranks[i])} ranks, beyond the calibrated "
+                                      f"{zero3[0]}-{zero3[1]}"))
+    share = cov.get("dp_traffic_share")
+    if share is not None and dp_share is not None:
+        beyond = np.asarray(dp_share) > share
+        out.append((beyond, lambda i: f"data-parallel traffic {float(dp_share[i]):.2f} of the compute it overlaps, "
+                                      f"beyond the calibrated {share:.2f}"))
+    tokens = cov.get("moe_micro_batch_tokens")
+    if model.moe is not None and tokens is not None:
+        mb_tokens = b.micro_batch_size * job.seq_length
+        beyond = (mb_tokens < tokens[0]) | (mb_tokens > tokens[1])
+        out.append((beyond, lambda i: f"MoE micro-batches of {int(mb_tokens[i])} tokens outside the calibrated "
+                                      f"{tokens[0]}-{tokens[1]}"))
+    return out
+
+
+def plan_parts(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dp_share=None,
+               cal: dict[str, Any] | None = None, cov: dict[str, Any] | None = None) -> np.ndarray:
+    """(N,) count of each candidate's plan-dependent parts outside the calibrated region (its features no run
+    uses, the coverage ranges it leaves): what widens its band (advisor.cost.band) beyond what every plan of the
+    job shares."""
+    cal = _calibration(hw) if cal is None else cal
+    cov = coverage_of(hw.name) if cov is None else cov
+    n = np.zeros(len(b), dtype=np.int64)
+    if cal is None:
+        return n
+    calibrated = set(cal.get("parallelism", ()))
+    for name, on in feature_masks(b, job, model.moe is not None).items():
+        if name not in calibrated and name not in ("cuda-graphs", "token-drop"):
+            n += on
+    for beyond, _ in _coverage_masks(model, job, b, dp_share, cov):
+        n += beyond
+    return n
+
+
+def pessimistic_tokens_per_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, e) -> np.ndarray:
+    """What recommend ranks by: each candidate's throughput at the pessimistic end of its band (advisor.cost.band),
+    counting the parts outside the calibrated region that depend on the plan. ``e``: the candidates'
+    EstimateBatch."""
+    parts = plan_parts(model, hw, job, b, e.dp_traffic_share)
+    return e.tokens_per_s * pessimistic_factor(hw.name, parts)
+
+
+def _calibration(hw: HardwareProfile):
+    return (hw.raw or {}).get("calibration")      # validated at load (advisor.specs.calibration)
 
 
 def _attention_kernel_notes(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strategy: Strategy) -> list[str]:
@@ -73,8 +132,14 @@ def _attention_kernel_notes(model: ModelSpec, hw: HardwareProfile, job: Training
     return out
 
 
-def confidence(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, strategy: Strategy) -> Confidence:
-    cal = (hw.raw or {}).get("calibration")      # validated at load (advisor.specs.calibration)
+def confidence(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, strategy: Strategy,
+               dp_share: float | None = None, cal: dict[str, Any] | None = None,
+               cov: dict[str, Any] | None = None) -> Confidence:
+    """Which parts of one plan's estimate lie outside the region its profile was calibrated on (``cal``: the
+    profile's calibration mapping, ``cov``: the band table's coverage; by default the bundled ones).
+    ``dp_share``: the estimate's data-parallel traffic over compute (EstimateBatch.dp_traffic_share)."""
+    cal = _calibration(hw) if cal is None else cal
+    cov = coverage_of(hw.name) if cov is None else cov
     if cal is None:
         return Confidence(False, (f"{hw.name}: no measured runs behind this profile's constants",))
     out = []
@@ -98,6 +163,9 @@ def confidence(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tra
     missing = sorted(features(strategy, job, model.moe is not None) - set(cal.get("parallelism", ())))
     if missing:
         out.append(f"{', '.join(missing)} on {hw.name}: no calibration run uses it")
+    batch = StrategyBatch.from_strategies([strategy], model.num_layers)
+    share = None if dp_share is None else np.array([dp_share])
+    out.extend(part(0) for beyond, part in _coverage_masks(model, job, batch, share, cov) if bool(beyond[0]))
     kind = "moe" if model.moe is not None else "dense"
     if kind not in cal.get("models", ()):
         out.append(f"{kind} models on {hw.name}: no calibration run")

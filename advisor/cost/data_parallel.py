@@ -60,14 +60,16 @@ def gathers_under_next_forward(job: TrainingJob, zero_stage: int) -> bool:
 
 def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_params, expert_params,
               dp_group: GroupPlacement, edp_group: GroupPlacement, units, mb_forward_s, mb_backward_s,
-              weight_bytes: float) -> np.ndarray:
+              weight_bytes: float, hidden: bool = True) -> np.ndarray:
     """Exposed data-parallel communication per step (seconds, (N,) arrays). dense/expert_params: the
     largest stage's per-device parameters; units: its layers (FSDP wrapping units); mb_forward_s /
-    mb_backward_s: that stage's compute per micro-batch."""
+    mb_backward_s: that stage's compute per micro-batch. ``hidden=False``: the same collectives with
+    nothing overlapped, i.e. all the data-parallel traffic of a step (what overlap hides is the
+    difference)."""
     grad_bytes = job.grad_reduce_bytes
     units = np.maximum(units, 1).astype(float)
     m = b.num_micro_batches.astype(float)
-    overlap = hw.device.overlaps_communication
+    overlap = hw.device.overlaps_communication and hidden
 
     def coll(op, per_param_bytes, share=1.0):
         return (comm.group_time_s(hw, op, dense_params * per_param_bytes * share, dp_group)
@@ -82,8 +84,8 @@ def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_par
     gather = coll("all_gather", weight_bytes)
 
     def exposed_gather(zero_stage):
-        hidden = overlap and gathers_under_next_forward(job, zero_stage)
-        return np.maximum(gather - mb_forward_s, 0.0) if hidden else gather
+        under_forward = overlap and gathers_under_next_forward(job, zero_stage)
+        return np.maximum(gather - mb_forward_s, 0.0) if under_forward else gather
 
     zero1_reduce, zero1_gather = np.maximum(coll("reduce_scatter", grad_bytes) - hide_last, 0.0), exposed_gather(1)
     zero1 = zero1_reduce + zero1_gather
@@ -108,7 +110,7 @@ def dp_time_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, dense_par
     else:
         zero2 = m * rs_unit * units + gather
         zero3 = np.where(reshard, m * (2.0 * ag_unit + rs_unit) * units, (ag_unit + rs_unit) * units)
-    if np.any(fusion.explicit(b)):
+    if hidden and np.any(fusion.explicit(b)):
         legacy = {"all_reduce": zero0, "reduce_scatter": zero1_reduce, "all_gather": zero1_gather}
         zero0, zero1 = _bucketed(job, b, coll, dense_params + expert_params, grad_bytes, weight_bytes, mb_forward_s,
                                  mb_backward_s, dp_group.n, legacy, (zero0, zero1), overlap)

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from advisor.cost import carbon, dataset
+from advisor.cost.band import Band, band
 from advisor.cost.confidence import Confidence, confidence
 from advisor.cost.memory import GIB
 from advisor.cost.step import KERNELS_BACKWARD, KERNELS_FORWARD, TIME_PARTS, EstimateBatch, estimate_batch
@@ -62,6 +63,8 @@ class Estimate:
     emissions_to_train_tco2e: float | None = None
     devices: int = 0
     confidence: Confidence | None = None     # parts outside the profile's calibrated region
+    band: Band | None = None                 # the prediction's error band (advisor.cost.band), with its confidence
+    dp_traffic_share: float | None = None    # all data-parallel traffic over the compute it overlaps (EstimateBatch)
     input_read_gb_per_step: float | None = None   # the cluster's reads of training samples (advisor.cost.dataset)
     host_params_gib: float = 0.0                  # offloaded weight and gradient shards per device (offload_params)
     host_embedding_gib: float = 0.0               # the word-embedding slice, its states and gradient (host_embedding)
@@ -71,6 +74,8 @@ class Estimate:
         out = asdict(self)
         out.pop("extra")
         out["reasons"] = list(self.reasons)
+        out["band"] = None if self.band is None else self.band.to_dict(self.tokens_per_s, self.step_time_s,
+                                                                         self.memory_gib.total)
         return out
 
 
@@ -126,6 +131,8 @@ def from_batch(e: EstimateBatch, i: int, model: ModelSpec, hw: HardwareProfile, 
         energy = None if power is None else float(carbon.energy_kwh(power, train_s, job.pue))
         if energy is not None and job.grid_gco2e_per_kwh is not None:
             emissions = float(carbon.emissions_tco2e(energy, job.grid_gco2e_per_kwh))
+    share = None if e.dp_traffic_share is None else float(e.dp_traffic_share[i])
+    conf = None if strategy is None else confidence(model, hw, cluster, job, strategy, dp_share=share)
     return Estimate(
         feasible=not reasons,
         reasons=tuple(reasons),
@@ -151,7 +158,9 @@ def from_batch(e: EstimateBatch, i: int, model: ModelSpec, hw: HardwareProfile, 
         energy_to_train_kwh=energy,
         emissions_to_train_tco2e=emissions,
         devices=cluster.devices,
-        confidence=None if strategy is None else confidence(model, hw, cluster, job, strategy),
+        confidence=conf,
+        band=None if conf is None else band(hw.name, len(conf.extrapolated)),
+        dp_traffic_share=share,
         input_read_gb_per_step=None if strategy is None else dataset.cluster_read_gb(job, strategy, cluster.devices),
     )
 

@@ -54,6 +54,9 @@ class EstimateBatch:
     # host memory of the fullest node (advisor.cost.host_embedding.node_host_bytes); None: host_total
     # times the node's devices
     host_node_bytes: np.ndarray | None = None
+    # all the data-parallel traffic of a step, overlapped or not, over the slowest stage's compute: how much
+    # of the step the overlap model is asked to hide (advisor.cost.confidence checks it against the runs')
+    dp_traffic_share: np.ndarray | None = None
 
     @property
     def feasible(self) -> np.ndarray:
@@ -81,10 +84,15 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     units = np.max(np.where(active, st.dense_layers + st.moe_layers, 0), axis=1)
     fwd, bwd = at_slowest(st.forward_s), at_slowest(st.backward_s)
     dp_s = dp_time_s(hw, job, b, dense_max, expert_max, groups["dp_cp"], groups["edp"], units, fwd, bwd, gather_bytes)
+    traffic = dp_time_s(hw, job, b, dense_max, expert_max, groups["dp_cp"], groups["edp"], units, fwd, bwd, gather_bytes,
+                        hidden=False)
+    dp_share = traffic / np.maximum(m * (fwd + bwd), 1e-12)
     critical = contention.critical_busy_s(model, hw, job, b, groups, st.ring, neighbour,
                                           at_slowest(st.dense_layers), at_slowest(st.moe_layers))
     contention_s = contention.contention_s(hw, job, b, critical, dense_max, expert_max, groups["dp_cp"], groups["edp"],
                                            fwd, bwd, gather_bytes)
+    # ... and the compute slowed under the traffic it hides
+    contention_s = contention_s + contention.compute_slowdown_s(hw, traffic, dp_s, m * (fwd + bwd))
     if model.tie_embeddings:
         dp_s = dp_s + tied_embedding.gradient_s(model, hw, job, b)
     local = optimizer.local_params(b, groups, dense_max, expert_max)
@@ -103,10 +111,10 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     time_s.update(pp_comm=pp_s, dp_comm=dp_s, contention=contention_s, bubble=bubble_s, optimizer=opt_s,
                   # optimizer offload, activation swapping and a host embedding's copies and update
                   offload=offload_s + at_slowest(st.swap_s) * m)
-    return _figures(model, hw, cluster, job, b, mem, st, active, slowest, time_s, step + input_s)
+    return _figures(model, hw, cluster, job, b, mem, st, active, slowest, time_s, step + input_s, dp_share)
 
 
-def _figures(model, hw, cluster, job, b, mem, st, active, slowest, time_s, step) -> EstimateBatch:
+def _figures(model, hw, cluster, job, b, mem, st, active, slowest, time_s, step, dp_share) -> EstimateBatch:
     """Throughput, model and hardware FLOPs utilization, and whether it fits on the device and the host.
     MFU counts the model's FLOPs per step over the devices' peak (Chowdhery et al. 2022, PaLM, appendix B);
     HFU adds the FLOPs recomputation replays (Korthikanti et al. 2022, section 6: hardware FLOPs)."""
@@ -128,4 +136,5 @@ def _figures(model, hw, cluster, job, b, mem, st, active, slowest, time_s, step)
         hfu_tflops_per_device=hfu_tflops, mfu=tflops * 1e12 / peak, hfu=hfu_tflops * 1e12 / peak, slowest_stage=slowest,
         stage_micro_batch_s=st.total_s,
         stage_parts_s=st.parts,      # the arrays as computed (no copies on the search's path)
+        dp_traffic_share=dp_share,
     )

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from advisor.cost.estimate import Estimate
-from advisor.render.formatting import duration, step_time, training_figures
+from advisor.render.formatting import band_line, duration, step_time, training_figures
 from advisor.space.strategy import Strategy
 
 
@@ -69,6 +69,9 @@ def render_estimate(console: Console, title: str, s: Strategy, e: Estimate) -> N
     )
     for reason in e.reasons:
         console.print(f"  [red]-[/red] {reason}")
+    line = band_line("band", e) if e.feasible else None
+    if line:
+        console.print(line, highlight=False, markup=False)
     if e.confidence is not None and not e.confidence.calibrated:
         console.print("extrapolates (outside the profile's calibrated region): " + "; ".join(e.confidence.extrapolated),
                       highlight=False, markup=False)

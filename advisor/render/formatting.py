@@ -59,3 +59,13 @@ def training_figures(e) -> list[str]:
     if e.emissions_to_train_tco2e is not None:
         out.append(f"{e.emissions_to_train_tco2e:.3g} tCO2e")
     return out
+
+
+def band_line(what: str, e) -> str | None:
+    """What the measured throughput of a plan is expected to be (its error band, advisor.cost.band)."""
+    if e.band is None or e.tokens_per_s <= 0:
+        return None
+    low, high = e.band.tokens_per_s(e.tokens_per_s)
+    outside = f", {e.band.parts} part(s) outside the calibrated region" if e.band.parts else ""
+    return (f"{what}: measured throughput expected in {low:,.0f}-{high:,.0f} tokens/s (error band "
+            f"{e.band.low:+.0%} to {e.band.high:+.0%} from leave-one-source-out residuals{outside})")

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from advisor.cost.estimate import Estimate
 from advisor.families import family
-from advisor.render.formatting import duration, step_time, training_figures
+from advisor.render.formatting import band_line, duration, step_time, training_figures
 from advisor.render.breakdown import offload_knob
 from advisor.search import Progress as ProgressHook
 from advisor.search import SearchStats
@@ -115,6 +115,9 @@ def render_recommendation(console: Console, result: RecommendResult, saved_to: s
                   "(no (n): n parts outside it)", highlight=False)
     for line in search_lines(result.search):
         console.print(line, highlight=False)
+    line = band_line("plan 1", result.estimates[0])
+    if line:
+        console.print(line + "; plans rank by the low end", highlight=False, markup=False)
     first = result.estimates[0].confidence
     if first is not None and not first.calibrated:
         console.print("plan 1 extrapolates: " + "; ".join(first.extrapolated), highlight=False, markup=False)

@@ -183,7 +183,7 @@ def parallel_extra() -> dict[str, dict[str, Any]]:
 
 
 def _prediction() -> dict[str, Any]:
-    from advisor.plan import _PREDICTION_NUMBERS, _PREDICTION_PARTS
+    from advisor.plan import _PREDICTION_NUMBERS, _PREDICTION_PARTS, BAND_PAIRS
 
     props: dict[str, Any] = {k: {"type": ["number", "null"]} for k in _PREDICTION_NUMBERS}
     for k in _PREDICTION_PARTS:
@@ -192,6 +192,12 @@ def _prediction() -> dict[str, Any]:
     props["confidence"] = {"type": ["object", "null"], "required": ["calibrated"],
                            "properties": {"calibrated": {"type": "boolean"},
                                           "extrapolated": {"type": "array", "items": {"type": "string"}}}}
+    pair = {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}
+    props["band"] = {"type": ["object", "null"],
+                     "description": "The measured figures the error band expects, each [low, high] "
+                                    "(advisor.cost.band)",
+                     "properties": {**{k: pair for k in BAND_PAIRS}, "parts_outside": {"type": "integer", "minimum": 0},
+                                    "basis": {"type": "string"}}}
     return {"title": "prediction",
             "description": "What the cost model predicts for the plan (advisor.plan.check_prediction); keys other "
                            "than these are the family's own figures.",

@@ -45,6 +45,7 @@ from collections import Counter
 
 import numpy as np
 
+from advisor.cost.confidence import pessimistic_tokens_per_s
 from advisor.cost.estimate import estimate_batch
 from advisor.cost.host_embedding import first_stage_per_node, node_host_bytes
 from advisor.cost.memory import GIB
@@ -104,7 +105,8 @@ def search(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Trainin
            top_k: int = 5, progress: Progress = None, distinct_layouts: bool = True) -> SearchOutcome:
     """Every legal candidate, scored or bounded; returns the feasible ones that could place in the top K:
     with ``distinct_layouts`` (recommend's listing) the K best layouts' (advisor.search.rank.layout_key), each its
-    best variant, otherwise the K best candidates' (the operator-level searchers' outer configurations).
+    best variant, ranked by the pessimistic end of their bands (advisor.cost.band), otherwise the K best
+    candidates' by predicted throughput (the operator-level searchers' outer configurations).
 
     Bounds nest: a family of skeletons (family_bounds), then each skeleton (bound_skeletons), then
     each ZeRO/offload pair (_Scoring), then every mesh order exactly. Families are taken in order of
@@ -188,6 +190,7 @@ class _Scoring:
     best throughputs (the bound's threshold) and every candidate that may still rank."""
 
     def __init__(self, model, hw, cluster, job, pins, options, top_k, pruned: Counter, distinct_layouts: bool = True):
+        self.banded = distinct_layouts     # recommend's listing ranks by the band's pessimistic end
         self.args = (model, hw, cluster, job)
         self.fast = fastest_link_hardware(hw, cluster.devices, model.moe is not None)
         self.pins, self.options, self.k, self.pruned = pins, options, max(top_k, 1), pruned
@@ -244,11 +247,13 @@ class _Scoring:
         rows = mesh_variants(pairs, hw, self.pins, model, job.framework_record)
         for idx in chunks_by_pp(rows):
             part = _take(rows, idx)
-            e = estimate_batch(model, hw, cluster, job, to_batch(model, job, part))
+            batch = to_batch(model, job, part)
+            e = estimate_batch(model, hw, cluster, job, batch)
             self.scored += len(idx)
             ok = e.feasible   # all of them while memory does not depend on links or placement
             _add(self.pruned, DEVICE_MEMORY_REASON, int((~ok).sum()))
-            tps = e.tokens_per_s[ok]
+            # what recommend ranks by: the pessimistic end of each candidate's band (advisor.cost.band)
+            tps = (pessimistic_tokens_per_s(model, hw, job, batch, e) if self.banded else e.tokens_per_s)[ok]
             kept = _take(part, ok)
             if self.distinct_layouts:
                 self._layouts(kept, tps)
