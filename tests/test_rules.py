@@ -218,3 +218,19 @@ def test_legal_mask_agrees_with_violations(batch_of, moe):
     mask = legal_mask(model, CLUSTER, JOB, batch)
     expected = np.array([violations(model, CLUSTER, JOB, s) == [] for s in batch_of])
     assert (mask == expected).all()
+
+
+def test_each_virtual_stage_holds_a_layer():
+    """Interleaving needs a layer per model chunk; the first and last stages may give one chunk to the embedding
+    or the loss (Megatron-Bridge's Llama 3.1 405B recipe: 126 layers over pp 16 x vpp 8)."""
+    from advisor.commands.inputs import resolve_inputs
+    from advisor.space.rules import violations
+
+    big = resolve_inputs("llama3-405b", "dgx-h100", devices=256, global_batch_size=1536)
+    s = Strategy(dp=4, tp=4, pp=16, virtual_pipeline_stages=8, pipeline_schedule="interleaved-1f1b",
+                 micro_batch_size=1, num_micro_batches=384, sequence_parallel=True)
+    assert "interleaving" not in " ".join(violations(big.model, big.cluster, big.job, s))
+    small = resolve_inputs("llama3-8b", "dgx-h100", devices=64, global_batch_size=512)
+    s = Strategy(dp=8, pp=8, virtual_pipeline_stages=8, pipeline_schedule="interleaved-1f1b",
+                 micro_batch_size=1, num_micro_batches=64)      # 4 layers a stage, 8 chunks
+    assert any("a layer per virtual stage" in v for v in violations(small.model, small.cluster, small.job, s))

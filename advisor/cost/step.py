@@ -3,7 +3,8 @@
 Step time = m x (slowest stage's micro-batch time, advisor.cost.stage_time) + pipeline fill and drain
 (advisor.cost.bubble) + exposed pipeline transfers (advisor.cost.pipeline_p2p) + exposed data-parallel
 communication (advisor.cost.data_parallel), with the tied embedding's all-reduce
-(advisor.cost.tied_embedding), + what overlapped traffic loses to contention (advisor.cost.contention)
+(advisor.cost.tied_embedding), + what overlapped traffic loses to contention, on the links and in the compute it
+hides under (advisor.cost.contention)
 + the optimizer step (advisor.cost.optimizer) + offload to the host (advisor.cost.offload,
 advisor.cost.host_embedding) + the FP8 weight casts (advisor.cost.compute.weight_cast_s) + the input
 copies where they outlast the step (advisor.cost.dataset). docs/formulas.md lists every term with its
@@ -91,8 +92,8 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
                                           at_slowest(st.dense_layers), at_slowest(st.moe_layers))
     contention_s = contention.contention_s(hw, job, b, critical, dense_max, expert_max, groups["dp_cp"], groups["edp"],
                                            fwd, bwd, gather_bytes)
-    # ... and the compute slowed under the traffic it hides
-    contention_s = contention_s + contention.compute_slowdown_s(hw, traffic, dp_s, m * (fwd + bwd))
+    # the compute the data-parallel traffic hides under runs slower while it does (advisor.cost.contention)
+    slowed = contention.compute_slowdown_s(hw, traffic, dp_s, m * (fwd + bwd))
     if model.tie_embeddings:
         dp_s = dp_s + tied_embedding.gradient_s(model, hw, job, b)
     local = optimizer.local_params(b, groups, dense_max, expert_max)
@@ -102,11 +103,11 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     weight_cast = compute.weight_cast_s(hw, job, np.max(np.where(active, sum(linear_params(model, b)), 0.0), axis=1))
     # the word embedding on the host: its gradient exchange and update, once per step
     offload_s = offload_s + (st.host_embedding.step_s if st.host_embedding is not None else 0.0)
-    step = pipe_s + pp_s + dp_s + contention_s + opt_s + offload_s + weight_cast
+    step = pipe_s + pp_s + dp_s + contention_s + opt_s + offload_s + weight_cast + slowed
     # the input pipeline's host-to-device copies, where they outlast the step they run under
     input_s = dataset.exposed_s(hw, job, b, step)
     time_s = {part: at_slowest(value) * m for part, value in st.parts.items()}
-    time_s["compute"] = time_s["compute"] + weight_cast
+    time_s["compute"] = time_s["compute"] + weight_cast + slowed
     time_s["host_overhead"] = time_s["host_overhead"] + input_s
     time_s.update(pp_comm=pp_s, dp_comm=dp_s, contention=contention_s, bubble=bubble_s, optimizer=opt_s,
                   # optimizer offload, activation swapping and a host embedding's copies and update

@@ -78,15 +78,18 @@ def sections(plan: Plan, unsupported: list[str], notes: list[str]) -> dict[str, 
                                "optimizer-only sharding; exported as FSDP with fsdp_reshard_after_forward = \"never\" "
                                "(ZeRO-2-like: gradients sharded too, parameters gathered once per step)")
     if m.moe is not None and s.ep > 1:
-        # etp = tp: cp <= ep <= dp_shard * cp, ep % cp == 0, (dp_shard * cp) % ep == 0 (parallel_dims.py)
-        if (shard * s.cp) % s.ep:
-            need = s.ep // gcd(s.ep, s.cp)
+        # etp = tp: ep % cp == 0, (dp_shard * cp) % ep == 0; etp = 1 (the experts folded): ep % (cp * tp) == 0,
+        # (dp_shard * cp * tp) % ep == 0 (torchtitan/distributed/parallel_dims.py, v0.2.0)
+        inner = s.cp * (s.tp if s.expert_tp == 1 else 1)
+        if (shard * inner) % s.ep:
+            need = s.ep // gcd(s.ep, inner)
             replicate, shard = s.dp // need, need
             unsupported.append(f"parallel.ep = {s.ep} with zero_stage = 0: torchtitan's expert parallelism borrows from "
                                f"the FSDP shard dimension; exported as HSDP with data_parallel_shard_degree = {shard} "
                                "(parameters sharded, which the plan does not do)")
-        if s.ep % s.cp or s.ep < s.cp:
-            unsupported.append(f"parallel.ep = {s.ep} with cp = {s.cp}: torchtitan needs ep to be a multiple of cp")
+        if s.ep % inner:
+            what = f"cp x tp = {inner}" if s.expert_tp == 1 and s.tp > 1 else f"cp = {s.cp}"
+            unsupported.append(f"parallel.ep = {s.ep} with {what}: torchtitan needs ep to be a multiple of it")
     par["data_parallel_replicate_degree"] = replicate
     par["data_parallel_shard_degree"] = shard
     par["fsdp_reshard_after_forward"] = reshard

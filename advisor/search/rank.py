@@ -1,9 +1,10 @@
 """Ranking: by throughput, and among plans within TIE_BAND of each other, the simpler one first; recommend's
 listing takes distinct layouts (layout_key), each the best of its knob variants.
 
-Simplicity, most important first (the order an engineer would weigh them): fewer active parallel
-dimensions; no parameter offload; no optimizer offload; the TP group inside one node; a smaller ZeRO stage; then no
-interleaving, less recomputation, the default mesh order, 1F1B over GPipe, no sequence parallelism.
+Simplicity, most important first (the order an engineer would weigh them): no parameter offload, no host
+embedding, no optimizer offload (each a host dependence the measured runs rarely cover); fewer active parallel
+dimensions; the TP group inside one node; shallower interleaving; a smaller ZeRO stage; fewer micro-batches; then
+less recomputation, the default mesh order, 1F1B over GPipe, no sequence parallelism.
 """
 
 from __future__ import annotations
@@ -27,15 +28,15 @@ def _default_strides(b: StrategyBatch) -> dict[str, np.ndarray]:
 
 
 def simplicity_key(b: StrategyBatch, hw: HardwareProfile) -> np.ndarray:
-    """(N, 11) integer matrix; lexicographically smaller rows are simpler."""
+    """(N, 12) integer matrix; lexicographically smaller rows are simpler."""
     active = sum((x > 1).astype(np.int64) for x in (b.dp, b.tp, b.pp, b.cp, b.ep))
     tp_across_nodes = group_placement(hw, b, "tp").slowest_tier == TIER_ACROSS_NODES
     default = _default_strides(b)
     moved = ((b.tp_stride != default["tp"]) | (b.dp_stride != default["dp"])
              | (b.cp_stride != default["cp"]) | (b.pp_stride != default["pp"]))
     columns = (
-        active, b.offload_params, b.host_embedding, b.offload_optimizer, tp_across_nodes, b.zero_stage,
-        b.virtual_pipeline_stages > 1,
+        b.offload_params, b.host_embedding, b.offload_optimizer, active, tp_across_nodes,
+        b.virtual_pipeline_stages, b.zero_stage, b.num_micro_batches,
         b.recompute, moved, b.pipeline_schedule != ONE_F_ONE_B, b.sequence_parallel,
     )
     return np.stack([np.asarray(c, dtype=np.int64) for c in columns], axis=1)

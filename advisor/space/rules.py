@@ -87,7 +87,15 @@ def _stage_layers(m, c, j, b):
 def _interleaving(m, c, j, b):
     interleaved = b.pipeline_schedule == INTERLEAVED
     needs = (b.virtual_pipeline_stages > 1) != interleaved
-    return needs | (interleaved & ((b.pp < 2) | (b.num_micro_batches % b.pp != 0)))
+    # every virtual stage (model chunk) holds a layer; the first and last stages may give one chunk to the
+    # embedding or the loss instead (Megatron-Core's account_for_embedding/loss_in_pipeline_split: Llama 3.1
+    # 405B's 126 layers over pp 16 x vpp 8): a middle stage of 2 layers cannot run 4 chunks
+    cols = np.arange(b.stage_layers.shape[1])[None, :]
+    active = cols < b.pp[:, None]
+    ends = (cols == 0) | (cols == b.pp[:, None] - 1)
+    room = np.where(active, b.stage_layers + ends, np.iinfo(np.int64).max)
+    empty_chunk = np.min(room, axis=1) < b.virtual_pipeline_stages
+    return needs | (interleaved & ((b.pp < 2) | (b.num_micro_batches % b.pp != 0) | empty_chunk))
 
 
 def _zero(m, c, j, b):
@@ -302,7 +310,7 @@ RULES: dict[str, tuple[Rule, str]] = {
     "expert parallel": (_expert_parallel, "ep must be 1 for dense models, and for MoE divide dp x cp (tp x dp x cp "
                         "with the experts folded, which needs ep > 1 and tp > 1) and the expert count"),
     "stage layers": (_stage_layers, "stage layers must sum to the layer count, one entry per stage, each at least one layer"),
-    "interleaving": (_interleaving, "the interleaved schedule goes with virtual stages > 1, pp > 1 and micro-batches divisible by pp"),
+    "interleaving": (_interleaving, "the interleaved schedule goes with virtual stages > 1, pp > 1, micro-batches divisible by pp and a layer per virtual stage (the first and last stages may give one to the embedding or the loss)"),
     "zero stage": (_zero, "the ZeRO stage must be 0, 1, 2 or 3"),
     "recompute modules": (_recompute_modules, "Megatron's mla_up_proj recompute needs multi-latent attention and "
                           "moe_act needs MoE layers"),
@@ -445,7 +453,7 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "expert parallel": f"ep = {s.ep}, dp x cp = {s.dp * s.cp}" + (f", tp = {s.tp}, folded" if s.fold_experts else "")
                            + (f", experts = {m.moe.num_experts}" if m.moe else ", dense model"),
         "stage layers": f"stage_layers = {list(s.resolved_stage_layers(m.num_layers))}, layers = {m.num_layers}, vpp = {s.virtual_pipeline_stages}",
-        "interleaving": f"schedule = {s.pipeline_schedule}, vpp = {s.virtual_pipeline_stages}, pp = {s.pp}, micro-batches = {s.num_micro_batches}",
+        "interleaving": f"schedule = {s.pipeline_schedule}, vpp = {s.virtual_pipeline_stages}, pp = {s.pp}, micro-batches = {s.num_micro_batches}, stage layers = {min(s.resolved_stage_layers(m.num_layers))} at fewest",
         "zero stage": f"zero = {s.zero_stage}",
         "recompute modules": f"recompute_modules = {', '.join(j.selective_modules)}, model {m.name}",
         "sequence parallel needs tp": f"tp = {s.tp}",
