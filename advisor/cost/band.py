@@ -16,7 +16,8 @@ size, sequence length or coverage range beyond theirs). From those:
   those are sizes or lengths just beyond the others', which cost little);
 * ``pair``: the median of |e_a - e_b| over pairs of runs of one source with the same model and cluster
   size: the error of the model's comparison of two plans for one job, where the profile's shared error
-  cancels. recommend treats plans closer than that as tied (advisor.search.rank);
+  cancels. It is recorded for the ranking's ties; recommend still ties plans within
+  advisor.search.rank.TIE_BAND (1%);
 * ``memory``: the 10th and 90th percentiles of predicted / measured peak memory - 1 over the runs that
   publish a peak (torchtitan's tables, max reserved; held out of every fit);
 * ``coverage``: per profile, the plan-dependent ranges the runs span (ZeRO-3 shard group, data-parallel
@@ -102,11 +103,6 @@ def memory_band() -> tuple[float, float]:
     """Predicted / measured peak memory - 1: its 10th and 90th percentiles over the runs that publish a peak
     (torchtitan's tables, held out of every fit); (0, 0) without a table."""
     return tuple(table().get("memory", (0.0, 0.0)))
-
-
-def pair_band() -> float:
-    """The error of comparing two plans of one job (the ``pair`` figure); 0 without a table."""
-    return float(table().get("pair", 0.0))
 
 
 def band(profile: str, parts: int) -> Band:

@@ -41,7 +41,7 @@ LAYOUTS = (PIPELINE, DATA)
 PIPELINE_MESH = ("pp", "dp", "cp", "tp")
 DATA_MESH = ("dp", "pp", "cp", "tp")
 # the parts of the step every type runs at once: the slowest type's is paid
-_TOGETHER = ("dp_comm", "contention", "optimizer", "offload")
+_TOGETHER = ("dp_comm", "contention", "overlap_slowdown", "optimizer", "offload")
 
 
 @dataclass(frozen=True)

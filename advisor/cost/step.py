@@ -29,7 +29,7 @@ from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec
 
-TIME_PARTS = (*STAGE_PARTS, "pp_comm", "dp_comm", "contention", "bubble", "optimizer", "offload")
+TIME_PARTS = (*STAGE_PARTS, "pp_comm", "dp_comm", "contention", "overlap_slowdown", "bubble", "optimizer", "offload")
 
 
 @dataclass(frozen=True)
@@ -107,9 +107,10 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     # the input pipeline's host-to-device copies, where they outlast the step they run under
     input_s = dataset.exposed_s(hw, job, b, step)
     time_s = {part: at_slowest(value) * m for part, value in st.parts.items()}
-    time_s["compute"] = time_s["compute"] + weight_cast + slowed
+    time_s["compute"] = time_s["compute"] + weight_cast
     time_s["host_overhead"] = time_s["host_overhead"] + input_s
-    time_s.update(pp_comm=pp_s, dp_comm=dp_s, contention=contention_s, bubble=bubble_s, optimizer=opt_s,
+    time_s.update(pp_comm=pp_s, dp_comm=dp_s, contention=contention_s, overlap_slowdown=slowed, bubble=bubble_s,
+                  optimizer=opt_s,
                   # optimizer offload, activation swapping and a host embedding's copies and update
                   offload=offload_s + at_slowest(st.swap_s) * m)
     return _figures(model, hw, cluster, job, b, mem, st, active, slowest, time_s, step + input_s, dp_share)
