@@ -160,10 +160,11 @@ def confidence(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tra
     low, high = cal.get("devices", (0, 0))
     if not low <= cluster.devices <= high:
         out.append(f"{cluster.devices} devices outside the calibrated {low}-{high}")
-    missing = sorted(features(strategy, job, model.moe is not None) - set(cal.get("parallelism", ())))
+    batch = StrategyBatch.from_strategies([strategy], model.num_layers)
+    used = {name for name, on in feature_masks(batch, job, model.moe is not None).items() if bool(on[0])}
+    missing = sorted(used - set(cal.get("parallelism", ())))
     if missing:
         out.append(f"{', '.join(missing)} on {hw.name}: no calibration run uses it")
-    batch = StrategyBatch.from_strategies([strategy], model.num_layers)
     share = None if dp_share is None else np.array([dp_share])
     out.extend(part(0) for beyond, part in _coverage_masks(model, job, batch, share, cov) if bool(beyond[0]))
     kind = "moe" if model.moe is not None else "dense"
