@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from advisor.cost.band import memory_headroom
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.families import family_of_model
 from advisor.commands.inputs import DEFAULT_BATCH_TOKENS, check_dtype, default_dtype, site_values
@@ -306,8 +307,9 @@ def whatif(
             for seq in seqs:
                 batches = list(global_batch) or [max(DEFAULT_BATCH_TOKENS // seq, 1)]
                 for gbs in batches:
+                    # plans fit at the upper end of the memory band, as recommend's (advisor.cost.band)
                     job = TrainingJob(global_batch_size=gbs, seq_length=seq, dtype=dt, train_tokens=train_tokens,
-                                      **site)
+                                      memory_margin=memory_headroom(), **site)
                     for size in sizes:
                         cluster = Cluster.of(prof, nodes=size) if nodes else Cluster.of(prof, devices=size)
                         tasks.append(_Task(name, prof, cluster, job))

@@ -8,8 +8,12 @@ predicted tokens/s over the published run's measured ones, and "low end" the sam
 (advisor.cost.band), what recommend ranks by: a #1 far above the measured run is a promise the model may not
 keep (the published runs with full recomputation are beaten legitimately by selective recomputation,
 Korthikanti et al. 2022 Table 5). It also prints how many
-distinct layouts (degrees and pipeline schedule) the top 5 hold, and whether the #1 is the same for --top 1,
---top 5 and --top 200.
+distinct layouts (degrees and pipeline schedule) the top 5 hold, whether the #1 is the same for --top 1,
+--top 5 and --top 200 and for the global batch 6% smaller and larger, whether the published layout is among
+the top 5 layouts or predicted inside the #1's band, whether the #1 fits at the upper end of its memory band,
+and whether its predicted MFU stays under the best measured for its device and dtype (every calibration and
+published run). recommend is asked as the command line asks it: plans leave the memory band's headroom free
+(advisor.cost.band.memory_headroom).
 
     python benchmarks/recommend_quality.py
 """
@@ -18,13 +22,18 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.validation.published import PublishedRun, load_published_runs, measured_step_time_s, predict  # noqa: E402
 from advisor.commands.recommend import recommend  # noqa: E402
+from advisor.cost.band import memory_headroom, table  # noqa: E402
+from advisor.search import Pins  # noqa: E402
+from advisor.errors import AdvisorError, InfeasibleError  # noqa: E402
+from advisor.validation.accuracy import run_hardware, usable_runs  # noqa: E402
 from advisor.search.rank import LAYOUT_FIELDS  # noqa: E402
 from advisor.specs.hardware import load_hardware  # noqa: E402
 from advisor.specs.job import Cluster  # noqa: E402
@@ -45,6 +54,11 @@ class QualityRow:
     measured_tokens_per_s: float
     recommended_low_tokens_per_s: float
     offload_or_zero3: bool
+    recipe_in_top5_or_band: bool
+    fits_at_memory_band: bool
+    same_for_batch_change: bool
+    mfu: float
+    best_measured_mfu: float
 
     @property
     def ratio(self) -> float:
@@ -61,18 +75,82 @@ def _describe(s) -> str:
     return text
 
 
+def _low(e) -> float:
+    return e.band.tokens_per_s(e.tokens_per_s)[0]
+
+
+def _layout(s) -> tuple:
+    return tuple(getattr(s, f) for f in LAYOUT_FIELDS)
+
+
+def _mfu(tokens_per_s_per_device: float, model, seq: int, peak_flops: float) -> float:
+    return tokens_per_s_per_device * model.training_flops_per_token(seq) / peak_flops
+
+
+@lru_cache(maxsize=1)
+def best_measured_mfu() -> dict[tuple[str, str], float]:
+    """The best measured MFU per (profile, dtype) over every calibration and published run."""
+    best: dict[tuple[str, str], float] = {}
+    for r in usable_runs():
+        hw = run_hardware(r)
+        key = (r.profile, r.job.dtype)
+        mfu = _mfu(r.measured_tokens_per_s_per_device, r.model, r.job.seq_length, hw.device.peak_flops(r.job.dtype))
+        best[key] = max(best.get(key, 0.0), mfu)
+    for r in load_published_runs():
+        hw = load_hardware(r.hardware)
+        key = (r.hardware, r.job.dtype)
+        tps = r.job.tokens_per_step / measured_step_time_s(r) / r.devices
+        best[key] = max(best.get(key, 0.0), _mfu(tps, r.model, r.job.seq_length, hw.device.peak_flops(r.job.dtype)))
+    return best
+
+
+def pair_band() -> float:
+    """The median |e_a - e_b| of two plans for one job (advisor/cost/error_bands.json)."""
+    return float(table().get("pair", 0.0))
+
+
+def _batch_changed(job, dp: int, factor: float) -> int:
+    """The global batch nearest ``factor`` times the run's that the published data-parallel degree divides."""
+    return max(int(round(job.global_batch_size * factor / dp)), 1) * dp
+
+
 def compare(run: PublishedRun) -> QualityRow:
     hw = load_hardware(run.hardware)
     cluster = Cluster.of(hw, devices=run.devices)
     published = predict(run, hw)
+    job = replace(run.job, memory_margin=memory_headroom())     # as `advisor recommend` asks it
     start = time.perf_counter()
-    result = recommend(run.model, hw, cluster, run.job, top_k=1)
+    result = recommend(run.model, hw, cluster, job, top_k=1)
     seconds = time.perf_counter() - start
     best = result.estimates[0]
-    top5 = recommend(run.model, hw, cluster, run.job, top_k=5)
-    top200 = recommend(run.model, hw, cluster, run.job, top_k=200)
-    layouts = {tuple(getattr(p.strategy, f) for f in LAYOUT_FIELDS) for p in top5.plans}
+    top5 = recommend(run.model, hw, cluster, job, top_k=5)
+    top200 = recommend(run.model, hw, cluster, job, top_k=200)
+    layouts = {_layout(p.strategy) for p in top5.plans}
     same = result.best.strategy == top5.best.strategy == top200.best.strategy
+    low = best.band.tokens_per_s(best.tokens_per_s)[0]
+    in_band = published.feasible and run.job.tokens_per_step / published.step_time_s >= low
+    mem_high = best.band.to_dict(best.tokens_per_s, best.step_time_s, best.memory_gib.total)["memory_gib"][1]
+    moved = []
+    for factor in (0.94, 1.06):
+        changed = replace(job, global_batch_size=_batch_changed(job, published.strategy.dp, factor))
+        try:
+            other = recommend(run.model, hw, cluster, changed, top_k=1)
+        except InfeasibleError:            # no legal layout at that batch: not a move
+            continue
+        if _layout(other.best.strategy) == _layout(result.best.strategy):
+            moved.append(False)
+            continue
+        # the #1's layout at the changed batch (its best knobs there): a move the pair band does not cover is one
+        # the model cannot tell from noise (advisor.cost.band: the error of comparing two plans for one job)
+        pins = Pins.from_values(dict(zip(LAYOUT_FIELDS, _layout(result.best.strategy))))
+        try:
+            kept = recommend(run.model, hw, cluster, changed, pins=pins, top_k=1).estimates[0]
+        except AdvisorError:               # the layout is illegal or does not fit there: the move is forced
+            moved.append(False)
+            continue
+        new = other.estimates[0]
+        gain = _low(new) / _low(kept) - 1.0
+        moved.append(gain <= pair_band())
     return QualityRow(
         run_id=run.id, devices=run.devices, published=_describe(published.strategy),
         published_tokens_per_s=run.job.tokens_per_step / published.step_time_s, published_fits=published.feasible,
@@ -81,6 +159,9 @@ def compare(run: PublishedRun) -> QualityRow:
         measured_tokens_per_s=run.job.tokens_per_step / measured_step_time_s(run),
         recommended_low_tokens_per_s=best.band.tokens_per_s(best.tokens_per_s)[0],
         offload_or_zero3=result.best.strategy.offload_optimizer or result.best.strategy.zero_stage == 3,
+        recipe_in_top5_or_band=_layout(published.strategy) in layouts or in_band,
+        fits_at_memory_band=mem_high <= hw.device.memory_gib, same_for_batch_change=not any(moved),
+        mfu=best.mfu, best_measured_mfu=best_measured_mfu().get((run.hardware, run.job.dtype), 0.0),
     )
 
 
@@ -106,6 +187,14 @@ def main() -> None:
     layouts = sorted(r.distinct_in_top5 for r in rows)
     print(f"distinct layouts in the top 5: median {layouts[len(layouts) // 2]}, min {layouts[0]}; the #1 the same for "
           f"--top 1, 5 and 200 in {sum(r.same_for_any_top for r in rows)} of {len(rows)}")
+    n = len(rows)
+    print(f"published layout among the top 5 layouts or inside the #1's band: {sum(r.recipe_in_top5_or_band for r in rows)}"
+          f" of {n}; #1 fits at the upper end of its memory band: {sum(r.fits_at_memory_band for r in rows)} of {n}; "
+          f"#1 layout the same for the batch -6% and +6%, or moved by more than the pair band ({pair_band():.1%}): "
+          f"{sum(r.same_for_batch_change for r in rows)} of {n}")
+    over = [r for r in rows if r.mfu > r.best_measured_mfu]
+    print(f"#1 predicted MFU above the best measured for its device and dtype: {len(over)} of {n}"
+          + "".join(f"; {r.run_id} {r.mfu:.1%} > {r.best_measured_mfu:.1%}" for r in over))
 
 
 if __name__ == "__main__":

@@ -142,3 +142,24 @@ def test_confidence_counts_against_a_given_region():
     cal = dict(i.hardware.raw["calibration"], parallelism=["tp"])
     conf = confidence(i.model, i.hardware, i.cluster, i.job, s, cal=cal, cov={})
     assert "zero3 on dgx-h100: no calibration run uses it" in conf.extrapolated
+
+
+def test_recommend_fits_plans_at_the_upper_end_of_their_memory_band(tmp_path):
+    """Without --memory-margin, recommend leaves what a measured peak above the prediction needs: the plan's memory
+    band (prediction.band.memory_gib) ends within the device; --memory-margin 0 fits on the point figure."""
+    import subprocess
+
+    low, _ = bands.memory_band()
+    headroom = bands.memory_headroom()
+    assert low < 0 and headroom == pytest.approx(-low, abs=1e-4)      # torchtitan's peaks: up to 27% above
+    base = [sys.executable, "-m", "advisor", "recommend", "--model", "llama3-8b", "--hardware", "dgx-h100",
+            "--nodes", "1", "--top", "1", "--json"]
+    banded = json.loads(subprocess.run(base, capture_output=True, text=True, timeout=300, check=True).stdout)["plans"][0]
+    point = json.loads(subprocess.run(base + ["--memory-margin", "0"], capture_output=True, text=True, timeout=300,
+                                      check=True).stdout)["plans"][0]
+    assert banded["training"]["memory_margin"] == pytest.approx(headroom)
+    assert "memory_margin" not in point["training"]          # the default, not written
+    assert banded["prediction"]["memory_gib"]["total"] <= 80.0 * (1.0 - headroom)
+    assert banded["prediction"]["band"]["memory_gib"][1] <= 80.0 * (1.0 + 1e-9)
+    assert point["prediction"]["band"]["memory_gib"][1] > 80.0          # the point-figure #1 would not
+    assert banded["prediction"]["tokens_per_s"] <= point["prediction"]["tokens_per_s"]

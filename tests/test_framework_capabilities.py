@@ -8,6 +8,7 @@ import pytest
 
 from advisor.commands.inputs import resolve_inputs
 from advisor.commands.recommend import recommend
+from advisor.cost.band import memory_headroom
 from advisor.errors import AdvisorError
 from advisor.export import export_plan
 from advisor.search import Pins
@@ -27,7 +28,8 @@ SETTINGS = [("llama3-70b", "dgx-h100", 64), ("llama3-8b", "dgx-h100", 16), ("mix
 
 
 def _plans(model, hardware, devices, framework, top=3):
-    i = resolve_inputs(model, hardware, devices=devices, framework=framework)
+    """The plans `advisor recommend` offers: leaving the memory band's headroom free."""
+    i = resolve_inputs(model, hardware, devices=devices, framework=framework, memory_margin=memory_headroom())
     return recommend(i.model, i.hardware, i.cluster, i.job, pins=Pins(), top_k=top).plans
 
 

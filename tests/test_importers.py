@@ -14,6 +14,7 @@ from advisor.errors import AdvisorError
 from advisor.export import export_plan
 from advisor.importers import read_launch_config
 from advisor.search import Pins
+from advisor.space.strategy import Strategy
 
 SETTINGS = [
     ("llama3-70b", "dgx-h100", 64, {}),                                   # interleaved, ZeRO-1, offload
@@ -143,8 +144,13 @@ def test_recommend_from_a_launch_pins_what_it_pins(tmp_path):
     import subprocess
     import sys
 
-    i = resolve_inputs("llama3-8b", "dgx-h100", devices=16)
-    plan = recommend(i.model, i.hardware, i.cluster, i.job, pins=Pins(), top_k=1).plans[0]
+    from advisor.cost.band import memory_headroom
+
+    # the plan as `advisor recommend` finds it: leaving the memory band's headroom free
+    i = resolve_inputs("llama3-8b", "dgx-h100", devices=16, memory_margin=memory_headroom())
+    default = Strategy(dp=1)
+    plan = next(p for p in recommend(i.model, i.hardware, i.cluster, i.job, pins=Pins(), top_k=5).plans
+                if len(set(p.strategy.stage_layers or (0,))) == 1 and p.strategy.mesh_order == default.mesh_order)  # --from pins these
     script = tmp_path / "launch.sh"
     script.write_text(export_plan(plan, "megatron").files["megatron_pretrain_gpt.sh"])
     r = subprocess.run([sys.executable, "-m", "advisor", "recommend", "--model", "llama3-8b", "--hardware", "dgx-h100",

@@ -144,7 +144,8 @@ def test_offload_fraction_splits_the_optimizer_between_host_and_device(tmp_path)
     # the search keeps the smallest share that fits and pays (+18% here), the plan and Megatron carry it
     out = tmp_path / "off.json"
     r = runner.invoke(app, ["recommend", "--model", "llama3-8b", "--hardware", "dgx-a100-80g", "--nodes", "1",
-                            "--global-batch", "32", "--seq-len", "4096", "--offload", "--out", str(out)])
+                            "--global-batch", "32", "--seq-len", "4096", "--offload", "--memory-margin", "0",
+                            "--out", str(out)])
     assert r.exit_code == 0, r.output
     plan = load_plan(out)
     assert plan.strategy.offload_fraction == 0.25

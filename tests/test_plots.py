@@ -156,7 +156,10 @@ def test_whatif_plot_has_the_ideal_line_a_legend_off_the_data_and_readable_axes(
     assert x == xi == [8, 16, 128]
     for d, v in zip(xi, yi):                                       # linear from the smallest point
         assert v == pytest.approx(y[0] * d / x[0])
-    assert all(m <= i * (1 + 1e-9) for m, i in zip(y, yi))        # nothing beats ideal scaling
+    # each point over the ideal line is the scaling efficiency whatif reports (above 1 where more data-parallel
+    # ranks shard ZeRO's states thinner and a faster micro-batch fits)
+    for m, i, p in zip(y, yi, sorted(result.points, key=lambda p: p.devices)):
+        assert m / i == pytest.approx(p.scaling_efficiency)
     (ideal_time,) = [ln for ln in ax_time.get_lines() if ln.get_linestyle() == "--"]
     t = ideal_time.get_ydata()
     assert t[2] == pytest.approx(t[0] * 8 / 128)                  # time inversely proportional

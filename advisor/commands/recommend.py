@@ -353,7 +353,9 @@ def _first_per_knob(changes: list[str]) -> list[str]:
 def nothing_fits_message(model, hardware, cluster, job, pins: Pins, searcher: str = "enumerate",
                          suggest: bool = True) -> str:
     where = (f"no strategy for {model.name} fits {cluster.devices} x {hardware.device.name} "
-             f"({hardware.device.memory_gib:g} GiB each, profile {hardware.name}) at global batch "
+             f"({hardware.device.memory_gib:g} GiB each, profile {hardware.name}"
+             + (f", {job.memory_margin:.0%} of it left free by the memory margin" if job.memory_margin else "")
+             + ") at global batch "
              f"{job.global_batch_size} and sequence length {job.seq_length}")
     if pins.pinned():
         where += f" with {pins.describe()}"

@@ -4,6 +4,7 @@ command-line side, from a Request (advisor.commands.cli_settings) to the printed
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from advisor.commands.cli_options import console, print_json, print_warnings
 from advisor.commands.cli_settings import Request
@@ -49,6 +50,7 @@ def recommend_cmd(request: Request) -> None:
     """Search the strategy space and rank the plans; the best is saved with --out."""
     from advisor.commands.inputs import resolve_inputs
     from advisor.commands.objective import target_for
+    from advisor.cost.band import memory_headroom
     from advisor.render.report import search_progress
     from advisor.search import Pins
     from advisor.specs.input_notes import input_warnings
@@ -65,6 +67,10 @@ def recommend_cmd(request: Request) -> None:
         if nodes is None and devices is None:
             nodes, devices = (None, imported.devices) if imported.devices else (imported.nodes, None)
     inputs = resolve_inputs(r.get("model"), r.get("hardware"), nodes=nodes, devices=devices, **job)
+    headroom = None
+    if "memory_margin" not in job:      # fit at the upper end of the memory band (advisor.cost.band)
+        headroom = memory_headroom()
+        inputs = replace(inputs, job=replace(inputs.job, memory_margin=headroom))
     warnings = input_warnings(inputs.hardware, inputs.cluster)
     if not r.get("json"):   # before the search: a mistaken cluster size is seen at once
         print_warnings(warnings)
@@ -98,10 +104,20 @@ def recommend_cmd(request: Request) -> None:
         with search_progress(console, enabled=not r.get("json") and sys.stdout.isatty()) as progress:
             result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, pins=pins, top_k=top,
                                searcher=searcher, progress=progress, operator_strategies=fixed, objective=objective)
-    show(r, result, warnings, trials, objective)
+    show(r, result, warnings, trials, objective, headroom)
 
 
-def show(r: Request, result, warnings: list[str], trials=None, objective: str = "throughput") -> None:
+def headroom_line(headroom: float | None) -> str | None:
+    """What the memory margin recommend chose is for (None: the user gave --memory-margin)."""
+    if not headroom:
+        return None
+    return (f"memory: plans leave {headroom:.0%} of each device free, so that they fit at the upper end of the memory "
+            f"band (measured peaks up to {1.0 / (1.0 - headroom) - 1.0:.0%} above the prediction, advisor/cost/"
+            "error_bands.json); --memory-margin sets another share (0: the point figure)")
+
+
+def show(r: Request, result, warnings: list[str], trials=None, objective: str = "throughput",
+         headroom: float | None = None) -> None:
     """Save, plot and print a recommendation (the plans table, or --json)."""
     from advisor.plan import save_plan
     from advisor.render.report import render_recommendation
@@ -117,7 +133,8 @@ def show(r: Request, result, warnings: list[str], trials=None, objective: str = 
         extra = {"sizes" if objective == "cost" else "batches": [t.to_dict() for t in trials]} if trials else {}
         print_json({**result.to_dict(), "warnings": warnings, **extra})
         return
-    render_recommendation(console, result, saved_to=out)
+    line = headroom_line(headroom)
+    render_recommendation(console, result, saved_to=out, notes=(line,) if line else ())
     if trials:
         from advisor.render.objective import trials_table
 

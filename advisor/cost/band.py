@@ -16,10 +16,11 @@ size, sequence length or coverage range beyond theirs). From those:
   those are sizes or lengths just beyond the others', which cost little);
 * ``pair``: the median of |e_a - e_b| over pairs of runs of one source with the same model and cluster
   size: the error of the model's comparison of two plans for one job, where the profile's shared error
-  cancels. It is recorded for the ranking's ties; recommend still ties plans within
-  advisor.search.rank.TIE_BAND (1%);
+  cancels. recommend ties plans closer than this (advisor.search.rank.TIE_BAND) and offers the simpler;
 * ``memory``: the 10th and 90th percentiles of predicted / measured peak memory - 1 over the runs that
-  publish a peak (torchtitan's tables, max reserved; held out of every fit);
+  publish a peak (torchtitan's tables, max reserved; held out of every fit). recommend requires a plan to
+  fit at the band's upper end (memory_headroom: the share of memory it leaves free) unless the user gives
+  --memory-margin; estimate judges the point figure and prints the band;
 * ``coverage``: per profile, the plan-dependent ranges the runs span (ZeRO-3 shard group, data-parallel
   traffic over the compute it overlaps, MoE micro-batch tokens), which advisor.cost.confidence checks.
 
@@ -103,6 +104,15 @@ def memory_band() -> tuple[float, float]:
     """Predicted / measured peak memory - 1: its 10th and 90th percentiles over the runs that publish a peak
     (torchtitan's tables, held out of every fit); (0, 0) without a table."""
     return tuple(table().get("memory", (0.0, 0.0)))
+
+
+def memory_headroom() -> float:
+    """The share of each device's memory a recommended plan leaves free so that it fits at the upper end of
+    its memory band: a measured peak up to predicted / (1 + low) fits when predicted <= (1 + low) x the
+    device, i.e. a margin of -low (0 without a table, or where the model over-predicts every peak).
+    recommend and whatif use it as the memory margin unless --memory-margin is given (docs/commands.md)."""
+    low, _ = memory_band()
+    return round(max(-float(low), 0.0), 4)
 
 
 def band(profile: str, parts: int) -> Band:

@@ -25,12 +25,8 @@ data-parallel data, W the window's compute and T the data-parallel collectives' 
   the critical transfers keep the link, the data-parallel collective yields E = sum_k O_k min(1,
   D_k / W) and exposes max(T + E - W, 0) instead of max(T - W, 0).
 
-Compute under overlapped traffic: the collectives' kernels run on the same device as the layers'
-(NCCL's on SMs of their own, which the GEMMs then lack, and both on the memory bandwidth), so the
-compute a collective hides under runs slower while it runs. Lee et al. (arXiv 2507.03114, 2025) measured
-an average compute slowdown of 18.9% (at most 40%) over GPT and Llama training steps overlapped with
-their collectives on 4 A100, H100, MI250 and MI210: OVERLAP_COMPUTE_SLOWDOWN. The step pays that
-fraction of every second of data-parallel traffic that overlap hides (``compute_slowdown_s``).
+Compute under overlapped traffic: advisor.cost.overlap_slowdown (the step pays OVERLAP_COMPUTE_SLOWDOWN of
+every second of data-parallel traffic that overlap hides).
 
 On CPU ranks nothing overlaps (a rank runs its collectives and its compute in turn), so nothing
 contends.
@@ -49,19 +45,6 @@ from advisor.space.strategy import StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
-
-OVERLAP_COMPUTE_SLOWDOWN = 0.189     # compute slower while a collective runs under it (Lee et al. 2025, mean)
-
-
-def compute_slowdown_s(hw: HardwareProfile, traffic_s, exposed_s, compute_s) -> np.ndarray:
-    """Seconds per step the compute loses to the data-parallel traffic it hides: OVERLAP_COMPUTE_SLOWDOWN x the
-    hidden seconds (all the traffic, ``traffic_s``, less what the step exposes, ``exposed_s``; at most the
-    compute, ``compute_s``, it hides under)."""
-    if not hw.device.overlaps_communication:
-        return np.zeros_like(np.asarray(traffic_s, dtype=float))
-    hidden = np.clip(np.asarray(traffic_s) - np.asarray(exposed_s), 0.0, np.asarray(compute_s))
-    return OVERLAP_COMPUTE_SLOWDOWN * hidden
-
 
 def _add(*flows):
     return tuple(sum(parts) for parts in zip(*flows))

@@ -22,6 +22,8 @@
   while attention runs on the block in hand; each step pays one latency (the step waits for its
   receive) and the part of the transfer the block's attention does not hide. The backward passes K,
   V and their gradients (twice the bytes) around the ring against the backward attention.
+* What any of these overlaps hides slows the compute it hides under: OVERLAP_COMPUTE_SLOWDOWN of each hidden
+  second is booked with the collective's exposed seconds (advisor.cost.overlap_slowdown, Lee et al. 2025).
 * Context parallelism, a2a (Ulysses, Jacobs et al. 2023 section 3): all-to-alls of Q, K, V before
   attention and of its output after, in the forward and again in the backward, not overlapped.
 """
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from advisor.cost import comm, multi_copy
+from advisor.cost.overlap_slowdown import compute_slowdown_s
 from advisor.cost.placement import GroupPlacement
 from advisor.space.strategy import StrategyBatch
 from advisor.specs.frameworks import MINDSPORE
@@ -107,6 +110,9 @@ def cp_comm_s(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: Strate
     hide = 1.0 if hw.device.overlaps_communication else 0.0    # a CPU rank runs them in turn
     ring_fwd = steps * (latency + np.maximum(send - latency - hide * core_forward_s / cp_f, 0.0))
     ring_bwd = steps * (latency + np.maximum(2.0 * (send - latency) - hide * core_backward_s / cp_f, 0.0))
+    # the block's attention runs slower under the part of each step's transfer it hides (overlap_slowdown)
+    ring_fwd = ring_fwd + compute_slowdown_s(hw, steps * send, ring_fwd, steps * core_forward_s / cp_f)
+    ring_bwd = ring_bwd + compute_slowdown_s(hw, steps * (2.0 * send - latency), ring_bwd, steps * core_backward_s / cp_f)
     qkv_bytes = tokens * (model.q_size + model.k_size + model.v_size) / t * job.dtype_bytes
     out_bytes = tokens * model.attention_out_size / t * job.dtype_bytes
     a2a = comm.group_time_s(hw, "all_to_all", qkv_bytes, cp) + comm.group_time_s(hw, "all_to_all", out_bytes, cp)
@@ -133,12 +139,19 @@ def layer_comm(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: Strat
         tp_bwd = first + np.maximum(tp - first - 2.0 * linear_forward_s, 0.0)
     else:
         tp_fwd, tp_bwd = tp, tp
+    traffic = tp
     if multi_copy.active(b):
         one_copy = tp_comm_s(model, hw, job, multi_copy.per_copy_batch(b), groups["tp"], moe_layer)
         tp_fwd, tp_bwd = multi_copy.tp_exposed(hw, job, b, one_copy, tp_fwd, tp_bwd, layer_forward_s, 2.0 * layer_forward_s)
+        traffic = np.where(b.micro_batch_copies > 1, multi_copy.copies(b) * one_copy, tp)
+    # the compute under the hidden part of the TP collectives runs slower (overlap_slowdown; 0 where none hides)
+    tp_fwd = tp_fwd + compute_slowdown_s(hw, traffic, tp_fwd, layer_forward_s)
+    tp_bwd = tp_bwd + compute_slowdown_s(hw, traffic, tp_bwd, 2.0 * layer_forward_s)
     ep = ep_comm_s(model, hw, job, b, groups["ep"])
     if job.ep_comm_overlap and hw.device.overlaps_communication:
         ep_fwd, ep_bwd = np.maximum(ep - layer_forward_s, 0.0), np.maximum(ep - 2.0 * layer_forward_s, 0.0)
+        ep_fwd = ep_fwd + compute_slowdown_s(hw, ep, ep_fwd, layer_forward_s)
+        ep_bwd = ep_bwd + compute_slowdown_s(hw, ep, ep_bwd, 2.0 * layer_forward_s)
     else:
         ep_fwd, ep_bwd = ep, ep
     cp_fwd, cp_bwd = cp_comm_s(model, hw, job, b, groups["cp"], ring_tier, core_forward_s, core_backward_s)

@@ -23,6 +23,7 @@ from advisor.cost.host_embedding import node_host_bytes
 from advisor.cost.host_launch import KERNELS_BACKWARD, KERNELS_FORWARD  # noqa: F401 (re-exported)
 from advisor.cost.memory import GIB, MemoryArrays, linear_params, memory, stage_masks, stage_params, state_bytes_per_param
 from advisor.cost.placement import placements
+from advisor.cost.overlap_slowdown import compute_slowdown_s
 from advisor.cost.stage_time import STAGE_PARTS
 from advisor.space.strategy import StrategyBatch
 from advisor.specs.hardware import HardwareProfile
@@ -93,7 +94,7 @@ def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job:
     contention_s = contention.contention_s(hw, job, b, critical, dense_max, expert_max, groups["dp_cp"], groups["edp"],
                                            fwd, bwd, gather_bytes)
     # the compute the data-parallel traffic hides under runs slower while it does (advisor.cost.contention)
-    slowed = contention.compute_slowdown_s(hw, traffic, dp_s, m * (fwd + bwd))
+    slowed = compute_slowdown_s(hw, traffic, dp_s, m * (fwd + bwd))
     if model.tie_embeddings:
         dp_s = dp_s + tied_embedding.gradient_s(model, hw, job, b)
     local = optimizer.local_params(b, groups, dense_max, expert_max)

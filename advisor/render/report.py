@@ -100,13 +100,15 @@ def _training_time(e: Estimate) -> str | None:
                       *training_figures(e)])
 
 
-def render_recommendation(console: Console, result: RecommendResult, saved_to: str | None = None) -> None:
+def render_recommendation(console: Console, result: RecommendResult, saved_to: str | None = None,
+                          notes: tuple[str, ...] = ()) -> None:
+    """The plans table and what it rests on; ``notes``: the command's lines printed before where the plan went."""
     fam = family(getattr(result, "family", None))
     if fam.render_recommend is not None:            # the family's own report (advisor.families)
         return fam.hook("render_recommend")(console, result, saved_to)
     console.print(plans_table(result))
     folded = any(p.strategy.fold_experts for p in result.plans)
-    console.print(f"GiB: memory per device (of {result.estimates[0].capacity_gib:g}); knobs: sp = sequence parallel, "
+    console.print(f"GiB: memory per device (of {result.estimates[0].capacity_gib:.4g}); knobs: sp = sequence parallel, "
                   + ("fold = MoE parallel folding (experts whole, ep over tp x dp x cp), " if folded else "")
                   + "z = ZeRO stage (+off: optimizer offload, +off50%: half of it, +offp: parameters too, +hemb: the "
                   "word embedding on the host), rc = recomputation, pipeline schedule, mesh order "
@@ -117,13 +119,18 @@ def render_recommendation(console: Console, result: RecommendResult, saved_to: s
         console.print(line, highlight=False)
     line = band_line("plan 1", result.estimates[0])
     if line:
-        console.print(line + "; plans rank by the low end", highlight=False, markup=False)
+        from advisor.search.rank import TIE_BAND
+
+        console.print(line + f"; plans rank by the low end, those within {TIE_BAND:.0%} of each other (the model's "
+                      "error comparing two plans) simpler first", highlight=False, markup=False)
     first = result.estimates[0].confidence
     if first is not None and not first.calibrated:
         console.print("plan 1 extrapolates: " + "; ".join(first.extrapolated), highlight=False, markup=False)
     train = _training_time(result.estimates[0])
     if train:
         console.print(train)
+    for note in notes:
+        console.print(note, highlight=False, markup=False)
     if saved_to:
         console.print(f"best plan saved to {saved_to}")
 

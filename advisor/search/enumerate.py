@@ -29,7 +29,7 @@ that are themselves estimate_batch calls on modified hardware profiles:
 * exact: every mesh order of the surviving pairs on the real hardware.
 
 Items are expanded in order of their bound until it cannot reach ``1 - TIE_BAND`` of the K-th best
-distinct throughput found, so the ranking's tie-break within 1% still sees every contender. The
+distinct throughput found, so the ranking's tie-break within TIE_BAND still sees every contender. The
 bounds rest on properties of the cost model that tests/test_enumerate.py checks on random candidates:
 time never falls as links, host or launches get slower, memory does not depend on links or mesh
 order, and each bound is below the real step time.

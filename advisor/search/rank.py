@@ -1,6 +1,12 @@
 """Ranking: by throughput, and among plans within TIE_BAND of each other, the simpler one first; recommend's
 listing takes distinct layouts (layout_key), each the best of its knob variants.
 
+TIE_BAND is the error of the model's comparison of two plans for one job: the median |e_a - e_b| of the
+leave-one-source-out residuals of pairs of measured runs with the same model and cluster size
+(advisor/cost/error_bands.json ``pair``, written by benchmarks/error_bands.py; 7.0% on the bundled runs).
+Two plans closer than that are ones the measured runs cannot tell apart, so the simpler is offered
+(1% without a table).
+
 Simplicity, most important first (the order an engineer would weigh them): no parameter offload, no host
 embedding, no optimizer offload (each a host dependence the measured runs rarely cover); fewer active parallel
 dimensions; the TP group inside one node; shallower interleaving; a smaller ZeRO stage; fewer micro-batches; then
@@ -11,11 +17,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from advisor.cost.band import table as band_table
 from advisor.cost.placement import TIER_ACROSS_NODES, group_placement
 from advisor.space.strategy import DEFAULT_MESH_ORDER, ONE_F_ONE_B, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 
-TIE_BAND = 0.01          # plans within 1% of the best remaining count as tied
+
+def tie_band() -> float:
+    """Plans within this share of the best remaining count as tied (the band table's pair figure, else 1%)."""
+    return float(band_table().get("pair", 0.01))
+
+
+TIE_BAND = tie_band()
 
 
 def _default_strides(b: StrategyBatch) -> dict[str, np.ndarray]:

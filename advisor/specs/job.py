@@ -201,10 +201,14 @@ class Runtime:
     memory_margin: float = setting(
         # at most 0.9: an input bound (a plan keeps at least a tenth of the device), not a measured figure
         0.0, kind="fraction", minimum=0.0, maximum=0.9, flags=("--memory-margin",),
-        help="share of each device's memory a plan must leave free, e.g. 0.1 (plans must fit in 90%%)",
+        help="share of each device's memory a plan must leave free, e.g. 0.1 (plans must fit in 90%%); recommend "
+             "and whatif default to the memory band's upper end (advisor/cost/error_bands.json), estimate to 0",
         doc="A share of each device's memory a plan must leave free: for what the model does not count (allocator "
             "fragmentation beyond its allowance, communication buffers, workspaces) and the error of its memory "
-            "figure; 0.1 needs every plan to fit in 90% of the device (TrainingJob.usable_memory_gib).")
+            "figure; 0.1 needs every plan to fit in 90% of the device (TrainingJob.usable_memory_gib). Not given, "
+            "recommend and whatif leave the share that makes a plan fit at the upper end of its memory band "
+            "(advisor.cost.band.memory_headroom: measured peaks up to predicted / (1 + the band's low end)); "
+            "estimate judges the point figure and prints the band.")
     ep_comm_overlap: bool = setting(
         False, kind="boolean", flags=("--ep-comm-overlap",),
         help="overlap the expert-parallel all-to-alls with another micro-batch's compute (Megatron-Core "
