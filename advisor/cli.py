@@ -221,7 +221,7 @@ def _offending_value(exc) -> str | None:
 def main() -> None:
     from advisor.runtime import signals
 
-    # Ctrl-C and SIGTERM: one line, exit 130 / 143; launched ranks are stopped, temporary folders removed
+    # Ctrl-C, SIGTERM and SIGHUP: one line, exit 130 / 143 / 129; launched ranks are stopped, temporary folders removed
     with signals.handled():
         _main(signals.Interrupted)
 

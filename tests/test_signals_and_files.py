@@ -307,6 +307,23 @@ def test_sigterm_during_calibrate_stops_the_ranks_and_removes_the_temporary_fold
 
 
 @pytest.mark.slow
+def test_sighup_during_execute_is_handled_like_sigterm(tmp_path):
+    """The terminal or ssh session closes: the command stops its ranks, removes its temporary folder, says so in one
+    line and exits 129 (128 + SIGHUP)."""
+    plan = _tiny_plan_file(tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "advisor", "execute", str(plan), "--steps", "100000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(TMPDIR=str(scratch)), start_new_session=True)
+    _wait_until(lambda: _ranks_ready(scratch, "advisor-exec-", 2), proc, "both ranks joined")
+    proc.send_signal(signal.SIGHUP)
+    out, err = proc.communicate(timeout=WAIT_S)
+    assert proc.returncode == 129 and _lines(err) == ["advisor: hung up"]
+    assert _ours(scratch) == [] and processes_naming(str(scratch)) == []
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["execute", "calibrate"])
 def test_a_rank_killed_by_sigkill_is_named_and_the_temporary_folder_removed(tmp_path, command):
     """Rank 1 dies by SIGKILL (as from the out-of-memory killer) once the process group is up; rank 0
@@ -341,3 +358,64 @@ def test_diagnosis_blames_the_rank_behind_a_lost_connection(tmp_path):
     (tmp_path / "rank1.error.json").write_text(_json.dumps({"rank": 1, "error": "ValueError: bad shape",
                                                            "traceback": "ValueError: bad shape"}))
     assert diagnose(tmp_path, {5: 1, 1: 1, 3: 3}, False, 60)[0] == 1             # a real error comes first
+
+
+def test_test_hooks_are_read_only_under_pytest(monkeypatch):
+    """A user's environment that happens to hold ADVISOR_TEST_SIGKILL_RANK kills no rank of theirs (#33)."""
+    from advisor.runtime.rank import TEST_SIGKILL_RANK, test_hook
+
+    monkeypatch.setenv(TEST_SIGKILL_RANK, "1")
+    assert test_hook(TEST_SIGKILL_RANK) == "1"
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    assert test_hook(TEST_SIGKILL_RANK) is None
+    r = subprocess.run([sys.executable, "-c", "from advisor.runtime.rank import test_hook; print(test_hook('X'))"],
+                       capture_output=True, text=True, timeout=60, env=dict(_env(), X="1"))
+    assert r.stdout.strip() == "None"
+
+
+def test_an_output_path_that_is_not_a_regular_file_is_written_through_not_replaced(tmp_path, capfd):
+    """#33: --out /dev/full used to leave a regular file where the device was; a link was replaced by a file."""
+    import stat
+
+    from advisor.errors import AdvisorError
+    from advisor.runtime.files import write_atomic
+
+    write_atomic("/dev/null", "{}\n", "the plan")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    if os.path.exists("/dev/full"):
+        with pytest.raises(AdvisorError, match="cannot write the plan to /dev/full: No space left on device"):
+            write_atomic("/dev/full", "{}\n", "the plan")
+        assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    write_atomic(link, "new", "the plan")
+    assert link.is_symlink() and target.read_text() == "new"
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        write_atomic(fifo, "through", "the plan")
+        assert os.read(reader, 100) == b"through" and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    finally:
+        os.close(reader)
+    write_atomic("-", "to stdout\n", "the plan")
+    assert capfd.readouterr().out == "to stdout\n"
+
+
+@pytest.mark.parametrize("args", [["calibrate", "--quick"], ["execute", "PLAN", "--tiny"],
+                                  ["recommend", "--model", "llama3-8b", "--hardware", "dgx-h100", "--nodes", "1"]])
+def test_an_unwritable_out_is_refused_before_any_work(tmp_path, args):
+    """#33: execute --out and calibrate --out were checked after the run (a 35 s run lost)."""
+    args = [str(_tiny_plan_file(tmp_path)) if a == "PLAN" else a for a in args]
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    r = subprocess.run([sys.executable, "-m", "advisor", *args, "--out", str(tmp_path / "missing" / "x")],
+                       capture_output=True, text=True, timeout=120, env=_env(TMPDIR=str(scratch)))
+    assert r.returncode == 2 and _lines(r.stderr) == [f"error: --out {tmp_path / 'missing' / 'x'}: folder "
+                                                      f"{tmp_path / 'missing'} does not exist; nothing was run"]
+    assert list(scratch.iterdir()) == []          # no rank was started, no temporary folder made
+    r = subprocess.run([sys.executable, "-m", "advisor", *args, "--out", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120, env=_env(TMPDIR=str(scratch)))
+    assert r.returncode == 2 and "it is a folder" in r.stderr

@@ -11,6 +11,7 @@ import typer
 
 from advisor.commands.cli_options import console, print_json
 from advisor.errors import AdvisorError
+from advisor.runtime.files import check_writable
 
 
 def execute_cmd(
@@ -36,6 +37,7 @@ def execute_cmd(
 
     if tiny_scale != 1 and not tiny:
         raise AdvisorError(f"--tiny-scale {tiny_scale} needs --tiny (it widens the tiny model)")
+    check_writable(out, "the validation report")      # before the run, not after it
     report = execute(plan_path, ExecuteOptions(nproc=nproc, steps=steps, tiny=tiny, tiny_scale=tiny_scale,
                                                dtype=dtype, time_hardware=hardware,
                                                backend=backend, timeout_s=timeout, results=results,
@@ -63,6 +65,7 @@ def calibrate_cmd(
     from advisor.calibrate import CalibrateOptions, calibrate, calibration_warnings, render_profile, write_profile
     from advisor.runtime.progress import enabled
 
+    check_writable(out, "the profile")                 # before the measurement, not after it
     profile = calibrate(CalibrateOptions(backend=backend, nproc=nproc, quick=quick, oversubscribe=oversubscribe,
                                          progress=enabled(as_json), max_rounds=rounds, spread_target=spread_target))
     for warning in calibration_warnings(profile):

@@ -11,6 +11,7 @@ from typing import Any
 from advisor.errors import AdvisorError
 from advisor.families import RECOMMENDATION, SUPERNET, family_of_model
 from advisor.specs import limits
+from advisor.specs.architectures import ARCHITECTURES
 from advisor.specs.hardware import HardwareProfile, load_hardware
 from advisor.specs.job import Cluster, TrainingJob, check_cuda_graphs, check_job_relations
 from advisor.specs.setting import field_default, settings_of
@@ -104,6 +105,13 @@ def job_from_values(spec, hw: HardwareProfile, cluster: Cluster, values: dict[st
         if "global_batch_size" not in v:   # the published batch, rounded up to a multiple of the devices
             gbs = -(-(spec.global_batch_size or cluster.devices) // cluster.devices) * cluster.devices
     v.update(global_batch_size=gbs, seq_length=seq, dtype=check_dtype(hw, v.get("dtype") or default_dtype(hw)))
+    arch = ARCHITECTURES.get(hw.device.architecture or "")
+    if arch is not None and not arch.flash_attention:
+        if v.get("attention") == "flash":
+            raise AdvisorError(f"{flag_or_key('attention')} flash: fused attention does not run on the {hw.device.name} "
+                               f"of profile '{hw.name}' ({arch.needs}; FlashAttention needs NVIDIA Ampere or newer, "
+                               "advisor/specs/architectures.py): use --attention math")
+        v["attention"] = "math"      # the default where the device runs no fused kernel
     job = _Defaults(v)
     check_job_relations(job, flag_or_key)
     moe = getattr(spec, "moe", None) is not None
@@ -112,7 +120,12 @@ def job_from_values(spec, hw: HardwareProfile, cluster: Cluster, values: dict[st
     if job.cuda_graphs:
         check_cuda_graphs(job.cuda_graphs, job.framework, moe, job.moe_dropless, flag_or_key("cuda_graphs"))
     _grid_needs_tokens(job)
-    return TrainingJob(**v)
+    out = TrainingJob(**v)
+    if arch is not None and out.recipe == "mxfp8" and not arch.block_scaled_fp8:
+        raise AdvisorError(f"{flag_or_key('fp8_recipe')} mxfp8: block-scaled FP8 runs on NVIDIA Blackwell tensor cores, not "
+                           f"on the {hw.device.name} of profile '{hw.name}' ({arch.needs}; advisor/specs/architectures.py): "
+                           "use --fp8-recipe tensorwise, delayed or blockwise")
+    return out
 
 
 def _grid_needs_tokens(job) -> None:

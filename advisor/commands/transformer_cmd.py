@@ -9,6 +9,7 @@ from dataclasses import replace
 from advisor.commands.cli_options import console, print_json, print_warnings
 from advisor.commands.cli_settings import Request
 from advisor.errors import AdvisorError, InfeasibleError
+from advisor.runtime.files import check_writable
 from advisor.space.strategy import Strategy
 from advisor.specs.job import TrainingJob
 
@@ -20,6 +21,7 @@ def estimate_cmd(request: Request) -> None:
     from advisor.specs.input_notes import input_warnings
 
     r = request
+    check_writable(r.get("out"), "the plan")
     result = estimate_request(r.get("model"), r.get("hardware"), r.get("nodes"), r.get("devices"),
                               job=r.values_of(TrainingJob), strategy=r.values_of(Strategy), plan=r.get("plan"),
                               operator_strategies=r.get("operator_strategies"), launch=r.get("from_file"))
@@ -57,6 +59,8 @@ def recommend_cmd(request: Request) -> None:
     from advisor.specs.operator_strategies import load_operator_strategies
 
     r = request
+    check_writable(r.get("out"), "the plan")
+    check_writable(r.get("plot"), "the plot", "--plot")
     job, nodes, devices, imported = r.values_of(TrainingJob), r.get("nodes"), r.get("devices"), None
     if r.get("from_file"):         # a launch configuration: its settings under the flags given
         from advisor.importers import read_launch_config

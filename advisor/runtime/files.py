@@ -4,6 +4,11 @@ A failed write (full disk, a file-size limit, a read-only folder) leaves the pre
 was, removes the temporary file and raises AdvisorError (exit 2) with one sentence. rename(2) within
 one file system replaces the target atomically (POSIX, https://pubs.opengroup.org/onlinepubs/9699919799/functions/rename.html),
 so a reader sees either the old file or the new one, never a part.
+
+Only a regular file (or a new path) is replaced so: a device, a FIFO or a socket given as the target
+(/dev/stdout, /dev/null, a named pipe another program reads) is written through, never replaced by a
+file; a symbolic link is followed, so the file it names is replaced and the link stays; ``-`` is
+standard output.
 """
 
 from __future__ import annotations
@@ -30,7 +35,13 @@ def json_text(obj: Any, indent: int | None = 1) -> str:
 
 def write_atomic(path: str | Path, data: str | bytes | Callable[[IO[bytes]], None], what: str = "the file") -> Path:
     """Write ``data`` (text, bytes, or a function writing to a binary file object) to ``path``."""
+    if str(path) == "-":
+        return _write_through(None, data, what)
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()           # the link stays; the file it names is replaced
+    if path.exists() and not path.is_file():
+        return _write_through(path, data, what)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise AdvisorError(f"cannot write {what} to {path}: folder {folder} does not exist")
@@ -57,6 +68,54 @@ def write_atomic(path: str | Path, data: str | bytes | Callable[[IO[bytes]], Non
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def check_writable(path: str | Path | None, what: str, flag: str = "--out") -> None:
+    """Refuse, before any work, an output path that cannot be written: a folder, a missing or read-only folder,
+    a read-only file (``-``, a device or a FIFO are written through and pass)."""
+    if path is None or str(path) == "-":
+        return
+    p = Path(path)
+    if p.is_symlink():
+        p = p.resolve()
+    if p.is_dir():
+        raise AdvisorError(f"{flag} {path}: it is a folder; give a file name for {what}")
+    if p.exists():
+        if not os.access(p, os.W_OK):
+            raise AdvisorError(f"{flag} {path}: the file is not writable; nothing was run")
+        return
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise AdvisorError(f"{flag} {path}: folder {folder} does not exist; nothing was run")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise AdvisorError(f"{flag} {path}: folder {folder} is not writable; nothing was run")
+
+
+def _write_through(path: Path | None, data, what: str) -> Path:
+    """Write into what is there (a device, a FIFO; None: standard output) instead of replacing it."""
+    import sys
+
+    where = "standard output" if path is None else str(path)
+    try:
+        if path is None:
+            fh = sys.stdout.buffer
+            sys.stdout.flush()
+        else:
+            if path.is_dir():
+                raise AdvisorError(f"cannot write {what} to {path}: it is a folder")
+            fh = path.open("wb")
+        try:
+            if callable(data):
+                data(fh)
+            else:
+                fh.write(data.encode() if isinstance(data, str) else data)
+            fh.flush()
+        finally:
+            if path is not None:
+                fh.close()
+    except OSError as exc:
+        raise AdvisorError(f"cannot write {what} to {where}: {exc.strerror or exc}") from None
+    return Path("-") if path is None else path
 
 
 def write_json(path: str | Path, obj: Any, what: str = "the file", indent: int | None = 1) -> Path:

@@ -85,9 +85,15 @@ def leave_without_finalization(code: int) -> NoReturn:
     os._exit(code)
 
 
+def test_hook(name: str) -> str | None:
+    """The value of a test-only environment variable, read only under pytest (which sets PYTEST_CURRENT_TEST in
+    the environment its tests, and the processes they start, run with): a user's run never obeys one."""
+    return os.environ.get(name) if "PYTEST_CURRENT_TEST" in os.environ else None
+
+
 def die_if_asked(rank: int) -> None:
     """Tests only: the rank named by ADVISOR_TEST_SIGKILL_RANK dies here by SIGKILL."""
-    if os.environ.get(TEST_SIGKILL_RANK) == str(rank):
+    if test_hook(TEST_SIGKILL_RANK) == str(rank):
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -1,6 +1,7 @@
 """Ctrl-C and termination for every command: one line on stderr and the shell's exit code.
 
-``main()`` runs every command inside ``handled()``: SIGINT and SIGTERM raise ``Interrupted`` (a
+``main()`` runs every command inside ``handled()``: SIGINT, SIGTERM and SIGHUP (the terminal or the ssh session
+that ran the command closed) raise ``Interrupted`` (a
 BaseException, so no ``except Exception`` swallows it) wherever the main thread is; every
 ``finally`` on the way out runs, which is how launched ranks are stopped and temporary folders
 removed. A second signal while that cleanup runs is ignored rather than cutting the cleanup short
@@ -13,7 +14,8 @@ that way is raised again a moment later (SIGALRM), in ordinary code. Forks that 
 signal before they set their own handlers run inside ``deferred()``.
 
 Exit codes follow the shell's 128 + signal number convention (bash manual, "Exit Status":
-https://www.gnu.org/software/bash/manual/html_node/Exit-Status.html): 130 for SIGINT, 143 for SIGTERM.
+https://www.gnu.org/software/bash/manual/html_node/Exit-Status.html): 130 for SIGINT, 143 for SIGTERM, 129 for
+SIGHUP.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-NAMES = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+NAMES = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
 
 
 class Interrupted(BaseException):
@@ -71,7 +73,7 @@ _previous_hook = [sys.unraisablehook]
 
 @contextmanager
 def handled() -> Iterator[None]:
-    """Within the block, SIGINT and SIGTERM raise ``Interrupted``; the previous handlers come back
+    """Within the block, SIGINT, SIGTERM and SIGHUP raise ``Interrupted``; the previous handlers come back
     after it (a command run inside another program, e.g. a test, leaves its handlers alone). Off
     the main thread, where Python cannot set handlers, nothing changes."""
     if threading.current_thread() is not threading.main_thread():
@@ -94,7 +96,7 @@ def handled() -> Iterator[None]:
 
 @contextmanager
 def deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back in this thread (and in what it forks or starts) during the
+    """Hold SIGINT, SIGTERM and SIGHUP back in this thread (and in what it forks or starts) during the
     block; a signal that came meanwhile is delivered when it ends."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, set(NAMES))
     try:
@@ -109,4 +111,5 @@ def ignore_in_child() -> None:
     quietly; a forked worker would otherwise run the parent's handlers and print a traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, set(NAMES))

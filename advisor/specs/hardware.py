@@ -24,6 +24,7 @@ from advisor.specs.bundled import bundled_dir
 from advisor.specs.calibration import check_calibration
 from advisor.specs import _fields as f
 from advisor.specs import limits as lim
+from advisor.specs.architectures import ARCHITECTURES
 from advisor.specs.curves import DTYPES, attention_curves, gemm_curves, reference_curve
 from advisor.specs.units import normalize_bandwidths
 
@@ -107,6 +108,9 @@ class DeviceSpec:
     # ((tokens, efficiency), ...) ascending, log-linear like the GEMM curve (advisor.cost.attention),
     # one curve per kernel: ((kernel, curve), ...) from ``attention_efficiency: {te: [...], ...}``.
     attention_efficiency: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
+    # The device generation (advisor.specs.architectures): which kernels and number formats it runs;
+    # None: not said, not checked
+    architecture: str | None = None
 
     def gemm_curve(self, dtype: str) -> tuple[tuple[float, float], ...]:
         """The GEMM efficiency curve for a dtype (the default curve when it has none of its own)."""
@@ -263,7 +267,7 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
     f.check_keys(dev, do, ("name", "memory_gib", "memory_bandwidth_gbps", "peak_tflops"),
                  ("matmul_efficiency", "memory_efficiency", "launch_overhead_us", "asynchronous_launch",
                   "optimizer_overhead_us_per_tensor", "optimizer_bytes_per_param", "pipeline_action_overhead_us",
-                  "overlaps_communication", "attention_efficiency", "notes"))
+                  "overlaps_communication", "attention_efficiency", "architecture", "notes"))
     peaks = dev["peak_tflops"]
     if not isinstance(peaks, dict) or not peaks:
         raise AdvisorError(f"{do}: key 'peak_tflops' must map dtypes to TFLOP/s, got {f.prefix(peaks)}")
@@ -293,6 +297,8 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
                                    else f.positive_float(dev, "optimizer_bytes_per_param", do)),
         pipeline_action_overhead_us=_action_overheads(dev.get("pipeline_action_overhead_us"),
                                                       f"{do}: pipeline_action_overhead_us"),
+        architecture=(None if dev.get("architecture") is None
+                      else f.choice(dev, "architecture", do, tuple(ARCHITECTURES))),
     )
 
     no = f"{origin}: node"

@@ -83,7 +83,57 @@ def read_text(path: Path, kind: str = "file", limit: int = limits.MAX_JSON_BYTES
     return text[1:] if text.startswith("\ufeff") else text
 
 
-class _DepthLimitedLoader(yaml.SafeLoader):
+# YAML 1.1 integers that YAML 1.2 (and a reader's eye) take otherwise: a leading zero is octal (040 = 32),
+# colons are base 60 (1:30 = 90); both are refused rather than read as PyYAML's resolver reads them
+_YAML11_INT = re.compile(r"[-+]?(0[0-7_]+|[1-9][0-9_]*(:[0-5]?[0-9])+)")
+_YAML11_FLOAT = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+\.[0-9_]*")
+
+
+class _Strict:
+    """Safe construction as a user means it: a key given twice in one mapping is refused (the last one would
+    win silently), and so are YAML 1.1's octal and base-60 numbers."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = key_node.value
+                if key in seen:
+                    raise AdvisorError(f"key {prefix(key)} is given twice in one mapping (line "
+                                       f"{key_node.start_mark.line + 1}); keep one")
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node):
+        text = str(node.value)
+        if _YAML11_INT.fullmatch(text):
+            raise AdvisorError(f"{prefix(text)} (line {node.start_mark.line + 1}) is a YAML 1.1 octal or base-60 "
+                               "number, which it would read as another value: write it without the leading zero "
+                               "or the colons, or quote it as text")
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node):
+        if _YAML11_FLOAT.fullmatch(str(node.value)):
+            raise AdvisorError(f"{prefix(str(node.value))} (line {node.start_mark.line + 1}) is a YAML 1.1 base-60 "
+                               "number: write it as a decimal, or quote it as text")
+        return super().construct_yaml_float(node)
+
+
+def _strict(cls):
+    """The loader class with _Strict's number constructors registered (mappings reach its construct_mapping
+    through SafeConstructor.construct_yaml_map)."""
+    cls.add_constructor("tag:yaml.org,2002:int", _Strict.construct_yaml_int)
+    cls.add_constructor("tag:yaml.org,2002:float", _Strict.construct_yaml_float)
+    return cls
+
+
+_CLoader = (_strict(type("_StrictCSafeLoader", (_Strict, yaml.CSafeLoader), {}))
+            if getattr(yaml, "__with_libyaml__", False) else None)
+
+
+class _DepthLimitedLoader(_Strict, yaml.SafeLoader):
     """PyYAML's safe loader with a bound on nesting, checked while the document is composed
     (the composer recurses once per level; the parser and scanner below it do not)."""
 
@@ -102,29 +152,67 @@ class _DepthLimitedLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
+_strict(_DepthLimitedLoader)
+
 _OPEN = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
 _CLOSE = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
 
 
+def _measure_events(text: str, loader) -> None:
+    """Refuse, from the parser's event stream (iterative) and before anything is composed, a document nested
+    deeper than limits.MAX_DEPTH or one whose aliases expand it to more than limits.MAX_VALUES values: each
+    anchored node's size (values with its own aliases expanded) is known when it closes, and an alias, merge
+    keys (``<<: [*a, *a, ...]``) included, adds the size of what it names. A nine-line merge-key bomb that
+    PyYAML would expand for minutes (nine levels of nine merges) is refused at once."""
+    sizes: dict[str, int] = {}
+    stack: list[list] = [[None, 0]]          # [anchor, values so far] per open collection; the root first
+    for event in yaml.parse(text, Loader=loader):
+        if isinstance(event, yaml.AliasEvent):
+            stack[-1][1] += sizes.get(event.anchor, 1)
+        elif isinstance(event, yaml.ScalarEvent):
+            stack[-1][1] += 1
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+        elif isinstance(event, _OPEN):
+            if len(stack) > limits.MAX_DEPTH:
+                raise AdvisorError(f"nesting deeper than {limits.MAX_DEPTH} levels (line {event.start_mark.line + 1})")
+            stack.append([event.anchor, 1])
+        elif isinstance(event, _CLOSE):
+            anchor, size = stack.pop()
+            if anchor is not None:
+                sizes[anchor] = size
+            stack[-1][1] += size
+        else:
+            continue
+        if stack[-1][1] > limits.MAX_VALUES or (len(stack) > 1 and stack[-1][1] + stack[0][1] > limits.MAX_VALUES):
+            mark = event.start_mark
+            raise AdvisorError(f"its aliases expand it to more than {limits.MAX_VALUES:,} values (line {mark.line + 1}): "
+                               "an alias or merge-key bomb?")
+
+
 def _parse_yaml(text: str) -> Any:
-    """PyYAML's safe loading. With libyaml (about 3x faster), the nesting is first measured on the
-    C parser's event stream (iterative), since libyaml's composer recurses in C once per level;
-    without it, the pure-Python loader counts levels as it composes."""
+    """PyYAML's safe loading, after _measure_events has bounded the nesting and the aliases' expansion (libyaml's
+    composer recurses in C once per level; PyYAML expands merge keys while constructing, before any later check
+    could count). With libyaml the C parser and loader are used (about 3x faster); without it, the pure-Python
+    loader, which also counts levels as it composes."""
     if getattr(yaml, "__with_libyaml__", False):
-        depth = 0
-        for event in yaml.parse(text, Loader=yaml.CSafeLoader):
-            if isinstance(event, _OPEN):
-                depth += 1
-                if depth > limits.MAX_DEPTH:
-                    raise AdvisorError(f"nesting deeper than {limits.MAX_DEPTH} levels (line {event.start_mark.line + 1})")
-            elif isinstance(event, _CLOSE):
-                depth -= 1
-        return yaml.load(text, Loader=yaml.CSafeLoader)
+        _measure_events(text, yaml.CSafeLoader)
+        return yaml.load(text, Loader=_CLoader)
+    _measure_events(text, yaml.SafeLoader)
     loader = _DepthLimitedLoader(text)
     try:
         return loader.get_single_data()
     finally:
         loader.dispose()
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise ValueError(f"key {prefix(key)} is given twice in one object; keep one")
+        data[key] = value
+    return data
 
 
 def _refuse_constant(name: str) -> float:
@@ -142,7 +230,8 @@ def parse(text: str, origin: str, fmt: str) -> Any:
     """YAML or JSON text -> plain Python values (fmt 'json' or 'yaml'), nesting and constants bounded."""
     try:
         if fmt == "json":
-            return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+            return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float,
+                              object_pairs_hook=_no_duplicate_keys)
         return _parse_yaml(text)
     except AdvisorError as exc:
         raise AdvisorError(f"{origin}: {exc}") from None

@@ -27,6 +27,7 @@ import time
 import torch
 
 from advisor.executor.ps import wire
+from advisor.runtime.rank import test_hook
 from advisor.executor.ps.config import PsConfig
 from advisor.executor.ps.layouts import answer_layout, async_next_kind, requested_counts, server_inbox_layouts
 from advisor.executor.ps.model import init_rows, make_optimizers, state_bytes
@@ -45,7 +46,7 @@ class WorkerGone(Exception):
 
 def kill_if_asked(env_var: str, index: int, step: int) -> None:
     """Tests only: ``<env_var>=index:step`` makes that server or worker die by SIGKILL at that step."""
-    want = os.environ.get(env_var)
+    want = test_hook(env_var)
     if want and want == f"{index}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
 

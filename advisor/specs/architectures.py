@@ -1,0 +1,47 @@
+"""What a device generation can run: the kernels and number formats the cost model would otherwise price on a
+device that has none of them. A hardware profile names its device's ``architecture``; a profile without one is
+not checked (a user's own profile: say it to have the checks).
+
+Each fact with its source:
+
+* FlashAttention: FlashAttention-2 runs on Ampere, Ada and Hopper (Dao, flash-attention README, "Installation
+  and features": "Ampere, Ada, or Hopper GPUs"; FlashAttention 1 added Turing, never Volta), and PyTorch's
+  scaled_dot_product_attention picks its flash kernel from sm80 (torch/backends/cuda: "flash attention
+  requires sm80 or newer"); Blackwell runs Transformer Engine's cuDNN fused attention; Ascend runs
+  FlashAttentionScore (MindSpore ops, Atlas A2 training series).
+* Block-scaled FP8 (MXFP8, 1x32 blocks with E8M0 scales): Blackwell's fifth-generation tensor cores
+  (NVIDIA Blackwell architecture technical brief; Transformer Engine's MXFP8BlockScaling recipe needs compute
+  capability 10.0). Hopper runs per-tensor and blockwise FP8 (Transformer Engine Float8BlockScaling), not MXFP8.
+* FP8 at all: the device's ``peak_tflops`` has an fp8 entry (Hopper, Ada, Blackwell); that check lives with the
+  dtype (advisor.commands.inputs.check_dtype).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One device generation's abilities that pricing depends on."""
+
+    name: str
+    flash_attention: bool
+    """A fused (FlashAttention-style) attention kernel runs on it."""
+    block_scaled_fp8: bool
+    """MXFP8 (block-scaled FP8 with E8M0 scales) runs on its tensor cores."""
+    needs: str
+    """What to say when something does not run: the generation the kernel or format needs."""
+
+
+ARCHITECTURES = {a.name: a for a in (
+    Architecture("volta", flash_attention=False, block_scaled_fp8=False, needs="NVIDIA Volta"),
+    Architecture("turing", flash_attention=False, block_scaled_fp8=False, needs="NVIDIA Turing"),
+    Architecture("ampere", flash_attention=True, block_scaled_fp8=False, needs="NVIDIA Ampere"),
+    Architecture("ada", flash_attention=True, block_scaled_fp8=False, needs="NVIDIA Ada"),
+    Architecture("hopper", flash_attention=True, block_scaled_fp8=False, needs="NVIDIA Hopper"),
+    Architecture("blackwell", flash_attention=True, block_scaled_fp8=True, needs="NVIDIA Blackwell"),
+    Architecture("blackwell-ultra", flash_attention=True, block_scaled_fp8=True, needs="NVIDIA Blackwell Ultra"),
+    Architecture("davinci", flash_attention=True, block_scaled_fp8=False, needs="Huawei Ascend (Da Vinci)"),
+    Architecture("cpu", flash_attention=False, block_scaled_fp8=False, needs="a CPU"),
+)}
