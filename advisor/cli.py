@@ -218,12 +218,58 @@ def _offending_value(exc) -> str | None:
     return None
 
 
+def _ascii_safe_streams() -> None:
+    """On a terminal or pipe whose encoding cannot show every character (PYTHONIOENCODING=ascii, LANG=C), write
+    what it cannot as backslash escapes instead of failing on the first one."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure") and (stream.encoding or "").lower().replace("-", "") not in ("utf8", "utf16"):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _output_failed(exc: OSError) -> None:
+    """Standard output or error could not be written: a closed pipe ends the command quietly as the shell's
+    128 + SIGPIPE (``advisor list models | head -1``); another failure (a full device) is one sentence, exit 1."""
+    import errno
+    import os
+
+    try:                                   # nothing more reaches the broken stream, not even at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    if isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE:
+        os._exit(141)
+    try:
+        sys.stderr.write(f"error: cannot write the output: {exc.strerror or exc}\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+    os._exit(1)
+
+
 def main() -> None:
     from advisor.runtime import signals
 
+    _ascii_safe_streams()
     # Ctrl-C, SIGTERM and SIGHUP: one line, exit 130 / 143 / 129; launched ranks are stopped, temporary folders removed
-    with signals.handled():
-        _main(signals.Interrupted)
+    try:
+        with signals.handled():
+            _main(signals.Interrupted)
+        sys.stdout.flush()
+    except OSError as exc:
+        if _is_output_error(exc):
+            _output_failed(exc)
+        raise
+
+
+def _is_output_error(exc: OSError) -> bool:
+    """Whether the error is one of writing a stream: a closed pipe, a full device or quota, an I/O error. Files
+    the command reads or writes itself fail as AdvisorError (advisor.specs.untrusted, advisor.runtime.files), so
+    what escapes with these codes is standard output or error."""
+    import errno
+
+    return isinstance(exc, BrokenPipeError) or exc.errno in (errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EFBIG,
+                                                             errno.EIO)
 
 
 def _main(interrupted: type[BaseException]) -> None:

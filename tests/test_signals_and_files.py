@@ -419,3 +419,19 @@ def test_an_unwritable_out_is_refused_before_any_work(tmp_path, args):
     r = subprocess.run([sys.executable, "-m", "advisor", *args, "--out", str(tmp_path)], capture_output=True, text=True,
                        timeout=120, env=_env(TMPDIR=str(scratch)))
     assert r.returncode == 2 and "it is a folder" in r.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("args", [["recommend", "--model", "llama3-8b", "--hardware", "dgx-h100", "--nodes", "1", "--top",
+                                   "1", "--json"], ["list", "models"]])
+def test_a_full_stdout_is_one_sentence_not_a_traceback(args):
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "advisor", *args], stdout=full, stderr=subprocess.PIPE, text=True,
+                           timeout=120, env=_env())
+    assert r.returncode == 1 and _lines(r.stderr) == ["error: cannot write the output: No space left on device"]
+
+
+def test_an_ascii_terminal_gets_escapes_not_a_traceback():
+    r = subprocess.run([sys.executable, "-m", "advisor", "list", "models"], capture_output=True, timeout=120,
+                       env=_env(PYTHONIOENCODING="ascii"))
+    assert r.returncode == 0 and b"Traceback" not in r.stderr and r.stdout.isascii() and b"llama3-8b" in r.stdout

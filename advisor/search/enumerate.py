@@ -29,10 +29,10 @@ that are themselves estimate_batch calls on modified hardware profiles:
 * exact: every mesh order of the surviving pairs on the real hardware.
 
 Items are expanded in order of their bound until it cannot reach ``1 - TIE_BAND`` of the K-th best
-distinct throughput found, so the ranking's tie-break within TIE_BAND still sees every contender. The
-bounds rest on properties of the cost model that tests/test_enumerate.py checks on random candidates:
-time never falls as links, host or launches get slower, memory does not depend on links or mesh
-order, and each bound is below the real step time.
+distinct throughput found (recommend's listing; FINALIST_BAND for the operator searchers' finalists), so the
+ranking's tie-break still sees every contender. The bounds rest on properties of the cost model that
+tests/test_enumerate.py checks on random candidates: time never falls as links, host or launches get
+slower, memory does not depend on links or mesh order, and each bound is below the real step time.
 
 Each estimate_batch call holds candidates of one pipeline depth, since the cost model's stage arrays
 are as wide as the largest pp of a batch.
@@ -50,6 +50,8 @@ from advisor.cost.estimate import estimate_batch
 from advisor.cost.host_embedding import first_stage_per_node, node_host_bytes
 from advisor.cost.memory import GIB
 from advisor.search.rank import TIE_BAND
+
+FINALIST_BAND = 0.01    # finalists handed to the operator searchers: within 1% of the K-th best
 from advisor.space.strategy import ONE_F_ONE_B
 from advisor.search import Pins, Progress, SearchOutcome, SearchStats
 from advisor.search.enumerate_bounds import (
@@ -191,6 +193,10 @@ class _Scoring:
 
     def __init__(self, model, hw, cluster, job, pins, options, top_k, pruned: Counter, distinct_layouts: bool = True):
         self.banded = distinct_layouts     # recommend's listing ranks by the band's pessimistic end
+        # the band in which the ranking's ties are broken toward the simpler (advisor.search.rank): recommend's
+        # listing keeps every contender within TIE_BAND; the operator searchers, which refine each finalist,
+        # get the finalists within FINALIST_BAND of the K-th best (their ranking ties among those)
+        self.tie = TIE_BAND if distinct_layouts else FINALIST_BAND
         self.args = (model, hw, cluster, job)
         self.fast = fastest_link_hardware(hw, cluster.devices, model.moe is not None)
         self.pins, self.options, self.k, self.pruned = pins, options, max(top_k, 1), pruned
@@ -205,7 +211,7 @@ class _Scoring:
         """Throughput a candidate needs to matter: within the tie band of the K-th best layout so far (the
         ranking lists distinct layouts, each its best variant; without distinct layouts, the K-th best distinct
         throughput), the ranking dropping candidates that duplicate a pick."""
-        return float(self.best[-1]) * (1.0 - TIE_BAND) if len(self.best) >= self.k else 0.0
+        return float(self.best[-1]) * (1.0 - self.tie) if len(self.best) >= self.k else 0.0
 
     def best_first(self, upper: np.ndarray, cells: np.ndarray, variants: np.ndarray, process, budget: int) -> None:
         """Call process(indices) on batches of items in order of their throughput bound `upper`,
@@ -308,4 +314,4 @@ class _Scoring:
             return {k: np.zeros(0, dtype=np.int64) for k in ("dp", "tp", "pp", "cp", "m", *_DEFAULTS)}
         rows = _concat([r for r, _ in self.kept], self.kept[0][0])
         tps = np.concatenate([t for _, t in self.kept])
-        return _take(rows, tps >= float(self.best[-1]) * (1.0 - TIE_BAND))
+        return _take(rows, tps >= float(self.best[-1]) * (1.0 - self.tie))
