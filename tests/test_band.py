@@ -153,8 +153,10 @@ def test_recommend_fits_plans_at_the_upper_end_of_their_memory_band(tmp_path):
     headroom = bands.memory_headroom()
     assert low < 0 and headroom == pytest.approx(-low, abs=1e-4)      # torchtitan's peaks: up to 27% above
     base = [sys.executable, "-m", "advisor", "recommend", "--model", "llama3-8b", "--hardware", "dgx-h100",
-            "--nodes", "1", "--top", "1", "--json"]
-    banded = json.loads(subprocess.run(base, capture_output=True, text=True, timeout=300, check=True).stdout)["plans"][0]
+            "--nodes", "1", "--top", "3", "--json"]
+    listed = json.loads(subprocess.run(base, capture_output=True, text=True, timeout=300, check=True).stdout)["plans"]
+    assert all(p["prediction"]["band"]["memory_gib"][1] <= 80.0 * (1.0 + 1e-9) for p in listed)
+    banded = listed[0]
     point = json.loads(subprocess.run(base + ["--memory-margin", "0"], capture_output=True, text=True, timeout=300,
                                       check=True).stdout)["plans"][0]
     assert banded["training"]["memory_margin"] == pytest.approx(headroom)
@@ -162,4 +164,3 @@ def test_recommend_fits_plans_at_the_upper_end_of_their_memory_band(tmp_path):
     assert banded["prediction"]["memory_gib"]["total"] <= 80.0 * (1.0 - headroom)
     assert banded["prediction"]["band"]["memory_gib"][1] <= 80.0 * (1.0 + 1e-9)
     assert point["prediction"]["band"]["memory_gib"][1] > 80.0          # the point-figure #1 would not
-    assert banded["prediction"]["tokens_per_s"] <= point["prediction"]["tokens_per_s"]

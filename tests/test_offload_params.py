@@ -234,3 +234,16 @@ def test_new_flags_are_refused_or_applied_where_they_are_not_priced(tmp_path):
     base = json.loads(runner.invoke(app, ["estimate", "--plan", str(out), "--json"]).output)
     half = json.loads(runner.invoke(app, ["estimate", "--plan", str(out), "--offload-fraction", "0.5", "--json"]).output)
     assert half["host_optimizer_gib"] == pytest.approx(base["host_optimizer_gib"] * 0.5 / 0.25)
+
+
+def test_a_pinned_offload_is_kept_by_every_refinement():
+    """--offload pins optimizer offload: the vPipe repartitioning, which tries an offloaded pipeline's states back on
+    the device, must not hand back plans without it (it did once ties reached the pair band)."""
+    from advisor.commands.inputs import resolve_inputs
+    from advisor.commands.recommend import recommend
+    from advisor.search import Pins
+
+    i = resolve_inputs("llama3-8b", "dgx-a100-80g", nodes=1, global_batch_size=32, seq_length=4096)
+    pins = Pins.from_values({"offload_optimizer": True, "pp": 2})     # pipelined: what vPipe refines
+    plans = recommend(i.model, i.hardware, i.cluster, i.job, pins=pins, top_k=5).plans
+    assert len(plans) == 5 and all(p.strategy.offload_optimizer and p.strategy.pp == 2 for p in plans)

@@ -47,10 +47,21 @@ def strategy_line(s: Strategy) -> str:
     return " ".join(parts)
 
 
+WIDE_PARTS = 6      # more columns than this do not fit 80 columns: the parts are listed one per row
+
+
 def time_table(title: str, time_s: dict[str, float], step_s: float) -> Table:
-    """The step's non-zero parts and the step, one row (seconds)."""
+    """The step's non-zero parts and the step (seconds): one row, or one row per part with its share of the step
+    when there are more than WIDE_PARTS of them (an 80-column terminal would cut their names)."""
     parts = {k: v for k, v in time_s.items() if v > 0}
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", min_width=min(len(title), 80))
+    if len(parts) + 1 > WIDE_PARTS:
+        for name, justify in (("part", "left"), ("s", "right"), ("of step", "right")):
+            table.add_column(name, justify=justify)
+        for k, v in parts.items():
+            table.add_row(k, step_time(v), f"{v / step_s:.1%}" if step_s > 0 else "")
+        table.add_row("step", step_time(step_s), "")
+        return table
     for k in parts:
         table.add_column(k, justify="right")
     table.add_column("step", justify="right")

@@ -154,12 +154,13 @@ def swap_strategy(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strat
 
 
 def repartition(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob,
-                batch: StrategyBatch) -> StrategyBatch:
+                batch: StrategyBatch, keep_offload: bool = False) -> StrategyBatch:
     """The batch with each pipelined candidate replaced by its memory-aware repartitioning (no or full
     recomputation) or its activation swapping (any) where the cost model prices that faster,
     or where only it fits. A
     candidate that keeps its optimizer states on the host also tries them back on the device, the
-    recomputation paying for the memory (vPipe's trade of swapping against recomputing)."""
+    recomputation paying for the memory (vPipe's trade of swapping against recomputing), unless
+    ``keep_offload`` (the user pinned --offload or --offload-params)."""
     rows = np.flatnonzero(batch.pp > 1)
     if len(rows) == 0:
         return batch
@@ -169,7 +170,7 @@ def repartition(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tr
     for i in rows:
         s = strategies[i]
         for start in [s] + ([replace(s, offload_optimizer=False, offload_params=False, offload_fraction=1.0)]
-                             if s.offload_optimizer else []):
+                             if s.offload_optimizer and not keep_offload else []):
             repartitioned = memory_aware_strategy(model, hw, job, start) if s.recompute != "selective" else None
             for alt in (repartitioned, swap_strategy(model, hw, job, start)):
                 if alt is not None and alt != s:
