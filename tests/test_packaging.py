@@ -93,7 +93,7 @@ def test_wheel_holds_the_package_and_its_other_data(wheel):
     modules = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "advisor").rglob("*.py")
                      if "__pycache__" not in p.parts)
     assert not [m for m in modules if m not in names], "add the missing sub-packages to pyproject.toml's packages"
-    data = ["advisor/graph/README.md", "advisor/validation/recsys_runs.yaml",
+    data = ["advisor/graph/README.md", "advisor/validation/recsys_runs.yaml", "advisor/specs/recipes.yaml",
             *(p.relative_to(REPO).as_posix() for p in (REPO / "advisor/graph/examples").glob("*.json"))]
     assert not [d for d in data if d not in names]
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))

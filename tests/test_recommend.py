@@ -12,6 +12,7 @@ import pytest
 
 from advisor import cli
 from advisor.commands import recommend as rec
+from advisor.cost.band import table as band_table
 from advisor.cost.comm import slowest_tier
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.commands.inputs import resolve_inputs
@@ -170,10 +171,12 @@ def test_rank_prefers_the_simpler_plan_within_the_tie_band():
     slow = Strategy(dp=2, tp=4, pp=1, num_micro_batches=4)
     b = _batch([complex_, simple, slow])
     key = simplicity_key(b, hw)
-    order = rank(np.array([100.0, 99.5, 90.0]), key, 3)
-    assert order.tolist() == [1, 0, 2]          # within 1%: the simpler first
-    order = rank(np.array([100.0, 98.0, 90.0]), key, 3)
+    inside, outside = 100.0 * (1.0 - 0.9 * TIE_BAND), 100.0 * (1.0 - 1.1 * TIE_BAND)
+    order = rank(np.array([100.0, inside, 90.0 * (1.0 - TIE_BAND)]), key, 3)
+    assert order.tolist() == [1, 0, 2]          # within the tie band: the simpler first
+    order = rank(np.array([100.0, outside, 90.0 * (1.0 - TIE_BAND)]), key, 3)
     assert order.tolist() == [0, 1, 2]          # outside the band: throughput decides
+    assert TIE_BAND == pytest.approx(band_table()["pair"])      # the band: the model's error comparing two plans
 
 
 def test_rank_drops_exact_duplicates_and_infeasible():

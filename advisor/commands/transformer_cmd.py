@@ -108,7 +108,12 @@ def recommend_cmd(request: Request) -> None:
         with search_progress(console, enabled=not r.get("json") and sys.stdout.isatty()) as progress:
             result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, pins=pins, top_k=top,
                                searcher=searcher, progress=progress, operator_strategies=fixed, objective=objective)
-    show(r, result, warnings, trials, objective, headroom)
+    recipe = None
+    if objective == "throughput" and fixed is None and getattr(result, "estimates", None):
+        from advisor.search.recipes import recipe_for
+
+        recipe = recipe_for(inputs.model, inputs.hardware, inputs.cluster, inputs.job)
+    show(r, result, warnings, trials, objective, headroom, recipe)
 
 
 def headroom_line(headroom: float | None) -> str | None:
@@ -121,7 +126,7 @@ def headroom_line(headroom: float | None) -> str | None:
 
 
 def show(r: Request, result, warnings: list[str], trials=None, objective: str = "throughput",
-         headroom: float | None = None) -> None:
+         headroom: float | None = None, recipe=None) -> None:
     """Save, plot and print a recommendation (the plans table, or --json)."""
     from advisor.plan import save_plan
     from advisor.render.report import render_recommendation
@@ -135,10 +140,16 @@ def show(r: Request, result, warnings: list[str], trials=None, objective: str = 
         recommend_plot(result, plot)
     if r.get("json"):
         extra = {"sizes" if objective == "cost" else "batches": [t.to_dict() for t in trials]} if trials else {}
+        if objective == "throughput":
+            extra["recipe"] = None if recipe is None else recipe.to_dict(result.estimates[0])
         print_json({**result.to_dict(), "warnings": warnings, **extra})
         return
-    line = headroom_line(headroom)
-    render_recommendation(console, result, saved_to=out, notes=(line,) if line else ())
+    notes = [line for line in (headroom_line(headroom),) if line]
+    if recipe is not None:
+        from advisor.search.recipes import recipe_line
+
+        notes.append(recipe_line(recipe, result.estimates[0]))
+    render_recommendation(console, result, saved_to=out, notes=tuple(notes))
     if trials:
         from advisor.render.objective import trials_table
 
