@@ -165,6 +165,11 @@ def export_cmd(
     from advisor.export._common import display
     from advisor.plan import load_plan
 
+    import os
+    from pathlib import Path
+
+    if out and Path(out).is_file() and Path(plan_path).is_file() and os.path.samefile(out, plan_path):
+        raise AdvisorError(f"--out {out} is the plan the export reads; write the export elsewhere")
     plan = load_plan(plan_path)
     launch = None
     if hosts is not None or master_port is not None:

@@ -435,3 +435,15 @@ def test_an_ascii_terminal_gets_escapes_not_a_traceback():
     r = subprocess.run([sys.executable, "-m", "advisor", "list", "models"], capture_output=True, timeout=120,
                        env=_env(PYTHONIOENCODING="ascii"))
     assert r.returncode == 0 and b"Traceback" not in r.stderr and r.stdout.isascii() and b"llama3-8b" in r.stdout
+
+
+def test_an_output_over_one_of_the_inputs_is_refused(tmp_path):
+    """#33: output could overwrite its own input file."""
+    plan = _tiny_plan_file(tmp_path)
+    before = plan.read_text()
+    for args in (["estimate", "--plan", str(plan)], ["export", str(plan), "--to", "megatron"],
+                 ["execute", str(plan), "--tiny"]):
+        r = subprocess.run([sys.executable, "-m", "advisor", *args, "--out", str(plan)], capture_output=True, text=True,
+                           timeout=120, env=_env())
+        assert r.returncode == 2 and f"--out {plan} is the" in r.stderr, (args, r.stderr)
+    assert plan.read_text() == before

@@ -37,7 +37,7 @@ def execute_cmd(
 
     if tiny_scale != 1 and not tiny:
         raise AdvisorError(f"--tiny-scale {tiny_scale} needs --tiny (it widens the tiny model)")
-    check_writable(out, "the validation report")      # before the run, not after it
+    check_writable(out, "the validation report", inputs={"PLAN": plan_path, "--results": results})  # before the run
     report = execute(plan_path, ExecuteOptions(nproc=nproc, steps=steps, tiny=tiny, tiny_scale=tiny_scale,
                                                dtype=dtype, time_hardware=hardware,
                                                backend=backend, timeout_s=timeout, results=results,

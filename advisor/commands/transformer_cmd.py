@@ -14,6 +14,12 @@ from advisor.space.strategy import Strategy
 from advisor.specs.job import TrainingJob
 
 
+def _input_files(r: Request) -> dict:
+    """The files a command reads, by flag (an output over one of them is refused)."""
+    return {"--model": r.get("model"), "--hardware": r.get("hardware"), "--plan": r.get("plan"),
+            "--from": r.get("from_file"), "--operator-strategies": r.get("operator_strategies")}
+
+
 def estimate_cmd(request: Request) -> None:
     """Score one strategy, with the full breakdown of memory and time."""
     from advisor.commands.estimate_request import estimate_request
@@ -21,7 +27,7 @@ def estimate_cmd(request: Request) -> None:
     from advisor.specs.input_notes import input_warnings
 
     r = request
-    check_writable(r.get("out"), "the plan")
+    check_writable(r.get("out"), "the plan", inputs=_input_files(r))
     result = estimate_request(r.get("model"), r.get("hardware"), r.get("nodes"), r.get("devices"),
                               job=r.values_of(TrainingJob), strategy=r.values_of(Strategy), plan=r.get("plan"),
                               operator_strategies=r.get("operator_strategies"), launch=r.get("from_file"))
@@ -59,8 +65,8 @@ def recommend_cmd(request: Request) -> None:
     from advisor.specs.operator_strategies import load_operator_strategies
 
     r = request
-    check_writable(r.get("out"), "the plan")
-    check_writable(r.get("plot"), "the plot", "--plot")
+    check_writable(r.get("out"), "the plan", inputs=_input_files(r))
+    check_writable(r.get("plot"), "the plot", "--plot", inputs=_input_files(r))
     job, nodes, devices, imported = r.values_of(TrainingJob), r.get("nodes"), r.get("devices"), None
     if r.get("from_file"):         # a launch configuration: its settings under the flags given
         from advisor.importers import read_launch_config

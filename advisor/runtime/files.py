@@ -70,12 +70,16 @@ def write_atomic(path: str | Path, data: str | bytes | Callable[[IO[bytes]], Non
     return path
 
 
-def check_writable(path: str | Path | None, what: str, flag: str = "--out") -> None:
+def check_writable(path: str | Path | None, what: str, flag: str = "--out", inputs: dict[str, Any] | None = None) -> None:
     """Refuse, before any work, an output path that cannot be written: a folder, a missing or read-only folder,
-    a read-only file (``-``, a device or a FIFO are written through and pass)."""
+    a read-only file, or one of the command's own input files (``inputs``: flag -> the path given; names of
+    bundled files are not paths and pass). ``-``, a device or a FIFO are written through and pass."""
     if path is None or str(path) == "-":
         return
     p = Path(path)
+    for given_flag, given in (inputs or {}).items():
+        if given and Path(str(given)).is_file() and p.exists() and os.path.samefile(p, Path(str(given))):
+            raise AdvisorError(f"{flag} {path} is the file {given_flag} reads; write {what} elsewhere")
     if p.is_symlink():
         p = p.resolve()
     if p.is_dir():
