@@ -55,3 +55,13 @@ def test_a_merge_key_bomb_is_refused_before_it_is_expanded(loader):
         untrusted.parse(text, "bomb.yaml", "yaml")
     small = "a0: &a0 {x: 1}\na1: {<<: [*a0, *a0], y: 2}\n"
     assert untrusted.parse(small, "ok.yaml", "yaml")["a1"] == {"x": 1, "y": 2}
+
+
+def test_look_alike_characters_are_quoted_with_their_escapes():
+    """#33: 'llаma3-8b' with a Cyrillic 'а' printed as itself reads as the bundled name."""
+    from advisor.commands.inputs import resolve_inputs
+
+    assert untrusted.prefix("ll\u0430ma3-8b") == "'ll\\u0430ma3-8b'"
+    assert untrusted.prefix("llama3-8b") == "'llama3-8b'"
+    with pytest.raises(AdvisorError, match=r"unknown model 'll\\u0430ma3-8b'"):
+        resolve_inputs("ll\u0430ma3-8b", "dgx-h100", nodes=1)

@@ -41,9 +41,12 @@ _PREFIX_CHARS = 40
 
 
 def prefix(value: Any) -> str:
-    """A short, safe quotation of a value for an error message (repr of at most a 40-character prefix)."""
+    """A short, safe quotation of a value for an error message (repr of at most a 40-character prefix; text with
+    characters beyond ASCII is quoted with their escapes, so a look-alike, a Cyrillic 'а' in 'llаma3-8b', shows
+    as what it is: 'll\\u0430ma3-8b')."""
     if isinstance(value, str):
-        return repr(value[:_PREFIX_CHARS]) + ("..." if len(value) > _PREFIX_CHARS else "")
+        head = value[:_PREFIX_CHARS]
+        return (repr(head) if head.isascii() else ascii(head)) + ("..." if len(value) > _PREFIX_CHARS else "")
     if isinstance(value, (dict, list)):
         items = list(value.items()) if isinstance(value, dict) else value
         flat = [x for item in items for x in (item if isinstance(value, dict) else (item,))]
