@@ -65,3 +65,22 @@ def test_look_alike_characters_are_quoted_with_their_escapes():
     assert untrusted.prefix("llama3-8b") == "'llama3-8b'"
     with pytest.raises(AdvisorError, match=r"unknown model 'll\\u0430ma3-8b'"):
         resolve_inputs("ll\u0430ma3-8b", "dgx-h100", nodes=1)
+
+
+def test_a_large_json_array_is_not_called_an_alias_bomb(tmp_path):
+    path = tmp_path / "big.json"
+    path.write_text("[" + ",".join(["0"] * 1_000_100) + "]")
+    with pytest.raises(AdvisorError, match=r"big.json: more than 1,000,000 values, more than advisor reads") as err:
+        untrusted.load_tree(path)
+    assert "alias" not in str(err.value)
+
+
+def test_mbs_that_does_not_divide_the_batch_names_mbs_and_says_the_batch_is_the_default():
+    from advisor.commands.estimate_request import estimate_request
+
+    with pytest.raises(AdvisorError, match=r"^--mbs 3: dp x micro-batch = 8 x 3 = 24 does not divide the global batch "
+                                           r"512 \(the default; --gbs sets it\); --mbs 2, 4, 8, 16, 32, 64 would"):
+        estimate_request("llama3-8b", "dgx-h100", 1, None, job={}, strategy={"micro_batch_size": 3})
+    with pytest.raises(AdvisorError, match=r"^--mbs 3 with --gbs 64: .* the global batch 64; --mbs 1, 2, 4, 8 would"):
+        estimate_request("llama3-8b", "dgx-h100", 1, None, job={"global_batch_size": 64},
+                         strategy={"micro_batch_size": 3})

@@ -42,7 +42,7 @@ class EstimateResult:
         return out
 
 
-def strategy_from_values(inputs: Inputs, values: dict[str, Any]) -> Strategy:
+def strategy_from_values(inputs: Inputs, values: dict[str, Any], gbs_given: bool = True) -> Strategy:
     """The strategy from given Strategy settings (each checked, naming its flag): dp from the devices where
     not given, the micro-batch count from the global batch, the schedule from the virtual stages."""
     v = given_settings(Strategy, values)
@@ -58,6 +58,13 @@ def strategy_from_values(inputs: Inputs, values: dict[str, Any]) -> Strategy:
                            f"({dp} x {tp} x {pp} x {cp} = {dp * tp * pp * cp}, devices = {devices}; flags --dp --tp --pp --cp)")
     gbs = inputs.job.global_batch_size
     if gbs % (dp * mbs):
+        fits = [m for m in range(1, min(gbs // dp, 64) + 1) if (gbs // dp) % m == 0] if gbs % dp == 0 else []
+        if "micro_batch_size" in v:        # the flag the user gave is the one named
+            given = f"--mbs {mbs} with --gbs {gbs}" if gbs_given else f"--mbs {mbs}"
+            raise AdvisorError(f"{given}: dp x micro-batch = {dp} x {mbs} = {dp * mbs} does not divide the global "
+                               f"batch {gbs}" + ("" if gbs_given else " (the default; --gbs sets it)")
+                               + (f"; --mbs {', '.join(map(str, fits[-6:]))} would" if fits else "")
+                               + f", or a global batch that is a multiple of {dp * mbs}")
         raise AdvisorError(f"--gbs {gbs} is not divisible by dp x micro-batch = {dp} x {mbs}; "
                            f"choose a global batch that is a multiple of {dp * mbs}")
     vpp = v.get("virtual_pipeline_stages", 1)
@@ -98,7 +105,7 @@ def estimate_request(model: str | None, hardware: str | None, nodes: int | None,
             check_model(imported, inputs.model)
             strategy = {**strategy_settings(imported, inputs.model.num_layers, inputs.job.grad_reduce_bytes),
                         **strategy}
-        chosen = strategy_from_values(inputs, strategy)
+        chosen = strategy_from_values(inputs, strategy, gbs_given="global_batch_size" in job)
         title = f"{inputs.model.name} on {inputs.cluster.devices} x {inputs.hardware.device.name} ({inputs.hardware.name})"
     broken = violations(inputs.model, inputs.cluster, inputs.job, chosen)
     if broken:

@@ -262,7 +262,7 @@ def _where(path: tuple) -> str:
     return out or "(top level)"
 
 
-def check_tree(data: Any, origin: str) -> None:
+def check_tree(data: Any, origin: str, fmt: str = "yaml") -> None:
     """Walk a parsed document once (iteratively) and refuse what no advisor input may hold."""
     stack: list[tuple[Any, tuple, int]] = [(data, (), 0)]
     seen = 0
@@ -270,8 +270,9 @@ def check_tree(data: Any, origin: str) -> None:
         value, path, depth = stack.pop()
         seen += 1
         if seen > limits.MAX_VALUES:
-            raise AdvisorError(f"{origin}: more than {limits.MAX_VALUES:,} values once YAML aliases are "
-                               f"expanded (an alias bomb?); near key '{_where(path)}'")
+            how = "" if fmt == "json" else " once YAML aliases are expanded (an alias bomb?)"
+            raise AdvisorError(f"{origin}: more than {limits.MAX_VALUES:,} values{how}, more than advisor reads; near "
+                               f"key '{_where(path)}'")
         if depth > limits.MAX_DEPTH:
             raise AdvisorError(f"{origin}: key '{_where(path)}' nests deeper than {limits.MAX_DEPTH} levels")
         if isinstance(value, dict):
@@ -317,5 +318,5 @@ def load_tree(path: Path, kind: str = "file", fmt: str | None = None) -> Any:
     fmt = fmt or ("json" if path.suffix == ".json" else "yaml")
     text = read_text(path, kind, limits.MAX_JSON_BYTES if fmt == "json" else limits.MAX_YAML_BYTES)
     data = parse(text, str(path), fmt)
-    check_tree(data, str(path))
+    check_tree(data, str(path), fmt)
     return data
