@@ -165,11 +165,10 @@ def export_cmd(
     from advisor.export._common import display
     from advisor.plan import load_plan
 
-    import os
-    from pathlib import Path
+    from advisor.runtime.files import refuse_inputs
 
-    if out and Path(out).is_file() and Path(plan_path).is_file() and os.path.samefile(out, plan_path):
-        raise AdvisorError(f"--out {out} is the plan the export reads; write the export elsewhere")
+    if out:       # a file or a folder of several files: only the plan it reads is refused here
+        refuse_inputs(out, "the export", "--out", {"PLAN": plan_path})
     plan = load_plan(plan_path)
     launch = None
     if hosts is not None or master_port is not None:

@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.validation.published import PublishedRun, load_published_runs, measured_step_time_s, predict  # noqa: E402
 from advisor.commands.recommend import recommend  # noqa: E402
-from advisor.cost.band import memory_headroom, table  # noqa: E402
+from advisor.cost.band import memory_headroom  # noqa: E402
 from advisor.search import Pins  # noqa: E402
 from advisor.errors import AdvisorError, InfeasibleError  # noqa: E402
 from advisor.validation.accuracy import run_hardware, usable_runs  # noqa: E402
-from advisor.search.rank import LAYOUT_FIELDS  # noqa: E402
+from advisor.search.rank import LAYOUT_FIELDS, TIE_BAND  # noqa: E402
 from advisor.specs.hardware import load_hardware  # noqa: E402
 from advisor.specs.job import Cluster  # noqa: E402
 
@@ -104,11 +104,6 @@ def best_measured_mfu() -> dict[tuple[str, str], float]:
     return best
 
 
-def pair_band() -> float:
-    """The median |e_a - e_b| of two plans for one job (advisor/cost/error_bands.json)."""
-    return float(table().get("pair", 0.0))
-
-
 def _batch_changed(job, dp: int, factor: float) -> int:
     """The global batch nearest ``factor`` times the run's that the published data-parallel degree divides."""
     return max(int(round(job.global_batch_size * factor / dp)), 1) * dp
@@ -150,7 +145,7 @@ def compare(run: PublishedRun) -> QualityRow:
             continue
         new = other.estimates[0]
         gain = _low(new) / _low(kept) - 1.0
-        moved.append(gain <= pair_band())
+        moved.append(gain <= TIE_BAND)
     return QualityRow(
         run_id=run.id, devices=run.devices, published=_describe(published.strategy),
         published_tokens_per_s=run.job.tokens_per_step / published.step_time_s, published_fits=published.feasible,
@@ -190,7 +185,7 @@ def main() -> None:
     n = len(rows)
     print(f"published layout among the top 5 layouts or inside the #1's band: {sum(r.recipe_in_top5_or_band for r in rows)}"
           f" of {n}; #1 fits at the upper end of its memory band: {sum(r.fits_at_memory_band for r in rows)} of {n}; "
-          f"#1 layout the same for the batch -6% and +6%, or moved by more than the pair band ({pair_band():.1%}): "
+          f"#1 layout the same for the batch -6% and +6%, or moved by more than the pair band ({TIE_BAND:.1%}): "
           f"{sum(r.same_for_batch_change for r in rows)} of {n}")
     over = [r for r in rows if r.mfu > r.best_measured_mfu]
     print(f"#1 predicted MFU above the best measured for its device and dtype: {len(over)} of {n}"

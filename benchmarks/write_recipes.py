@@ -3,8 +3,8 @@
 Each measured run of benchmarks/data (Megatron-Bridge's performance tables, torchtitan's benchmark tables,
 MindFormers' and llm-foundry's) that is not left out, whose model has the shape of a bundled model, is a
 recipe for that model on its profile at its device count, for its framework. Per (model, profile, devices,
-framework) the fastest measured run is kept (the best the framework published). `advisor recommend` prices the recipe's layout
-under the user's job and prints it beside its #1 (advisor.search.recipes).
+framework) the fastest measured run is kept (the best the framework published). `advisor recommend` prices
+the recipe's layout under the user's job and prints it beside its #1 (advisor.search.recipes).
 
     python benchmarks/write_recipes.py [--check]
 """
@@ -21,22 +21,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.plan_codec import strategy_to_dict  # noqa: E402
 from advisor.search.recipes import RECIPES_FILE, shape_key  # noqa: E402
-from advisor.specs.model import load_model  # noqa: E402
+from advisor.specs.model import MODELS_DIR, load_model  # noqa: E402
 from advisor.validation.runs import RUNS_FILE, load_runs  # noqa: E402
 from advisor.validation.torchtitan import load_torchtitan_runs  # noqa: E402
 from advisor.validation.write import write_atomic  # noqa: E402
 
-MODELS = Path(__file__).resolve().parents[1] / "models"
-
-
 def bundled_shapes() -> dict[tuple, str]:
+    """Shape -> bundled model name (recommendation models and supernets have no transformer shape)."""
     out = {}
-    for path in sorted(MODELS.glob("*.yaml")):
-        try:
-            model = load_model(path.stem)
-        except Exception:            # recommendation models and supernets have no transformer shape
-            continue
-        key = shape_key(model)
+    for path in sorted(MODELS_DIR.glob("*.yaml")):
+        key = shape_key(load_model(path.stem))
         if key is not None:
             out.setdefault(key, path.stem)
     return out

@@ -13,7 +13,8 @@ import pytest
 from advisor.commands.inputs import resolve_inputs
 from advisor.commands.recommend import recommend
 from advisor.search import Pins
-from advisor.search.recipes import recipe_for, recipe_line
+from advisor.render.report import recipe_line
+from advisor.search.recipes import recipe_for
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -277,7 +277,12 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_execute_stops_the_ranks_and_removes_the_temporary_folder(tmp_path):
+@pytest.mark.parametrize("sig,to_group,code,line", [
+    (signal.SIGINT, True, 130, "advisor: interrupted"),       # Ctrl-C: the terminal signals the whole group
+    (signal.SIGHUP, False, 129, "advisor: hung up"),          # the terminal or ssh session closed
+])
+def test_a_signal_during_execute_stops_the_ranks_and_removes_the_temporary_folder(tmp_path, sig, to_group, code, line):
+    """One line, the shell's 128 + signal exit code, the ranks stopped and the temporary folder removed."""
     plan = _tiny_plan_file(tmp_path)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
@@ -285,9 +290,12 @@ def test_ctrl_c_during_execute_stops_the_ranks_and_removes_the_temporary_folder(
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(TMPDIR=str(scratch)), start_new_session=True)
     _wait_until(lambda: _ranks_ready(scratch, "advisor-exec-", 2), proc, "both ranks joined")
-    os.killpg(proc.pid, signal.SIGINT)
+    if to_group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
     out, err = proc.communicate(timeout=WAIT_S)
-    assert proc.returncode == 130 and _lines(err) == ["advisor: interrupted"]
+    assert proc.returncode == code and _lines(err) == [line]
     assert _ours(scratch) == [] and processes_naming(str(scratch)) == []
 
 
@@ -303,23 +311,6 @@ def test_sigterm_during_calibrate_stops_the_ranks_and_removes_the_temporary_fold
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 143 and _lines(err) == ["advisor: terminated"]
-    assert _ours(scratch) == [] and processes_naming(str(scratch)) == []
-
-
-@pytest.mark.slow
-def test_sighup_during_execute_is_handled_like_sigterm(tmp_path):
-    """The terminal or ssh session closes: the command stops its ranks, removes its temporary folder, says so in one
-    line and exits 129 (128 + SIGHUP)."""
-    plan = _tiny_plan_file(tmp_path)
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "advisor", "execute", str(plan), "--steps", "100000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(TMPDIR=str(scratch)), start_new_session=True)
-    _wait_until(lambda: _ranks_ready(scratch, "advisor-exec-", 2), proc, "both ranks joined")
-    proc.send_signal(signal.SIGHUP)
-    out, err = proc.communicate(timeout=WAIT_S)
-    assert proc.returncode == 129 and _lines(err) == ["advisor: hung up"]
     assert _ours(scratch) == [] and processes_naming(str(scratch)) == []
 
 

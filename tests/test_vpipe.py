@@ -66,6 +66,6 @@ def test_recommend_trades_offload_for_partial_recomputation(monkeypatch):
     assert s.recompute == "full" and not s.offload_optimizer and isinstance(s.recompute_layers, int)
     assert s.stage_layers[0] < model.num_layers // 4
     assert e.feasible
-    monkeypatch.setattr(rec, "repartition", lambda model, hw, cluster, job, batch, **_: batch)
+    monkeypatch.setattr(rec, "repartition", lambda model, hw, cluster, job, batch, pins: batch)
     before = rec.recommend(model, hw, cluster, job, pins=pins, top_k=1).estimates[0]
     assert e.step_time_s < before.step_time_s

@@ -109,7 +109,7 @@ def job_from_values(spec, hw: HardwareProfile, cluster: Cluster, values: dict[st
     if arch is not None and not arch.flash_attention:
         if v.get("attention") == "flash":
             raise AdvisorError(f"{flag_or_key('attention')} flash: fused attention does not run on the {hw.device.name} "
-                               f"of profile '{hw.name}' ({arch.needs}; FlashAttention needs NVIDIA Ampere or newer, "
+                               f"of profile '{hw.name}' ({arch.title}; FlashAttention needs NVIDIA Ampere or newer, "
                                "advisor/specs/architectures.py): use --attention math")
         v["attention"] = "math"      # the default where the device runs no fused kernel
     job = _Defaults(v)
@@ -123,7 +123,7 @@ def job_from_values(spec, hw: HardwareProfile, cluster: Cluster, values: dict[st
     out = TrainingJob(**v)
     if arch is not None and out.recipe == "mxfp8" and not arch.block_scaled_fp8:
         raise AdvisorError(f"{flag_or_key('fp8_recipe')} mxfp8: block-scaled FP8 runs on NVIDIA Blackwell tensor cores, not "
-                           f"on the {hw.device.name} of profile '{hw.name}' ({arch.needs}; advisor/specs/architectures.py): "
+                           f"on the {hw.device.name} of profile '{hw.name}' ({arch.title}; advisor/specs/architectures.py): "
                            "use --fp8-recipe tensorwise, delayed or blockwise")
     return out
 

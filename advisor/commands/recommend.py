@@ -136,8 +136,7 @@ def _ranked(model, hardware, cluster, job, pins, depth, search, progress, sugges
     if len(lead):
         batch = balance_stages(model, hardware, cluster, job, batch.take(lead))
         # ... and, for those with no or full recomputation, stages sized with per-stage recompute counts (vPipe)
-        batch = repartition(model, hardware, cluster, job, batch,
-                            keep_offload=bool(pins.offload_optimizer or pins.offload_params))
+        batch = repartition(model, hardware, cluster, job, batch, pins)
         if outcome.operator_strategies is not None:
             outcome = replace(outcome, operator_strategies=[outcome.operator_strategies[int(i)] for i in lead])
         e = price_layouts(estimate_batch(model, hardware, cluster, job, batch), batch, outcome.operator_strategies,

@@ -152,7 +152,7 @@ def show(r: Request, result, warnings: list[str], trials=None, objective: str = 
         return
     notes = [line for line in (headroom_line(headroom),) if line]
     if recipe is not None:
-        from advisor.search.recipes import recipe_line
+        from advisor.render.report import recipe_line
 
         notes.append(recipe_line(recipe, result.estimates[0]))
     render_recommendation(console, result, saved_to=out, notes=tuple(notes))

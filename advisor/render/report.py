@@ -100,6 +100,25 @@ def _training_time(e: Estimate) -> str | None:
                       *training_figures(e)])
 
 
+def recipe_line(recipe, first: Estimate) -> str:
+    """The framework's published recipe (advisor.search.recipes) under recommend's table."""
+    from advisor.render.breakdown import strategy_line
+
+    e = recipe.entry
+    head = (f"recipe ({e['framework']}, {e['run']}: {strategy_line(recipe.strategy)}, measured "
+            f"{e['measured_tokens_per_s_per_device']:,.0f} tokens/s per device at {e['dtype']})")
+    if recipe.estimate is None:
+        return f"{head}: not priced here, {recipe.why_not}"
+    if not recipe.estimate.feasible:
+        return (f"{head}: does not fit under this job ({recipe.estimate.memory_gib.total:.1f} of "
+                f"{recipe.estimate.capacity_gib:.4g} GiB)")
+    vs = recipe.vs(first)
+    where = "inside plan 1's band" if vs["inside_band"] else "outside plan 1's band: " + ", ".join(
+        f"{d['part']} {d['recipe_minus_first_s']:+.3g} s" for d in vs["differences"]) + " in the recipe"
+    return (f"{head}: {recipe.estimate.tokens_per_s:,.0f} tokens/s priced under this job; plan 1 vs recipe "
+            f"{vs['gain']:+.1%}, {where}")
+
+
 def render_recommendation(console: Console, result: RecommendResult, saved_to: str | None = None,
                           notes: tuple[str, ...] = ()) -> None:
     """The plans table and what it rests on; ``notes``: the command's lines printed before where the plan went."""

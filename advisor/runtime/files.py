@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,11 +54,7 @@ def write_atomic(path: str | Path, data: str | bytes | Callable[[IO[bytes]], Non
         # mkstemp creates the file readable by its owner only: keep the target's mode, or the umask's
         os.fchmod(fd, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
-            if callable(data):
-                data(fh)
-            else:
-                fh.write(data.encode() if isinstance(data, str) else data)
-            fh.flush()
+            _write_data(fh, data)
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except OSError as exc:
@@ -76,10 +73,8 @@ def check_writable(path: str | Path | None, what: str, flag: str = "--out", inpu
     bundled files are not paths and pass). ``-``, a device or a FIFO are written through and pass."""
     if path is None or str(path) == "-":
         return
+    refuse_inputs(path, what, flag, inputs or {})
     p = Path(path)
-    for given_flag, given in (inputs or {}).items():
-        if given and Path(str(given)).is_file() and p.exists() and os.path.samefile(p, Path(str(given))):
-            raise AdvisorError(f"{flag} {path} is the file {given_flag} reads; write {what} elsewhere")
     if p.is_symlink():
         p = p.resolve()
     if p.is_dir():
@@ -95,10 +90,26 @@ def check_writable(path: str | Path | None, what: str, flag: str = "--out", inpu
         raise AdvisorError(f"{flag} {path}: folder {folder} is not writable; nothing was run")
 
 
+def refuse_inputs(path: str | Path, what: str, flag: str, inputs: dict[str, Any]) -> None:
+    """Refuse an output that is one of the command's input files (``inputs``: flag -> the path given; names of
+    bundled files are not paths and pass)."""
+    p = Path(path)
+    for given_flag, given in inputs.items():
+        if given and Path(str(given)).is_file() and p.is_file() and os.path.samefile(p, Path(str(given))):
+            raise AdvisorError(f"{flag} {path} is the file {given_flag} reads; write {what} elsewhere")
+
+
+def _write_data(fh: IO[bytes], data: str | bytes | Callable[[IO[bytes]], None]) -> None:
+    """Text, bytes, or what a function writes, into a binary file object, flushed."""
+    if callable(data):
+        data(fh)
+    else:
+        fh.write(data.encode() if isinstance(data, str) else data)
+    fh.flush()
+
+
 def _write_through(path: Path | None, data, what: str) -> Path:
     """Write into what is there (a device, a FIFO; None: standard output) instead of replacing it."""
-    import sys
-
     where = "standard output" if path is None else str(path)
     try:
         if path is None:
@@ -109,11 +120,7 @@ def _write_through(path: Path | None, data, what: str) -> Path:
                 raise AdvisorError(f"cannot write {what} to {path}: it is a folder")
             fh = path.open("wb")
         try:
-            if callable(data):
-                data(fh)
-            else:
-                fh.write(data.encode() if isinstance(data, str) else data)
-            fh.flush()
+            _write_data(fh, data)
         finally:
             if path is not None:
                 fh.close()

@@ -51,6 +51,10 @@ class _Pinned:
         """The fields that are set, by name."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
+    def admits(self, s: Strategy) -> bool:
+        """Whether a strategy keeps every pinned choice (a refinement of a candidate must not drop one)."""
+        return all(getattr(s, name) == value for name, value in self.pinned().items())
+
     def describe(self) -> str:
         """'--tp 8 --zero 1' (for messages)."""
         return " ".join(f"{PIN_FLAGS[k]} {_flag_value(v)}" for k, v in self.pinned().items())

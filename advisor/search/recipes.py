@@ -45,7 +45,7 @@ class Recipe:
     """A published layout, priced under the user's job (estimate None: with why)."""
 
     entry: dict[str, Any]
-    strategy: Strategy | None
+    strategy: Strategy
     estimate: Estimate | None
     why_not: str | None = None
 
@@ -64,7 +64,7 @@ class Recipe:
 
     def to_dict(self, first: Estimate) -> dict[str, Any]:
         e = self.entry
-        out = {"source": e["source"], "run": e["run"], "framework": e["framework"],
+        return {"source": e["source"], "run": e["run"], "framework": e["framework"],
                "published": {"global_batch_size": e["global_batch_size"], "seq_length": e["seq_length"],
                              "dtype": e["dtype"],
                              "measured_tokens_per_s_per_device": e["measured_tokens_per_s_per_device"]},
@@ -73,31 +73,6 @@ class Recipe:
                    "tokens_per_s": self.estimate.tokens_per_s, "step_time_s": self.estimate.step_time_s,
                    "memory_gib": self.estimate.memory_gib.total, "fits": self.estimate.feasible},
                "vs_first": self.vs(first)}
-        return out
-
-
-def layout_text(s: Strategy) -> str:
-    """dp2 tp4 pp8 v5 mbs1 z1 selective, as recommend's lines name a layout."""
-    text = f"dp{s.dp} tp{s.tp} pp{s.pp}" + (f" cp{s.cp}" if s.cp > 1 else "") + (f" ep{s.ep}" if s.ep > 1 else "")
-    text += f" v{s.virtual_pipeline_stages}" if s.virtual_pipeline_stages > 1 else ""
-    return text + f" mbs{s.micro_batch_size} z{s.zero_stage} {s.recompute}" + (" +off" if s.offload_optimizer else "")
-
-
-def recipe_line(recipe: "Recipe", first: Estimate) -> str:
-    """The recipe's line under recommend's table."""
-    e = recipe.entry
-    head = f"recipe ({e['framework']}, {e['run']}: {layout_text(recipe.strategy)}"
-    head += f", measured {e['measured_tokens_per_s_per_device']:,.0f} tokens/s per device at {e['dtype']})"
-    if recipe.estimate is None:
-        return f"{head}: not priced here, {recipe.why_not}"
-    if not recipe.estimate.feasible:
-        return (f"{head}: does not fit under this job ({recipe.estimate.memory_gib.total:.1f} of "
-                f"{recipe.estimate.capacity_gib:.4g} GiB)")
-    vs = recipe.vs(first)
-    where = "inside plan 1's band" if vs["inside_band"] else "outside plan 1's band: " + ", ".join(
-        f"{d['part']} {d['recipe_minus_first_s']:+.3g} s" for d in vs["differences"]) + " in the recipe"
-    return (f"{head}: {recipe.estimate.tokens_per_s:,.0f} tokens/s priced under this job; plan 1 vs recipe "
-            f"{vs['gain']:+.1%}, {where}")
 
 
 @lru_cache(maxsize=1)

@@ -30,6 +30,7 @@ import numpy as np
 
 from advisor.cost.estimate import estimate_batch
 from advisor.cost.memory import memory
+from advisor.search import Pins
 from advisor.search.stages import _min_max, _min_sum, stage_cost_model
 from advisor.space.rules import legal_mask
 from advisor.space.strategy import RECOMPUTE, Strategy, StrategyBatch
@@ -154,13 +155,13 @@ def swap_strategy(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strat
 
 
 def repartition(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob,
-                batch: StrategyBatch, keep_offload: bool = False) -> StrategyBatch:
+                batch: StrategyBatch, pins: Pins = Pins()) -> StrategyBatch:
     """The batch with each pipelined candidate replaced by its memory-aware repartitioning (no or full
     recomputation) or its activation swapping (any) where the cost model prices that faster,
     or where only it fits. A
     candidate that keeps its optimizer states on the host also tries them back on the device, the
-    recomputation paying for the memory (vPipe's trade of swapping against recomputing), unless
-    ``keep_offload`` (the user pinned --offload or --offload-params)."""
+    recomputation paying for the memory (vPipe's trade of swapping against recomputing). An alternative that
+    drops a pinned choice (--offload, --recompute, ...) is not taken."""
     rows = np.flatnonzero(batch.pp > 1)
     if len(rows) == 0:
         return batch
@@ -170,10 +171,10 @@ def repartition(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tr
     for i in rows:
         s = strategies[i]
         for start in [s] + ([replace(s, offload_optimizer=False, offload_params=False, offload_fraction=1.0)]
-                             if s.offload_optimizer and not keep_offload else []):
+                             if s.offload_optimizer else []):
             repartitioned = memory_aware_strategy(model, hw, job, start) if s.recompute != "selective" else None
             for alt in (repartitioned, swap_strategy(model, hw, job, start)):
-                if alt is not None and alt != s:
+                if alt is not None and alt != s and pins.admits(alt):
                     tried.append(alt)
                     owner.append(int(i))
     if not tried:

@@ -30,18 +30,18 @@ class Architecture:
     """A fused (FlashAttention-style) attention kernel runs on it."""
     block_scaled_fp8: bool
     """MXFP8 (block-scaled FP8 with E8M0 scales) runs on its tensor cores."""
-    needs: str
-    """What to say when something does not run: the generation the kernel or format needs."""
+    title: str
+    """The generation as messages name it ("NVIDIA Volta")."""
 
 
 ARCHITECTURES = {a.name: a for a in (
-    Architecture("volta", flash_attention=False, block_scaled_fp8=False, needs="NVIDIA Volta"),
-    Architecture("turing", flash_attention=False, block_scaled_fp8=False, needs="NVIDIA Turing"),
-    Architecture("ampere", flash_attention=True, block_scaled_fp8=False, needs="NVIDIA Ampere"),
-    Architecture("ada", flash_attention=True, block_scaled_fp8=False, needs="NVIDIA Ada"),
-    Architecture("hopper", flash_attention=True, block_scaled_fp8=False, needs="NVIDIA Hopper"),
-    Architecture("blackwell", flash_attention=True, block_scaled_fp8=True, needs="NVIDIA Blackwell"),
-    Architecture("blackwell-ultra", flash_attention=True, block_scaled_fp8=True, needs="NVIDIA Blackwell Ultra"),
-    Architecture("davinci", flash_attention=True, block_scaled_fp8=False, needs="Huawei Ascend (Da Vinci)"),
-    Architecture("cpu", flash_attention=False, block_scaled_fp8=False, needs="a CPU"),
+    Architecture("volta", flash_attention=False, block_scaled_fp8=False, title="NVIDIA Volta"),
+    Architecture("turing", flash_attention=False, block_scaled_fp8=False, title="NVIDIA Turing"),
+    Architecture("ampere", flash_attention=True, block_scaled_fp8=False, title="NVIDIA Ampere"),
+    Architecture("ada", flash_attention=True, block_scaled_fp8=False, title="NVIDIA Ada"),
+    Architecture("hopper", flash_attention=True, block_scaled_fp8=False, title="NVIDIA Hopper"),
+    Architecture("blackwell", flash_attention=True, block_scaled_fp8=True, title="NVIDIA Blackwell"),
+    Architecture("blackwell-ultra", flash_attention=True, block_scaled_fp8=True, title="NVIDIA Blackwell Ultra"),
+    Architecture("davinci", flash_attention=True, block_scaled_fp8=False, title="Huawei Ascend (Da Vinci)"),
+    Architecture("cpu", flash_attention=False, block_scaled_fp8=False, title="a CPU"),
 )}

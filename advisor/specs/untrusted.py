@@ -132,30 +132,10 @@ def _strict(cls):
     return cls
 
 
+# the loaders, C (libyaml) and pure Python; _measure_events has bounded nesting and expansion before either runs
 _CLoader = (_strict(type("_StrictCSafeLoader", (_Strict, yaml.CSafeLoader), {}))
             if getattr(yaml, "__with_libyaml__", False) else None)
-
-
-class _DepthLimitedLoader(_Strict, yaml.SafeLoader):
-    """PyYAML's safe loader with a bound on nesting, checked while the document is composed
-    (the composer recurses once per level; the parser and scanner below it do not)."""
-
-    def __init__(self, stream):
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent, index):
-        self._depth += 1
-        try:
-            if self._depth > limits.MAX_DEPTH:
-                mark = self.peek_event().start_mark
-                raise AdvisorError(f"nesting deeper than {limits.MAX_DEPTH} levels (line {mark.line + 1})")
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-_strict(_DepthLimitedLoader)
+_PyLoader = _strict(type("_StrictSafeLoader", (_Strict, yaml.SafeLoader), {}))
 
 _OPEN = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
 _CLOSE = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
@@ -194,19 +174,12 @@ def _measure_events(text: str, loader) -> None:
 
 
 def _parse_yaml(text: str) -> Any:
-    """PyYAML's safe loading, after _measure_events has bounded the nesting and the aliases' expansion (libyaml's
-    composer recurses in C once per level; PyYAML expands merge keys while constructing, before any later check
-    could count). With libyaml the C parser and loader are used (about 3x faster); without it, the pure-Python
-    loader, which also counts levels as it composes."""
-    if getattr(yaml, "__with_libyaml__", False):
-        _measure_events(text, yaml.CSafeLoader)
-        return yaml.load(text, Loader=_CLoader)
-    _measure_events(text, yaml.SafeLoader)
-    loader = _DepthLimitedLoader(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
+    """PyYAML's safe loading, after _measure_events has bounded the nesting (the composer recurses once per level,
+    libyaml's in C) and the aliases' expansion (PyYAML expands merge keys while constructing, before any later
+    check could count). With libyaml the C parser and loader are used (about 3x faster)."""
+    with_c = _CLoader is not None and getattr(yaml, "__with_libyaml__", False)
+    _measure_events(text, yaml.CSafeLoader if with_c else yaml.SafeLoader)
+    return yaml.load(text, Loader=_CLoader if with_c else _PyLoader)
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
