@@ -15,8 +15,9 @@ import sys
 import types
 
 
-class _MPU:
-    """The slice of a model-parallel unit DeepSpeedConfig asks for."""
+class MPU:
+    """The slice of a model-parallel unit DeepSpeedConfig asks for (data-parallel world size); the
+    in-process DeepSpeed tests use it too."""
 
     def __init__(self, dp: int):
         self.dp = dp
@@ -37,7 +38,7 @@ def deepspeed_cases(cases: list[dict]) -> dict:
         with open(case["path"], encoding="utf-8") as f:
             config = json.load(f)
         try:
-            parsed = DeepSpeedConfig(config, mpu=_MPU(case["dp"]))
+            parsed = DeepSpeedConfig(config, mpu=MPU(case["dp"]))
         except Exception as exc:   # the release's own refusal is the finding
             out[case["name"]] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
@@ -48,22 +49,27 @@ def deepspeed_cases(cases: list[dict]) -> dict:
     return {"version": deepspeed.__version__, "cases": out}
 
 
-def _torchtitan_modules():
-    """torchtitan.config without torchtitan/__init__.py, which imports Triton kernels absent on CPU."""
-    spec = importlib.util.find_spec("torchtitan")
-    pkg = types.ModuleType("torchtitan")
-    pkg.__path__ = list(spec.submodule_search_locations)
-    sys.modules["torchtitan"] = pkg
+def load_torchtitan():
+    """(package folder, ConfigManager, ParallelDims) from torchtitan.config without running
+    torchtitan/__init__.py, which imports Triton kernels absent on CPU; the in-process torchtitan tests
+    use it too. ImportError when torchtitan is absent."""
+    if "torchtitan" not in sys.modules:
+        spec = importlib.util.find_spec("torchtitan")
+        if spec is None:
+            raise ImportError("torchtitan is not installed")
+        pkg = types.ModuleType("torchtitan")
+        pkg.__path__ = list(spec.submodule_search_locations)
+        sys.modules["torchtitan"] = pkg
     from torchtitan.config import ConfigManager
     from torchtitan.distributed.parallel_dims import ParallelDims
 
-    return pkg.__path__[0], ConfigManager, ParallelDims
+    return sys.modules["torchtitan"].__path__[0], ConfigManager, ParallelDims
 
 
 def torchtitan_cases(cases: list[dict]) -> dict:
     import pathlib
 
-    where, ConfigManager, ParallelDims = _torchtitan_modules()
+    where, ConfigManager, ParallelDims = load_torchtitan()
     # the release actually imported: the dist-info beside that copy of the package
     infos = sorted(pathlib.Path(where).parent.glob("torchtitan-*.dist-info"))
     version = infos[0].name[len("torchtitan-"):-len(".dist-info")] if infos else "unknown"
@@ -81,7 +87,7 @@ def torchtitan_cases(cases: list[dict]) -> dict:
             out[case["name"]] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
         out[case["name"]] = {"error": None, "dp": dims.dp_replicate * dims.dp_shard, "tp": dims.tp,
-                             "pp": dims.pp, "cp": dims.cp, "local_batch": cfg.training.local_batch_size}
+                             "pp": dims.pp, "cp": dims.cp}
     return {"version": version, "cases": out}
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from _export_plans import REFUSED as REFUSED_PAIRS
 from _export_plans import plans
+from _release_parse import MPU
 from advisor.export import export_plan
 
 DOC_TOP_KEYS = {
@@ -99,16 +100,6 @@ def test_batch_arithmetic_matches_the_plan(exported):
         assert ("fp16" in cfg) == (plan.training.dtype == "fp16")
 
 
-class _MPU:
-    """The slice of a model-parallel unit DeepSpeedConfig asks for (data-parallel world size)."""
-
-    def __init__(self, dp: int):
-        self.dp = dp
-
-    def get_data_parallel_world_size(self) -> int:
-        return self.dp
-
-
 def _patch_rank(monkeypatch):
     """DeepSpeedConfig asks the process group for this rank before it consults the mpu; without
     torch.distributed initialised it would fall back to a world of 1. Rank 0 is what a launch has."""
@@ -133,7 +124,7 @@ def test_deepspeed_parses_the_config(exported, monkeypatch):
 
     for name, (plan, result) in exported.items():
         cfg = _config(result)
-        parsed = DeepSpeedConfig(cfg, mpu=_MPU(plan.strategy.dp))
+        parsed = DeepSpeedConfig(cfg, mpu=MPU(plan.strategy.dp))
         assert parsed.train_batch_size == plan.training.global_batch_size, name
         assert parsed.train_micro_batch_size_per_gpu == plan.strategy.micro_batch_size, name
         assert parsed.gradient_accumulation_steps == plan.strategy.num_micro_batches, name
@@ -159,7 +150,7 @@ def test_deepspeed_refuses_a_misspelled_key(monkeypatch):
     cfg = _config(export_plan(plans()["llama8b_dp_drec"], "deepspeed"))
     cfg["zero_optimization"]["stagee"] = 1
     with pytest.raises(Exception):
-        DeepSpeedConfig(cfg, mpu=_MPU(8))
+        DeepSpeedConfig(cfg, mpu=MPU(8))
 
 
 def test_pipeline_settings_build_deepspeeds_topology(exported):
@@ -220,7 +211,7 @@ def test_deepspeed_parses_parameter_offload_and_the_offload_ratio(monkeypatch):
     for extra, check in (({"offload_params": True}, "param"), ({"offload_fraction": 0.25}, "ratio")):
         plan = make_plan("llama3-8b", "dgx-a100-80g", 1, {**parallel, **extra}, global_batch_size=32,
                          seq_length=4096, framework="deepspeed")
-        parsed = DeepSpeedConfig(_config(export_plan(plan, "deepspeed")), mpu=_MPU(8))
+        parsed = DeepSpeedConfig(_config(export_plan(plan, "deepspeed")), mpu=MPU(8))
         zero = parsed.zero_config
         if check == "param":
             assert zero.offload_param is not None and zero.offload_param.device == "cpu"
@@ -239,6 +230,6 @@ def test_deepspeed_parses_an_unfused_optimizer(monkeypatch):
     _patch_rank(monkeypatch)
     plan = next(p for p in plans().values() if p.training.optimizer == "adamw")
     plan = replace(plan, training=replace(plan.training, framework="pytorch", optimizer_impl="unfused"))
-    parsed = DeepSpeedConfig(_config(export_plan(plan, "deepspeed")), mpu=_MPU(plan.strategy.dp))
+    parsed = DeepSpeedConfig(_config(export_plan(plan, "deepspeed")), mpu=MPU(plan.strategy.dp))
     assert parsed.optimizer_name == "adamw"
     assert parsed.optimizer_params["torch_adam"] is True

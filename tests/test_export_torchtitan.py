@@ -10,12 +10,12 @@ import importlib.util
 import math
 import sys
 import tomllib
-import types
 from pathlib import Path
 
 import pytest
 
 from _export_plans import plans
+from _release_parse import load_torchtitan
 from advisor.export._recompute import FULL, NONE, OP_LEVEL, priced_recompute
 from advisor.export import export_plan
 
@@ -118,20 +118,12 @@ def test_pipeline_parts_follow_the_stage_layers(exported):
 
 
 def _torchtitan_config():
-    """torchtitan.config without running torchtitan/__init__.py (it imports Triton kernels, absent on CPU)."""
-    if "torchtitan" not in sys.modules:
-        spec = importlib.util.find_spec("torchtitan")
-        if spec is None:
-            pytest.skip("torchtitan is not installed")
-        pkg = types.ModuleType("torchtitan")
-        pkg.__path__ = list(spec.submodule_search_locations)
-        sys.modules["torchtitan"] = pkg
+    """torchtitan's ConfigManager and ParallelDims (tests/_release_parse.py loads them without Triton)."""
     try:
-        from torchtitan.config import ConfigManager
-        from torchtitan.distributed.parallel_dims import ParallelDims
-    except Exception as exc:  # pragma: no cover - a torchtitan we cannot load
+        _, config_manager, parallel_dims = load_torchtitan()
+    except Exception as exc:  # pragma: no cover - absent, or a torchtitan we cannot load
         pytest.skip(f"torchtitan cannot be imported here: {exc}")
-    return ConfigManager, ParallelDims
+    return config_manager, parallel_dims
 
 
 def test_torchtitan_config_manager_parses_the_export(exported, tmp_path):
@@ -193,7 +185,7 @@ def _shipped_flavors() -> dict:
     the models needs Triton), defaults of the model's args dataclass filled in."""
     import ast
 
-    if "torchtitan" in sys.modules:                   # _torchtitan_config's package stand-in has no spec
+    if "torchtitan" in sys.modules:                   # load_torchtitan's package stand-in has no spec
         paths = list(sys.modules["torchtitan"].__path__)
     else:
         spec = importlib.util.find_spec("torchtitan")

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from _export_plans import REFUSED, make_plan, plans
+from _release_parse import MPU
 from advisor.errors import AdvisorError
 from advisor.export import TARGETS, export_plan, supported_versions
 from advisor.plan import save_plan
@@ -64,17 +65,6 @@ def test_k8s_ascend_plans_ask_for_ascend_devices_and_say_the_image_does_not_fit(
 
 # ---- DeepSpeed: the batch check on the route the export names -------------------------------------
 
-class _GridMPU:
-    """The pipeline route's mpu: deepspeed.initialize takes PipelineModule.mpu(), whose data-parallel
-    size is the topology's data axis."""
-
-    def __init__(self, dp: int):
-        self.dp = dp
-
-    def get_data_parallel_world_size(self) -> int:
-        return self.dp
-
-
 def _route_world(plan, result):
     """(mpu, the data-parallel size DeepSpeed's batch check uses) on the export's launch route."""
     if plan.strategy.pp > 1:
@@ -84,7 +74,8 @@ def _route_world(plan, result):
         exec(compile(result.files["pipeline_settings.py"], "pipeline_settings.py", "exec"), ns)  # noqa: S102
         topo = PipeModelDataParallelTopology(num_pp=ns["NUM_STAGES"], num_mp=ns["TENSOR_PARALLEL"],
                                              num_dp=ns["DATA_PARALLEL"])
-        return _GridMPU(topo.get_dim("data")), topo.get_dim("data")
+        # deepspeed.initialize takes PipelineModule.mpu(), whose data-parallel size is the topology's data axis
+        return MPU(topo.get_dim("data")), topo.get_dim("data")
     cfg = json.loads(result.files["ds_config.json"])
     return None, plan.strategy.devices // cfg.get("sequence_parallel_size", 1)
 
