@@ -30,6 +30,7 @@ from advisor.commands.inputs import resolve_inputs  # noqa: E402
 from advisor.commands.recommend import recommend  # noqa: E402
 from advisor.errors import AdvisorError  # noqa: E402
 from advisor.export import export_plan  # noqa: E402
+from advisor.export.hf_model import FILE as MODEL_FILE  # noqa: E402
 from advisor.search import Pins  # noqa: E402
 
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan", "mindspore")   # each is its own export target
@@ -88,7 +89,10 @@ def _reimported(model: str, hardware: str, plan, result) -> bool | None:
         for file, text in result.files.items():
             (Path(folder) / file).write_text(text)
         path = Path(folder) / name
-        back = estimate_request(model, hardware, None, plan.cluster.devices, job={}, strategy={}, launch=str(path))
+        # an export that writes the architecture (DeepSpeed's config.json) is read back with it, not the bundled name
+        described = Path(folder) / MODEL_FILE
+        back = estimate_request(str(described) if described.exists() else model, hardware, None, plan.cluster.devices,
+                                job={}, strategy={}, launch=str(path))
     return abs(back.estimate.tokens_per_s / plan.prediction["tokens_per_s"] - 1) < 1e-9
 
 

@@ -121,11 +121,22 @@ def job_from_values(spec, hw: HardwareProfile, cluster: Cluster, values: dict[st
         check_cuda_graphs(job.cuda_graphs, job.framework, moe, job.moe_dropless, flag_or_key("cuda_graphs"))
     _grid_needs_tokens(job)
     out = TrainingJob(**v)
+    record = out.framework_record
+    if getattr(spec, "sliding_window", None) is not None and not record.sliding_window:
+        raise AdvisorError(f"{flag_or_key('framework_release')} {record.release}: {record.title} {record.release} has no "
+                           f"sliding-window attention, which {spec.name} uses (every {spec.sliding_window_every} "
+                           f"layer(s), {spec.sliding_window} keys); releases {', '.join(_windowed(record))} have it")
     if arch is not None and out.recipe == "mxfp8" and not arch.block_scaled_fp8:
         raise AdvisorError(f"{flag_or_key('fp8_recipe')} mxfp8: block-scaled FP8 runs on NVIDIA Blackwell tensor cores, not "
                            f"on the {hw.device.name} of profile '{hw.name}' ({arch.title}; advisor/specs/architectures.py): "
                            "use --fp8-recipe tensorwise, delayed or blockwise")
     return out
+
+
+def _windowed(record) -> list[str]:
+    from advisor.specs.frameworks import for_release
+
+    return [r for r in record.releases if for_release(record, r).sliding_window]
 
 
 def _grid_needs_tokens(job) -> None:

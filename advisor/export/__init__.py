@@ -105,6 +105,11 @@ def export_plan(plan: Plan, target: str, target_version: str | None = None, laun
     if fam.exporters is not None and target not in fam.exporters:
         raise AdvisorError(fam.export_refusal.format(model=plan.model.name, target=target))
     mixed_notes = check_mixed(plan, target)
+    release = plan.training.framework_release
+    if target_version is None and release is not None:      # written for the release the plan was searched for
+        module = importlib.import_module(f"advisor.export.{target}")
+        if module.FRAMEWORK == plan.training.framework and release in getattr(module, "VERSIONS", ()):
+            target_version = release
     if fam.exporters is not None:             # the family's own exporter (advisor.families)
         result = resolve(fam.exporters[target])(plan, target_version)
     else:

@@ -123,6 +123,10 @@ def comment_block(lines: list[str], prefix: str = "# ") -> str:
 MODEL_FEATURES = ("head_dim", "mla", "moe.num_shared_experts", "moe.first_k_dense_layers", "sliding_window")
 
 
+# the model keys unwritten_model_features checks (an export that writes the whole architecture passes them all)
+ALL_FEATURES = ("head_dim", "mla", "moe.num_shared_experts", "moe.first_k_dense_layers", "sliding_window")
+
+
 def unwritten_model_features(plan: Plan, target: str, written: tuple[str, ...] = ()) -> list[str]:
     """The unsupported-feature sentences for the model keys an export does not write (all but those
     named in `written`): the model would silently train as another architecture otherwise."""

@@ -1,4 +1,7 @@
-"""DeepSpeed: ds_config.json, the pipeline settings (PipelineModule and its topology) and the launcher line.
+"""DeepSpeed: ds_config.json, the pipeline settings (PipelineModule and its topology), the launcher line,
+and the model as a Hugging Face config.json (advisor.export.hf_model) where a transformers family builds it
+(DeepSpeed takes the model from the user's code; ``AutoModelForCausalLM.from_config`` builds this one), so
+MLA, shared experts, dense first layers, head_dim and sliding windows launch as priced.
 
 Keys follow the DeepSpeed configuration reference (https://www.deepspeed.ai/docs/config-json/: batch
 size, fp16/bf16, zero_optimization with offload_optimizer, activation_checkpointing) and the sources
@@ -38,8 +41,9 @@ from advisor.export import ExportResult
 from advisor.export import _comm_knobs, _settings
 from advisor.export._common import (
     comment_block, header_lines, is_even_split, mesh_text, non_default_mesh, pick_version, procs_per_node,
-    stage_layers, unwritten_model_features,
+    stage_layers, unwritten_model_features, ALL_FEATURES,
 )
+from advisor.export.hf_model import FILE as MODEL_FILE, hf_model
 from advisor.export._recompute import CORE_ATTENTION, FULL, NONE, cannot_express, priced_recompute
 from advisor.plan import Plan
 
@@ -237,11 +241,17 @@ def export(plan: Plan, target_version: str | None = None) -> ExportResult:
     unsupported: list[str] = []
     notes: list[str] = []
     nproc = procs_per_node(plan, "the deepspeed launcher", unsupported)
-    unsupported += unwritten_model_features(plan, "DeepSpeed")
+    model = hf_model(plan.model)
+    unsupported += unwritten_model_features(plan, "DeepSpeed", written=() if model.config is None else ALL_FEATURES)
     cfg = ds_config(plan, unsupported, notes)
     files = {
         "ds_config.json": json.dumps(cfg, indent=2, allow_nan=False) + "\n",
         "pipeline_settings.py": pipeline_settings(plan, unsupported, notes),
         "launch_deepspeed.sh": launch_script(plan, nproc, version),
     }
+    if model.config is not None:
+        files[MODEL_FILE] = json.dumps(model.config, indent=2, allow_nan=False) + "\n"
+        notes.append(f"{MODEL_FILE} is the priced model as transformers builds it (model_type {model.model_type}): "
+                     "train.py builds it with AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)) "
+                     "and loads your weights, or trains it from scratch")
     return ExportResult(target="deepspeed", files=files, unsupported=tuple(unsupported), notes=tuple(notes))

@@ -96,7 +96,7 @@ __all__ = [
 # ---- the search ---------------------------------------------------------------------------------
 def _space(model, hw, cluster, job, pins: Pins, pruned: Counter, dedup: Counter):
     """(skeletons with their mesh-order counts, complete candidates per skeleton, ZeRO/offload pairs)."""
-    options = zero_offload_options(pins, job.framework, model)
+    options = zero_offload_options(pins, job.framework_record, model)
     skel = skeleton_rows(model, hw, cluster, job, pins, pruned, dedup)
     skel["meshes"] = mesh_counts(skel, hw, pins, options, pruned, dedup, model, job.framework_record)
     variants = option_mask(skel, options, job.framework_record).sum(axis=1) * skel["meshes"]

@@ -170,14 +170,14 @@ def skeleton_rows(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
     return _apply_rules(model, cluster, job, rows, pruned)
 
 
-def zero_offload_options(pins: Pins, framework: str | None = None,
+def zero_offload_options(pins: Pins, framework: str | Framework | None = None,
                          model: ModelSpec | None = None) -> list[tuple[int, int]]:
     """(ZeRO stage, offload) pairs allowed by the pins. Offload 1: the optimizer states, which needs
     ZeRO >= 1 (rule "offload needs zero"); 2: the weights and gradients too, with ZeRO-3 and a
     framework that has it (rule "parameter offload": not Megatron-LM); 3 and 4: 0 and 1 with the word
     embedding on the host, for MindSpore and a table not tied to the head (rule "host embedding";
     only where ``model`` is given)."""
-    record = FRAMEWORKS.get(framework)
+    record = framework if isinstance(framework, Framework) else FRAMEWORKS.get(framework)   # a release's record too
     runs = set(ZERO_STAGES) if record is None else set(record.zero_stages) | set(record.zero_stages_under_pipeline)
     zeros = [pins.zero_stage] if pins.zero_stage is not None else [z for z in ZERO_STAGES if z in runs]
     offloads = [int(pins.offload_optimizer)] if pins.offload_optimizer is not None else [0, 1]
@@ -191,7 +191,7 @@ def zero_offload_options(pins: Pins, framework: str | None = None,
         pairs.append((3, 2))
     if pins.offload_params:
         return [p for p in pairs if p[1] == OFFLOAD_PARAMS]
-    return _with_host_embedding(pairs, pins, framework, model)
+    return _with_host_embedding(pairs, pins, None if record is None else record.name, model)
 
 
 def _with_host_embedding(pairs, pins: Pins, framework: str | None, model: ModelSpec | None):

@@ -55,7 +55,7 @@ class MixedStats:
 
 def _rows(model: ModelSpec, mixed: MixedHardware, job: TrainingJob, pins: Pins) -> Rows:
     rows = skeleton_rows(model, mixed.parts[0].profile, mixed.cluster, job, pins, Counter(), Counter())
-    rows = zero_variants(rows, zero_offload_options(pins, job.framework), job.framework_record)
+    rows = zero_variants(rows, zero_offload_options(pins, job.framework_record), job.framework_record)
     return cp_kind_variants(rows, model, pins, job.framework_record)     # ring and Ulysses price differently
 
 

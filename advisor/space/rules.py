@@ -429,7 +429,7 @@ def violations(model: ModelSpec, cluster: Cluster, job: TrainingJob, strategy: S
 def _zero_detail(fw: Framework, s: Strategy) -> str:
     stages = fw.zero_stages_under_pipeline if s.pp > 1 else fw.zero_stages
     where = "with pp > 1" if s.pp > 1 else "without pipelining"
-    parts = [f"{fw.name} runs ZeRO {', '.join(map(str, stages))} {where}"]
+    parts = [f"{fw.label} runs ZeRO {', '.join(map(str, stages))} {where}"]
     if not fw.optimizer_offload:
         parts.append("no optimizer-only offload (its CPU offload moves the parameters too: offload_params)")
     if fw.experts_from_sharded_dp:

@@ -7,7 +7,8 @@ cites the details.
 
 Records:
 
-* ``megatron``: Megatron-LM / Megatron-Core (core_v0.13-0.15) with Transformer Engine.
+* ``megatron``: Megatron-LM / Megatron-Core (core_v0.13-0.15) with Transformer Engine; the training setting
+  ``framework_release`` narrows it to one release (for_release: what 0.13 and 0.14 do not run).
 * ``pytorch``: plain torch.distributed (FSDP, DTensor tensor parallelism) as llm-foundry and
   advisor's executor run it.
 * ``deepspeed``: DeepSpeed 0.15-0.19 (ZeRO stages, its pipeline engine, Ulysses sequence parallelism)
@@ -19,6 +20,8 @@ Records:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+from advisor.errors import AdvisorError
 
 # Fused attention kernels, each with its own efficiency curve in a profile (advisor.cost.attention):
 # te = Transformer Engine's fused attention (cuDNN; FlashAttention-3-class on Hopper and later),
@@ -225,6 +228,25 @@ class Framework:
     recompute_some_layers: bool = True
     """Recomputation can cover some of a stage's layers (Megatron --recompute-num-layers, MindFormers' per-stage
     lists, advisor's executor); DeepSpeed's config checkpoints every layer or none."""
+    sliding_window: bool = True
+    """Sliding-window attention runs (Megatron-LM --window-size / --window-attn-skip-freq from Megatron-Core 0.15
+    on: megatron/training/arguments.py at core_v0.15.0; absent at core_v0.13.0 and core_v0.14.0)."""
+
+    # ---- releases -----------------------------------------------------------------------------
+    releases: tuple[str, ...] = ()
+    """The releases the record can be narrowed to (the training setting ``framework_release``), oldest first;
+    the record itself describes the newest. Empty: one record for every release it names in its docstring."""
+    release_changes: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()
+    """(release, ((field, value), ...)): what an older release runs differently from the newest, each change with
+    the release's source in the record's comment (for_release applies them)."""
+    release: str | None = None
+    """The release this record describes (None: the only one)."""
+
+    @property
+    def label(self) -> str:
+        """The name as messages give it: with the release where narrowed to an older one ("megatron 0.13")."""
+        older = self.releases and self.release is not None and self.release != self.releases[-1]
+        return f"{self.name} {self.release}" if older else self.name
 
 
 MEGATRON = Framework(
@@ -247,6 +269,14 @@ MEGATRON = Framework(
     sequence_parallel=(False, True), dtypes=("fp32", "tf32", "fp16", "bf16", "fp8"),
     fp8_recipes=("delayed", "tensorwise", "mxfp8", "blockwise"),
     mesh_orders=(("pp", "dp", "cp", "tp"), ("dp", "pp", "cp", "tp")), experts_from_sharded_dp=False,
+    # Megatron-Core releases (NVIDIA/Megatron-LM tags core_v0.13.0, core_v0.14.0, core_v0.15.0, megatron/training/
+    # arguments.py; the same tables advisor.export.megatron writes flags from): Megatron FSDP (--use-megatron-fsdp with
+    # the fsdp_dtensor checkpoint format, which ZeRO-2/3 plans launch with) first appears in 0.14, --window-size in 0.15
+    releases=("0.13", "0.14", "0.15"), release="0.15",
+    release_changes=(
+        ("0.13", (("zero_stages", (0, 1)), ("sliding_window", False))),
+        ("0.14", (("sliding_window", False),)),
+    ),
 )
 
 PYTORCH = Framework(
@@ -316,6 +346,20 @@ MINDSPORE = Framework(
 )
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (MEGATRON, PYTORCH, TORCHTITAN, DEEPSPEED, MINDSPORE)}
+
+
+def for_release(record: Framework, release: str | None) -> Framework:
+    """The record narrowed to one of its releases (None: the record as it is, its newest release)."""
+    if release is None or release == record.release:
+        return record
+    record = FRAMEWORKS.get(record.name, record)      # the changes are from the newest release's record
+    if release == record.release:
+        return record
+    if release not in record.releases:
+        known = ", ".join(record.releases) if record.releases else "none (one record for all its releases)"
+        raise AdvisorError(f"framework release {release[:20]!r}: {record.title} records the releases {known}")
+    changes = dict(dict(record.release_changes).get(release, ()))
+    return replace(record, release=release, **changes)
 
 
 def frameworks_with(capability: str) -> str:

@@ -589,8 +589,10 @@ def _read_qwen3_moe(data: dict[str, Any], origin: str, notes: list[str]) -> dict
 def _leading_dense(moe_layers: list[int], layers: int, freq: int) -> int | None:
     """first_k_dense_layers k for which advisor's MoE layers (i >= k and (i + 1) % freq == 0) are
     exactly ``moe_layers`` (None: no such k)."""
-    k = moe_layers[0]
-    return k if [i for i in range(k, layers) if (i + 1) % freq == 0] == moe_layers else None
+    for k in (0, moe_layers[0]):    # 0 where the leading layers are dense by the frequency alone
+        if [i for i in range(k, layers) if (i + 1) % freq == 0] == moe_layers:
+            return k
+    return None
 
 
 def _read_deepseek_v3(data: dict[str, Any], origin: str, notes: list[str]) -> dict[str, Any]:

@@ -7,7 +7,8 @@ from typing import Callable
 
 from advisor.errors import AdvisorError
 from advisor.specs import limits
-from advisor.specs.frameworks import ATTENTION_KERNELS, FRAMEWORKS as FRAMEWORK_RECORDS, Framework, frameworks_with
+from advisor.specs.frameworks import (ATTENTION_KERNELS, FRAMEWORKS as FRAMEWORK_RECORDS, Framework, for_release,
+                                     frameworks_with)
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.setting import check_fields, check_frameworks, setting
 from advisor.specs.site import Site
@@ -101,6 +102,13 @@ def check_job_relations(job, where: Callable[[str], str]) -> None:
     setting in the error (a flag, or the plan key)."""
     check_optimizer_impl(job.optimizer_impl, job.framework, where("optimizer_impl"))
     record = FRAMEWORK_RECORDS[job.framework]
+    if job.framework_release is not None:
+        if job.framework_release not in record.releases:
+            recorded = (f"records the releases {', '.join(record.releases)}" if record.releases else
+                        "has one record for all the releases it names (advisor/specs/frameworks.py)")
+            raise AdvisorError(f"{where('framework_release')} = {job.framework_release}: framework {job.framework} "
+                               f"{recorded}")
+        record = for_release(record, job.framework_release)
     if job.dtype not in record.dtypes:
         raise AdvisorError(f"{where('dtype')} = {job.dtype}: framework {job.framework} trains in "
                            f"{', '.join(record.dtypes)} only")
@@ -173,6 +181,14 @@ class Runtime:
         doc="Whose implementation runs the plan: a framework record (advisor.specs.frameworks) decides what "
             '"selective" recomputation keeps, what sequence parallelism saves, the default attention kernel, '
             "fusion and overlap.")
+    framework_release: str | None = setting(
+        None, kind="choice", choices=tuple(sorted({r for f in FRAMEWORK_RECORDS.values() for r in f.releases})),
+        optional=True, flags=("--framework-release",),
+        help="the framework's release, for frameworks that record several (megatron: Megatron-Core 0.13, 0.14 or "
+             "0.15): only what that release runs is searched and priced, and exports write for it; default the newest",
+        doc="The release of the framework that runs the plan (advisor.specs.frameworks.for_release: the record's "
+            "releases and what the older ones do not run, e.g. Megatron-Core 0.13 has no Megatron FSDP, so no ZeRO-2/3, "
+            "and 0.13/0.14 no sliding-window attention). None: the newest; exports default --target-version to it.")
     overlap_grad_reduce: bool = setting(
         True, kind="boolean", plan="always", flags=("--overlap-grad-reduce",),
         help="overlap the gradient reduction with the last micro-batch's backward (--no-overlap-grad-reduce: after it)",
@@ -326,8 +342,8 @@ class TrainingJob(Site, Runtime, Workload):
 
     @property
     def framework_record(self) -> Framework:
-        """The record of the framework that runs the plan (advisor.specs.frameworks)."""
-        return FRAMEWORK_RECORDS[self.framework]
+        """The record of the framework that runs the plan (advisor.specs.frameworks), narrowed to its release."""
+        return for_release(FRAMEWORK_RECORDS[self.framework], self.framework_release)
 
     @property
     def selective_modules(self) -> tuple[str, ...]:
