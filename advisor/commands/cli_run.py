@@ -30,7 +30,8 @@ def execute_cmd(
     out: Optional[str] = typer.Option(None, "--out", help="write the validation report (JSON) here"),
     as_json: bool = typer.Option(False, "--json", help="print only the report JSON"),
 ) -> None:
-    """Run the plan on torch.distributed; compare losses, memory and time with the prediction."""
+    """Run the plan on torch.distributed; compare losses, memory and time with the prediction (exit 1 when one
+    misses its goal)."""
     from advisor.commands.execute import ExecuteOptions, execute, render_report, write_report
     from advisor.validation.execute_report import json_ready
     from advisor.runtime.progress import enabled
@@ -48,6 +49,10 @@ def execute_cmd(
         print_json(json_ready(report))
     else:
         render_report(console, report, saved_to=out)
+    failed = report["verdict"]["failures"]
+    if failed:          # the run missed a goal: a proof that fails exits 1, like a failing test
+        print(f"advisor execute: the run missed {len(failed)} goal(s): {'; '.join(failed)}", file=sys.stderr)
+        raise typer.Exit(1)
 
 
 

@@ -28,7 +28,7 @@ from advisor.errors import AdvisorError, InfeasibleError
 from advisor.export._common import display
 from advisor.families import family_of_plan
 from advisor.validation.execute_report import (COMPARED_PARTS, GIB, LOSS_GOAL, MEMORY_GOAL, TIME_GOAL, build_report,
-                                    render_report, summary_rows, write_report)
+                                               render_report, summary_rows, verdict, write_report)
 from advisor.executor.config import RunConfig, run_config_from_plan, run_config_to_dict
 from advisor.runtime.capacity import capacity_problems
 
@@ -96,7 +96,7 @@ def _strategy(cfg: RunConfig):
                     num_micro_batches=p.num_micro_batches, zero_stage=p.zero_stage, recompute=p.recompute,
                     recompute_layers=p.recompute_layers, pipeline_schedule=p.pipeline_schedule,
                     stage_layers=tuple(p.stage_layers), offload_optimizer=p.offload_optimizer,
-                    mesh_order=tuple(p.mesh_order))
+                    mesh_order=tuple(p.mesh_order), grad_bucket_mb=p.grad_bucket_mb)
 
 
 def _model_spec(cfg: RunConfig):
@@ -280,7 +280,14 @@ def predict_ps(executed: dict[str, Any], time_hardware: str | None) -> dict[str,
 
 
 def execute(plan_path: str | Path, options: ExecuteOptions) -> dict[str, Any]:
-    """Run the plan (or read torchrun results), compare, and return the report."""
+    """Run the plan (or read torchrun results), compare, and return the report with its verdict
+    (advisor.validation.execute_report.verdict)."""
+    report = _execute(plan_path, options)
+    report["verdict"] = verdict(report)
+    return report
+
+
+def _execute(plan_path: str | Path, options: ExecuteOptions) -> dict[str, Any]:
     from advisor.executor.train import run_reference
 
     check_options(options)

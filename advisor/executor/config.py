@@ -48,6 +48,7 @@ class ParallelConfig:
     offload_optimizer: bool = False
     offload_params: bool = False
     host_embedding: bool = False
+    grad_bucket_mb: float | None = None     # ZeRO-0: the gradients all-reduced in buckets of this size
 
     @property
     def world_size(self) -> int:
@@ -201,7 +202,64 @@ def parallel_config_from_plan(par: dict[str, Any], num_layers: int) -> ParallelC
         offload_optimizer=_bool(par, "offload_optimizer", w, False),
         offload_params=_bool(par, "offload_params", w, False),
         host_embedding=_bool(par, "host_embedding", w, False),
+        grad_bucket_mb=_bucket_mb(par),
     )
+
+
+def _bucket_mb(par: dict[str, Any]) -> float | None:
+    value = par.get("grad_bucket_mb")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise AdvisorError(f"plan: parallel.grad_bucket_mb must be a positive number of MiB, got {value!r}")
+    return float(value)
+
+
+# Plan settings (advisor.space.strategy.Strategy) the executor runs without a ParallelConfig field of
+# their own, and how; every other setting it has no field for is refused when it is not its default
+# (unrun_settings), so that no plan runs as something else.
+RUN_WITHOUT_FIELD = {
+    "full_batch": "every rank builds the whole global batch and keeps its data-parallel rows, which is what "
+                  "full_batch reads (the executor's synthetic batches are made on every rank for every plan)",
+    "cp_comm": "",             # context parallelism itself is refused (parallel.cp)
+    "offload_fraction": "",    # optimizer offload itself is refused (parallel.offload_optimizer)
+}
+# Why the others are not run, by setting (a sentence after the value)
+NOT_RUN = {
+    "micro_batch_copies": "multi-copy parallelism (copies whose collectives overlap another copy's compute) is not "
+                          "run by the executor",
+    "swap_layers": "the executor runs every process on the CPU already, so swapping activations to the host would "
+                   "not differ from keeping them",
+    "fold_experts": "expert parallelism needs MoE layers, which the executor does not run",
+}
+
+
+def unrun_settings(par: dict[str, Any], plan: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(refusals, notes) for the plan's settings the executor has no field for: each Strategy setting away
+    from its default is run as RUN_WITHOUT_FIELD says (a note) or refused by name; so are operator layouts."""
+    from dataclasses import fields as dc_fields
+
+    from advisor.space.strategy import Strategy
+    from advisor.specs.setting import field_default
+
+    own = {f.name for f in dc_fields(ParallelConfig)}
+    refusals, notes = [], []
+    for fl in dc_fields(Strategy):
+        if fl.name in own or fl.name not in par:
+            continue
+        value, default = par[fl.name], field_default(fl)
+        if value is None or value == default or (isinstance(default, tuple) and list(default) == value):
+            continue
+        if fl.name in RUN_WITHOUT_FIELD:
+            if RUN_WITHOUT_FIELD[fl.name]:
+                notes.append(f"parallel.{fl.name} = {value!r}: {RUN_WITHOUT_FIELD[fl.name]}")
+            continue
+        why = NOT_RUN.get(fl.name, "the executor does not run this setting")
+        refusals.append(f"parallel.{fl.name} = {value!r}: {why}")
+    if plan.get("operator_strategies"):
+        refusals.append("operator_strategies: the executor runs Megatron-style tensor parallelism only, not per-operator "
+                        "layouts (D-Rec, ILP or shard() strategies); give a plan from the default searcher")
+    return refusals, notes
 
 
 def run_config_from_plan(plan: dict[str, Any], *, steps: int = 5, tiny: bool = False, seed: int = 1234,
@@ -226,6 +284,8 @@ def run_config_from_plan(plan: dict[str, Any], *, steps: int = 5, tiny: bool = F
     notes = []
     if dtype is not None and dtype != plan_dtype:
         notes.append(f"ran in {dtype} instead of the plan's {plan_dtype} (--dtype)")
+    unrun, run_notes = unrun_settings(par_d, plan)
+    notes += run_notes
     cfg = RunConfig(
         name=name or str(model_d.get("name", "plan")),
         model=model, parallel=par, seq_length=seq, dtype=run_dtype,
@@ -233,7 +293,7 @@ def run_config_from_plan(plan: dict[str, Any], *, steps: int = 5, tiny: bool = F
         steps=steps, seed=seed, notes=tuple(notes),
     )
     gbs = _int(train_d, "global_batch_size", "training")
-    problems = refusals(cfg, global_batch_size=gbs, devices=_cluster_devices(plan))
+    problems = unrun + refusals(cfg, global_batch_size=gbs, devices=_cluster_devices(plan))
     if problems:
         raise AdvisorError("the executor cannot run this plan: " + "; ".join(problems))
     return cfg
@@ -268,6 +328,9 @@ def refusals(cfg: RunConfig, global_batch_size: int | None = None, devices: int 
                    "host-placed embedding would not differ from the rest; give a plan without it")
     if p.zero_stage > 3:
         out.append(f"parallel.zero_stage = {p.zero_stage}: must be 0, 1, 2 or 3")
+    if p.grad_bucket_mb is not None and p.zero_stage != 0:
+        out.append(f"parallel.grad_bucket_mb = {p.grad_bucket_mb:g} with zero_stage = {p.zero_stage}: the executor "
+                   "buckets ZeRO-0's all-reduce only (ZeRO-1 reduce-scatters one flat buffer, FSDP2 one unit per layer)")
     if devices is not None and devices != p.world_size:
         out.append(f"cluster.devices = {devices} but dp x tp x pp x cp = {p.world_size}")
     if global_batch_size is not None and global_batch_size != cfg.global_batch_size:

@@ -208,9 +208,13 @@ class GradientAverager:
     persistent flat buffer (DDP's gradient buckets, Megatron's contiguous gradient buffer): a
     buffer allocated once is reused every step, as in those systems, rather than paged in anew."""
 
-    def __init__(self, params: list[nn.Parameter], group, world: int):
+    def __init__(self, params: list[nn.Parameter], group, world: int, bucket_mb: float | None = None):
         self.params, self.group, self.world = params, group, world
         self.flat: torch.Tensor | None = None
+        # with a bucket size (the plan's grad_bucket_mb): one all-reduce per bucket-sized slice of the
+        # buffer, as DDP's bucket_cap_mb and Megatron's bucket_size issue them; otherwise one for all
+        self.bucket_bytes = None if bucket_mb is None else bucket_mb * 2 ** 20
+        self.collectives_per_step = 0
 
     def __call__(self) -> None:
         grads = [_local(p.grad) for p in self.params if p.grad is not None]
@@ -220,7 +224,11 @@ class GradientAverager:
         if self.flat is None or self.flat.numel() != total or self.flat.dtype != grads[0].dtype:
             self.flat = torch.empty(total, dtype=grads[0].dtype, device=grads[0].device)
         torch.cat([g.reshape(-1) for g in grads], out=self.flat)
-        dist.all_reduce(self.flat, group=self.group)
+        step = total if self.bucket_bytes is None else max(1, int(self.bucket_bytes // self.flat.element_size()))
+        self.collectives_per_step = 0
+        for start in range(0, total, step):
+            dist.all_reduce(self.flat[start: start + step], group=self.group)
+            self.collectives_per_step += 1
         self.flat.div_(self.world)
         offset = 0
         for g in grads:

@@ -88,7 +88,8 @@ class _Setup:
         self.probe.watch(self.modules)
         self.params = _unique_params(self.modules)
         self.dp_group = self.mesh["dp"].get_group() if p.dp > 1 else None
-        self.averager = GradientAverager(self.params, self.dp_group, p.dp) if p.dp > 1 and p.zero_stage == 0 else None
+        self.averager = (GradientAverager(self.params, self.dp_group, p.dp, p.grad_bucket_mb)
+                         if p.dp > 1 and p.zero_stage == 0 else None)
         self.tied = _TiedEmbedding(cfg, self) if cfg.model.tie_embeddings and self.n_stages > 1 else None
         build = make_torch_optimizer(cfg.optimizer, cfg.learning_rate)
         if p.zero_stage == 1 and p.dp > 1:
@@ -352,6 +353,8 @@ def run_distributed(cfg: RunConfig, device: torch.device, on_step=None) -> dict:
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "host_probe_us": probes,
         "memory_bytes": memory,
+        # the data-parallel all-reduces one step issued (ZeRO-0: one per gradient bucket)
+        "dp_collectives_per_step": s.averager.collectives_per_step if s.averager is not None else None,
     }
 
 

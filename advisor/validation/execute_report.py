@@ -118,6 +118,57 @@ def build_report(cfg: RunConfig, ranks: list[dict], reference: dict, memory_pred
     }
 
 
+# ---- the verdict --------------------------------------------------------------------------------
+def verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """Each figure against its goal, for every report kind (transformer, parameter server, supernet):
+    the losses within LOSS_GOAL of the single-process reference (a supernet's within its tolerance),
+    every compared memory part within MEMORY_GOAL of the prediction, and, where the profile given
+    with --hardware was calibrated by advisor calibrate (it carries the host probe), the step time
+    within TIME_GOAL. ``ok`` is False when any fails; ``failures`` says which, one sentence each;
+    ``unchecked`` names what had nothing to compare with."""
+    failures, unchecked = [], []
+    if report.get("kind") == "supernet":
+        if not report["losses_match"]:
+            failures.append(f"the pipeline's losses differ from sequential training's by up to "
+                            f"{report['max_loss_difference']:.1e}")
+        return {"ok": not failures, "failures": failures, "unchecked": unchecked}
+    loss = report["loss_max_rel_diff"]
+    if loss is None or not math.isfinite(loss) or loss > LOSS_GOAL:
+        failures.append(f"loss: largest relative difference from the single-process run {_figure(loss)} is above "
+                        f"the goal {LOSS_GOAL:g}")
+    memory = report["memory_max_rel_error"]
+    if memory is None:
+        unchecked.append("memory: no prediction to compare with")
+    elif not math.isfinite(memory) or memory > MEMORY_GOAL:
+        failures.append(f"memory: {_worst_memory(report)} is {_figure(memory, '.1%')} off the prediction, above the "
+                        f"goal {MEMORY_GOAL:.0%}")
+    t = report.get("time") or {}
+    speed = t.get("host_speed") or {}
+    if t.get("ratio") is None:
+        unchecked.append("time: no profile of this machine (--hardware)")
+    elif not speed.get("calibrated_us"):
+        unchecked.append("time: the profile was not calibrated by advisor calibrate on a machine like this one")
+    elif abs(t["ratio"] - 1.0) > TIME_GOAL:
+        failures.append(f"time: the measured step is {t['ratio']:.2f}x the predicted one, outside the goal of "
+                        f"+-{TIME_GOAL:.0%}")
+    return {"ok": not failures, "failures": failures, "unchecked": unchecked}
+
+
+def _figure(x: float | None, fmt: str = ".1e") -> str:
+    return "not finite" if x is None or not math.isfinite(x) else format(x, fmt)
+
+
+def _worst_memory(report: dict[str, Any]) -> str:
+    """'activations_per_microbatch on rank 1' (or a role: 'parameters on server 0') of the largest error."""
+    worst = None
+    for r in report["memory"]["ranks"]:
+        for part, err in (r.get("rel_error") or {}).items():
+            if err is not None and (worst is None or not math.isfinite(err) or err > worst[0]):
+                who = f"rank {r['rank']}" if "rank" in r else f"{r.get('role', 'process')} {r.get('index', '')}".strip()
+                worst = (err, f"{part} on {who}")
+    return worst[1] if worst else "a compared part"
+
+
 def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(what, measured, predicted, verdict) rows for the rich table."""
     rows = []
@@ -210,8 +261,20 @@ def render_report(console, report: dict[str, Any], saved_to: str | None = None) 
     console.print(table)
     for note in report["notes"]:
         console.print(f"note: {note}", markup=False, highlight=False)
+    _render_verdict(console, report)
     if saved_to:
         console.print(f"report written to {saved_to}", markup=False, highlight=False)
+
+
+def _render_verdict(console, report: dict[str, Any]) -> None:
+    v = report.get("verdict")
+    if v is None:
+        return
+    head = "verdict: every checked figure meets its goal" if v["ok"] else "verdict: FAIL"
+    console.print(head + (f" (not checked: {'; '.join(v['unchecked'])})" if v["unchecked"] else ""),
+                  markup=False, highlight=False)
+    for failure in v["failures"]:
+        console.print(f"  FAIL {failure}", markup=False, highlight=False)
 
 
 def _render_supernet(console, report: dict[str, Any], saved_to: str | None) -> None:
@@ -226,8 +289,8 @@ def _render_supernet(console, report: dict[str, Any], saved_to: str | None) -> N
     for j, (a, b) in enumerate(zip(report["losses"], report["sequential_losses"])):
         table.add_row(str(j), f"{a:.6f}", f"{b:.6f}", f"{abs(a - b):.1e}")
     console.print(table)
-    verdict = "match" if report["losses_match"] else "DIFFER"
-    console.print(f"losses {verdict}: largest difference {report['max_loss_difference']:.1e} (tolerance "
+    word = "match" if report["losses_match"] else "DIFFER"
+    console.print(f"losses {word}: largest difference {report['max_loss_difference']:.1e} (tolerance "
                   f"{report['tolerance']:g}); {report['overtakes']} forwards ran ahead of an earlier subnet "
                   f"held back by a shared block; pipeline {report['pipeline_s']:.2f} s, sequential {report['sequential_s']:.2f} s "
                   "(CPU ranks: times are not the plan's)", markup=False, highlight=False)
