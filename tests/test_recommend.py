@@ -267,6 +267,16 @@ def test_cli_exit_codes(monkeypatch, capsys):
     assert code == 2
 
 
+def test_no_fit_with_zero_0_and_no_offload_pinned_names_the_change():
+    """The relaxations tried for a message: offload with --zero 0 pinned would leave no ZeRO/offload pair at all
+    (offload needs ZeRO >= 1), which raised IndexError; it now tries --offload --zero 1."""
+    from advisor.commands.recommend import relaxed_pins
+
+    offload = dict(relaxed_pins(Pins(zero_stage=0, offload_optimizer=False)))
+    assert "--offload" not in offload and offload["--offload --zero 1"] == Pins(zero_stage=1, offload_optimizer=True)
+    assert dict(relaxed_pins(Pins(zero_stage=2, offload_optimizer=False)))["--offload"].zero_stage == 2
+
+
 def test_progress_bar_only_after_a_second_on_a_terminal(monkeypatch):
     import io
 

@@ -277,8 +277,9 @@ def relaxed_pins(pins: Pins, framework: str | None = None) -> list[tuple[str, Pi
         out += [(f"--recompute {r}", replace(pins, recompute=r)) for r in later]
     if pins.micro_batch_size is not None and pins.micro_batch_size > 1:
         out.append(("--mbs 1", replace(pins, micro_batch_size=1)))
-    if pins.offload_optimizer is False:
-        out.append(("--offload", replace(pins, offload_optimizer=True)))
+    if pins.offload_optimizer is False:     # offload needs a sharded optimizer (rule "offload needs zero")
+        out.append(("--offload", replace(pins, offload_optimizer=True)) if pins.zero_stage != 0 else
+                   ("--offload --zero 1", replace(pins, offload_optimizer=True, zero_stage=1)))
     record = FRAMEWORKS.get(framework)
     if pins.offload_params is False and (record is None or record.parameter_offload):
         out.append(("--offload-params (it sets --zero 3 and the optimizer offloaded)",
