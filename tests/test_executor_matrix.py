@@ -135,6 +135,45 @@ def test_a_run_past_its_deadline_is_stopped(tmp_path):
     assert processes_naming(str(tmp_path)) == []
 
 
+def _stop_rank_when_it_steps(folder: Path, rank: int, found: list) -> None:
+    """SIGSTOP the rank (found by its RANK in the environment of a process naming ``folder``) once its step mark
+    is there."""
+    import signal
+    import time
+
+    end = time.monotonic() + 60
+    while time.monotonic() < end and not (folder / f"rank{rank}.step").exists():
+        time.sleep(0.05)
+    for pid in processes_naming(str(folder)):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env:
+            os.kill(pid, signal.SIGSTOP)
+            found.append(pid)
+            return
+
+
+def test_a_stopped_rank_is_named_with_its_last_step(tmp_path):
+    """#33: a rank that stops answering (here SIGSTOP) holds the others in a collective until the deadline; the
+    message names it first, stopped, with the step it was in, and the rank waiting for it after."""
+    import threading
+
+    cfg = replace(run_config_from_plan(tiny_plan(dict(dp=2))), steps=10 ** 6)
+    found: list = []
+    stopper = threading.Thread(target=_stop_rank_when_it_steps, args=(tmp_path, 1, found))
+    stopper.start()
+    with pytest.raises(ExecutionFailed, match="did not finish within 20 s") as err:
+        launch([run_config_to_dict(cfg)], LaunchOptions(nproc=2, timeout_s=20, workdir=str(tmp_path)))
+    stopper.join()
+    message = str(err.value)
+    assert found, "rank 1 was never seen stepping"
+    assert "rank 1: in run 1 of 1, step " in message and "stopped (process state T: SIGSTOP" in message, message
+    assert "rank 0: in run 1 of 1, step " in message and message.index("rank 1:") < message.index("rank 0:")
+    assert processes_naming(str(tmp_path)) == []
+
+
 # ---- the command line and torchrun -----------------------------------------------------------------
 def test_execute_command_prints_one_json_object(tmp_path):
     plan = tmp_path / "plan.json"

@@ -84,7 +84,7 @@ def launch_module(module: str, args: list[str], out: Path, opts: LaunchOptions,
     procs: list[subprocess.Popen] = []
     logs = []
     for rank in range(opts.nproc):      # a kept --workdir may hold an earlier run's files: never read those
-        for name in (f"rank{rank}.json", f"rank{rank}.error.json", f"rank{rank}.ready"):
+        for name in (f"rank{rank}.json", f"rank{rank}.error.json", f"rank{rank}.ready", f"rank{rank}.step"):
             (out / name).unlink(missing_ok=True)
     (out / "progress.json").unlink(missing_ok=True)
     try:
@@ -95,12 +95,13 @@ def launch_module(module: str, args: list[str], out: Path, opts: LaunchOptions,
             procs.append(subprocess.Popen(cmd, env=_rank_env(rank, opts, port, deadline + 5), stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True))
         exits, timed_out = _wait(procs, opts, deadline, out, progress)
+        states = {rank: process_state(p.pid) for rank, p in enumerate(procs) if p.poll() is None} if timed_out else {}
     finally:
         stop(procs)
         for log in logs:
             log.close()
     if timed_out or any(code != 0 for code in exits.values()):
-        rank, message = diagnose(out, exits, timed_out, opts.timeout_s)
+        rank, message = diagnose(out, exits, timed_out, opts.timeout_s, states)
         raise ExecutionFailed(message, rank=rank, timed_out=timed_out and rank is None, exit_codes=exits)
 
 
@@ -180,8 +181,64 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def diagnose(out: Path, exits: dict[int, int], timed_out: bool, timeout_s: float) -> tuple[int | None, str]:
-    """(rank blamed or None, one message) for a launch that did not succeed (see module doc)."""
+def process_state(pid: int) -> str | None:
+    """The kernel's state letter of a process (Linux /proc/PID/stat: R running, S sleeping, T stopped, t traced...);
+    None where it cannot be read."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[-1].split()[0] if ")" in text else None
+
+
+def _marks(out: Path, ranks) -> dict[int, tuple[dict, float]]:
+    """rank -> (its last step mark, the mark's age in seconds)."""
+    marks, now = {}, time.time()
+    for rank in ranks:
+        path = out / f"rank{rank}.step"
+        try:
+            marks[rank] = (json.loads(path.read_text()), max(now - path.stat().st_mtime, 0.0))
+        except (OSError, ValueError):
+            continue
+    return marks
+
+
+SHOWN_RANKS = 4     # ranks a timeout message names one by one (the stalest first); the rest are counted
+
+
+def hung_ranks(out: Path, ranks, states: dict[int, str | None], name=lambda rank: f"rank {rank}") -> list[str]:
+    """What each rank still running at the deadline was doing, stalest first, as sentences: stopped processes
+    (state T: a SIGSTOP or a debugger), ranks that never joined the process group, and each rank's last step mark
+    with its age (a rank that stopped answering is the one whose mark is oldest); ``name`` names a rank."""
+    ranks = list(ranks)
+    marks = _marks(out, ranks)
+
+    def staleness(rank: int) -> float:
+        return marks[rank][1] if rank in marks else float("inf")
+
+    def stopped(rank: int) -> bool:
+        return states.get(rank) in ("T", "t")
+
+    lines = []
+    for rank in sorted(ranks, key=lambda r: (not stopped(r), -staleness(r))):
+        if rank in marks:
+            mark, age = marks[rank]
+            where = f"in {mark['label']} (its last mark {age:.1f} s old)"
+        elif (out / f"rank{rank}.ready").exists():
+            where = "joined, before its first step"
+        else:
+            where = "never joined the process group"
+        state = f", stopped (process state {states[rank]}: SIGSTOP or a debugger)" if stopped(rank) else ""
+        lines.append(f"{name(rank)}: {where}{state}")
+    if len(lines) > SHOWN_RANKS:
+        lines = lines[:SHOWN_RANKS] + [f"{len(lines) - SHOWN_RANKS} more rank(s) with fresher marks"]
+    return lines
+
+
+def diagnose(out: Path, exits: dict[int, int], timed_out: bool, timeout_s: float,
+             states: dict[int, str | None] | None = None) -> tuple[int | None, str]:
+    """(rank blamed or None, one message) for a launch that did not succeed (see module doc); ``states``: the
+    process state of every rank still running at the deadline."""
     errors = _errors(out)
     primary = [(rank, info) for _, rank, info in errors if not _secondary(info)]
     if primary:
@@ -206,7 +263,9 @@ def diagnose(out: Path, exits: dict[int, int], timed_out: bool, timeout_s: float
         _, rank, info = errors[0]
         return rank, f"rank {rank} failed: {info['error']}\n{info['traceback']}"
     if timed_out:
-        return None, f"the run did not finish within {timeout_s:g} s; all ranks were stopped"
+        hung = hung_ranks(out, sorted(states or {}), states or {})
+        return None, (f"the run did not finish within {timeout_s:g} s; all ranks were stopped"
+                      + (": " + "; ".join(hung) if hung else ""))
     failed = [rank for rank, code in exits.items() if code != 0]
     rank = failed[0] if failed else 0
     return rank, f"rank {rank} exited with code {exits.get(rank)}:\n{_tail(out / f'rank{rank}.log')}"

@@ -98,11 +98,15 @@ def die_if_asked(rank: int) -> None:
 
 
 def report_progress(out: Path, rank: int, done: int, total: int, label: str) -> None:
-    """Rank 0 tells the launcher's progress bar how far it is (advisor.runtime.progress)."""
-    if rank != 0 or os.environ.get("ADVISOR_EXECUTOR_PARENT_PID") is None:
+    """Every rank marks how far it is in out/rank<R>.step (the launcher names a rank that stops there when the run
+    does not finish: advisor.runtime.launch.diagnose); rank 0 also tells the launcher's progress bar
+    (advisor.runtime.progress)."""
+    if os.environ.get("ADVISOR_EXECUTOR_PARENT_PID") is None:
         return
-    write_atomic(out / "progress.json", json.dumps({"done": done, "total": total, "label": label}),
-                 what="the progress mark")
+    mark = json.dumps({"done": done, "total": total, "label": label})
+    write_atomic(out / f"rank{rank}.step", mark, what="the step mark")
+    if rank == 0:
+        write_atomic(out / "progress.json", mark, what="the progress mark")
 
 
 def run_spec_rank(prog: str, body: Callable[[dict, Path, int], None], argv: list[str] | None = None) -> NoReturn:

@@ -30,7 +30,7 @@ from advisor.executor.ps.config import PsConfig
 from advisor.executor.ps.node import EXIT_KEY, STORE_PORT
 from advisor.executor.ps.server import left_key
 from advisor.runtime.files import temporary_folder, write_json
-from advisor.runtime.launch import ExecutionFailed, stop
+from advisor.runtime.launch import ExecutionFailed, process_state, stop
 
 POLL_S = 0.05
 
@@ -126,8 +126,28 @@ def _watch(procs, store, cfg: PsConfig, out: Path, opts: PsLaunchOptions, deadli
             return left
         if time.time() > deadline:
             raise ExecutionFailed(f"the parameter-server run did not finish within {opts.timeout_s:g} s; "
-                                  "every process was stopped", timed_out=True)
+                                  "every process was stopped" + _hung(procs, store, cfg, exits), timed_out=True)
         time.sleep(POLL_S)
+
+
+def _hung(procs, store, cfg: PsConfig, exits: dict[int, int]) -> str:
+    """': server 1 is stopped (process state T ...) after step 3; ...' for the processes still running at the
+    deadline: the stopped ones by role and, for servers, the last step they served (the store's ps/step keys)."""
+    def role(rank: int) -> str:
+        return f"server {rank}" if rank < cfg.servers else f"worker {rank - cfg.servers}"
+
+    parts = []
+    for rank, p in enumerate(procs):
+        if rank in exits or p.poll() is not None:
+            continue
+        key = f"ps/step/server{rank}"
+        step = f" after step {store.get(key).decode()}" if rank < cfg.servers and store.check([key]) else ""
+        state = process_state(p.pid)
+        if state in ("T", "t"):
+            parts.append(f"{role(rank)} (rank {rank}) is stopped{step} (process state {state}: SIGSTOP or a debugger)")
+        elif rank < cfg.servers:
+            parts.append(f"{role(rank)} (rank {rank}) is still running{step or ' before its first step'}")
+    return ": " + "; ".join(parts) if parts else ""
 
 
 def _server_message(store, rank: int, code: int, out: Path) -> str:
