@@ -106,7 +106,8 @@ RECOMMENDATION = Family(
                     "with advisor recommend, or benchmarks/parameter_server.py)"),
     refuses={name: _TRANSFORMER_ONLY for name in ("full_batch", "offload_params", "offload_fraction", "cuda_graphs",
                                                    "moe_dropless", "host_embedding", "plot", "swap_layers",
-                                                   "ep_comm_overlap", "fsdp_backward_prefetch", "fold_experts")},
+                                                   "ep_comm_overlap", "fsdp_backward_prefetch", "fold_experts",
+                                                   "all_candidates")},
 )
 SUPERNET = Family(
     name="supernet", doc="Supernets for architecture search, planned with NASPipe's schedule (advisor.cost.naspipe).",
@@ -124,7 +125,7 @@ SUPERNET = Family(
     refuses={name: _SUPERNET for name in (
         "tp", "cp", "ep", "virtual_pipeline_stages", "zero_stage", "operator_strategies", "ps_mode", "plot",
         "full_batch", "offload_params", "offload_fraction", "cuda_graphs", "moe_dropless", "host_embedding",
-        "swap_layers", "ep_comm_overlap", "fsdp_backward_prefetch", "fold_experts")},
+        "swap_layers", "ep_comm_overlap", "fsdp_backward_prefetch", "fold_experts", "all_candidates")},
 )
 MIXED = Family(
     name="mixed", doc="A cluster of nodes of several hardware profiles (advisor.cost.mixed, Metis' layouts).",
@@ -135,7 +136,7 @@ MIXED = Family(
     whatif_refusal=None,
     refuses={name: _MIXED for name in (
         "recompute_layers", "grad_bucket_mb", "micro_batch_copies", "full_batch", "host_embedding", "offload_fraction",
-        "operator_strategies", "ps_mode", "plot", "swap_layers", "fold_experts")},
+        "operator_strategies", "ps_mode", "plot", "swap_layers", "fold_experts", "all_candidates")},
 )
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (TRANSFORMER, RECOMMENDATION, SUPERNET)}

@@ -15,6 +15,8 @@ Figures per case (best and median of --repeat runs):
   evals/s   priced / wall: candidates run through the vectorized cost model per second.
 
     python benchmarks/search_speed.py [--repeat 5]
+    python benchmarks/search_speed.py --all-candidates   # every fitting candidate of each case as CSV (recommend
+                                                         # --all-candidates): rows, seconds, peak memory
 """
 
 from __future__ import annotations
@@ -58,8 +60,12 @@ def measure(model: str, hardware: str, devices: int, repeat: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--all-candidates", action="store_true",
+                        help="time writing every fitting candidate as CSV instead (advisor.search.all_candidates)")
     args = parser.parse_args()
     search(*_warm_up())   # imports and first-call costs out of the figures
+    if args.all_candidates:
+        return all_candidates_table()
     print(f"{'case':<38} {'space':>11} {'priced':>8} {'wall s':>12} {'cpu s':>12} {'cand/s':>11} {'evals/s':>9} {'x Calculon':>10}")
     print(f"{'':<38} {'':>11} {'':>8} {'best/median':>12} {'best/median':>12} {'(best)':>11} {'(best)':>9} {'(evals)':>10}")
     for label, model, hardware, devices in CASES:
@@ -69,6 +75,36 @@ def main() -> None:
               f"{r['priced'] / r['wall_best']:>9,.0f} {r['priced'] / r['wall_best'] / CALCULON_PER_S:>10,.0f}")
         print(f"{'  ' + r['job']:<38}")
     print(f"\nCalculon reference: {CALCULON_PER_S:,.0f} configurations per second (8,112 in 35.6 s).")
+
+
+def all_candidates_table() -> None:
+    """Each case's whole table streamed to a discarding file: rows, legal candidates, wall seconds, and the peak
+    memory the writing added (tracemalloc: numpy's arrays and Python's objects, not the interpreter)."""
+    import io
+    import tracemalloc
+
+    from advisor.search.all_candidates import write_all
+
+    class Discard(io.RawIOBase):
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.bytes = getattr(self, "bytes", 0) + len(b)
+            return len(b)
+
+    print(f"{'case':<38} {'legal':>11} {'rows':>9} {'MB':>7} {'wall s':>7} {'peak MiB':>9}")
+    for label, model, hardware, devices in CASES:
+        i = resolve_inputs(model, hardware, devices=devices)
+        sink = Discard()
+        tracemalloc.start()
+        wall = time.perf_counter()
+        w = write_all(sink, i.model, i.hardware, i.cluster, i.job, Pins())
+        wall = time.perf_counter() - wall
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(f"{label:<38} {w.candidates:>11,} {w.rows:>9,} {getattr(sink, 'bytes', 0) / 1e6:>7.1f} {wall:>7.2f} "
+              f"{peak / 2 ** 20:>9.0f}")
 
 
 def _warm_up():

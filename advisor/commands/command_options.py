@@ -63,6 +63,11 @@ class SearchOptions:
         None, kind="text", flags=("--out",), commands=BOTH,
         help="write the plan JSON here (recommend: the best; estimate: the priced strategy, when it fits)",
         doc="Where the plan JSON is written: recommend's best plan, or estimate's strategy with its prediction.")
+    all_candidates: str | None = setting(
+        None, kind="text", flags=("--all-candidates",), commands=("recommend",),
+        help="also write every candidate of the space that fits, priced, as CSV here (one row each: its settings, "
+             "throughput and its pessimistic end, step time, MFU, memory and time by part); - for stdout",
+        doc="Where every fitting candidate of the exhaustive enumerator is written as CSV (advisor.search.all_candidates).")
     plot: str | None = setting(
         None, kind="text", flags=("--plot",), commands=("recommend",),
         help="write the top plans' time and memory breakdown (PNG) here", doc="Where the breakdown plot is written.")

@@ -67,6 +67,10 @@ def recommend_cmd(request: Request) -> None:
     r = request
     check_writable(r.get("out"), "the plan", inputs=_input_files(r))
     check_writable(r.get("plot"), "the plot", "--plot", inputs=_input_files(r))
+    check_writable(r.get("all_candidates"), "the candidate table", "--all-candidates", inputs=_input_files(r))
+    if r.get("all_candidates") and (r.get("searcher") != "enumerate" or r.get("objective") != "throughput"):
+        raise AdvisorError("--all-candidates writes the exhaustive enumerator's space: it goes with --searcher "
+                           "enumerate and --objective throughput")
     job, nodes, devices, imported = r.values_of(TrainingJob), r.get("nodes"), r.get("devices"), None
     if r.get("from_file"):         # a launch configuration: its settings under the flags given
         from advisor.importers import read_launch_config
@@ -114,12 +118,31 @@ def recommend_cmd(request: Request) -> None:
         with search_progress(console, enabled=not r.get("json") and sys.stdout.isatty()) as progress:
             result = recommend(inputs.model, inputs.hardware, inputs.cluster, inputs.job, pins=pins, top_k=top,
                                searcher=searcher, progress=progress, operator_strategies=fixed, objective=objective)
+    if r.get("all_candidates"):
+        write_candidates(r.get("all_candidates"), inputs, pins, quiet=r.get("json"))
     recipe = None
     if objective == "throughput" and fixed is None and getattr(result, "estimates", None):
         from advisor.search.recipes import recipe_for
 
         recipe = recipe_for(inputs.model, inputs.hardware, inputs.cluster, inputs.job)
     show(r, result, warnings, trials, objective, headroom, recipe)
+
+
+def write_candidates(path: str, inputs, pins, quiet: bool) -> None:
+    """--all-candidates: every fitting candidate as CSV (advisor.search.all_candidates), with a line on stderr."""
+    from advisor.runtime import progress
+    from advisor.runtime.files import write_atomic
+    from advisor.search.all_candidates import write_all
+
+    done = {}
+    with progress.bar(progress.enabled(quiet), "all candidates") as update:
+        def body(fh) -> None:
+            done["result"] = write_all(fh, inputs.model, inputs.hardware, inputs.cluster, inputs.job, pins, update)
+        write_atomic(path, body, what="the candidate table")
+    w = done["result"]
+    pruned = ", ".join(f"{n:,} {why}" for why, n in sorted(w.pruned.items()) if n)
+    print(f"--all-candidates: {w.rows:,} of the {w.candidates:,} legal candidates fit and are written to {path}"
+          + (f" (not written: {pruned})" if pruned else ""), file=sys.stderr)
 
 
 def headroom_line(headroom: float | None) -> str | None:
