@@ -92,6 +92,11 @@ def test_every_compared_part_is_reported(reports):
     assert len(rep["ranks"]) == 8
     for row in rep["memory"]["ranks"]:
         assert set(COMPARED_PARTS) <= set(row["measured_bytes"])
+    # #32: every rank is compared with its own stage's prediction, not only the fullest stage's ranks
+    compared = [r for r in rep["memory"]["ranks"] if r["rel_error"] is not None]
+    assert len(compared) == 8 and {r["coords"]["pp"] for r in compared} == {0, 1}
+    stages = rep["memory"]["prediction_bytes"]["stages"]
+    assert len(stages) == 2 and stages[0]["parameters"] != stages[1]["parameters"]   # the embedding, the head
 
 
 def test_zero2_keeps_gathered_parameters_and_sharded_gradients(reports):

@@ -111,23 +111,40 @@ def _model_spec(cfg: RunConfig):
         "position_embedding": m.position_embedding}, "executed model")
 
 
+def _job(cfg: RunConfig):
+    """The training job the executor runs: no dropout, PyTorch's tensor/sequence-parallel layers."""
+    from advisor.specs.job import TrainingJob
+
+    return TrainingJob(global_batch_size=cfg.global_batch_size, seq_length=cfg.seq_length, dtype=cfg.dtype,
+                       optimizer=cfg.optimizer, attention=cfg.model.attention, dropout=False, framework="pytorch",
+                       overlap_grad_reduce=False)   # ZeRO-0/1 average gradients after accumulation
+
+
 def _estimate(cfg: RunConfig, hardware):
     """advisor's Estimate for exactly the executed run (model, dtype, attention, strategy), or None
     when the cost model cannot express it (zero-bubble schedules)."""
     from advisor.cost.estimate import estimate
     from advisor.executor.config import ZERO_BUBBLE
-    from advisor.specs.job import Cluster, TrainingJob
+    from advisor.specs.job import Cluster
 
     if cfg.parallel.pipeline_schedule in ZERO_BUBBLE:
         return None
-    # what the executor runs: no dropout, PyTorch's tensor/sequence-parallel layers
-    job = TrainingJob(global_batch_size=cfg.global_batch_size, seq_length=cfg.seq_length, dtype=cfg.dtype,
-                      optimizer=cfg.optimizer, attention=cfg.model.attention, dropout=False, framework="pytorch",
-                      overlap_grad_reduce=False)   # ZeRO-0/1 average gradients after accumulation
     per_node = hardware.node.devices_per_node
     world = cfg.parallel.world_size
     cluster = Cluster(nodes=-(-world // per_node), devices=world)
-    return estimate(_model_spec(cfg), hardware, cluster, job, _strategy(cfg))
+    return estimate(_model_spec(cfg), hardware, cluster, _job(cfg), _strategy(cfg))
+
+
+def stage_predictions(cfg: RunConfig) -> list[dict[str, float]]:
+    """Per pipeline stage, the predicted bytes of each compared part on one device of that stage
+    (advisor.cost.memory's stage_parts), so that every rank is compared with its own stage."""
+    from advisor.cost.memory import memory
+    from advisor.space.strategy import StrategyBatch
+
+    model = _model_spec(cfg)
+    arrays = memory(model, _job(cfg), StrategyBatch.from_strategies([_strategy(cfg)], model.num_layers))
+    return [{part: float(arrays.stage_parts[part][0, stage]) for part in COMPARED_PARTS.values()}
+            for stage in range(cfg.parallel.pp)]
 
 
 predict = _estimate
@@ -211,6 +228,8 @@ def prepare_plan(plan: dict[str, Any], origin: str, options: ExecuteOptions) -> 
         raise InfeasibleError("refused before starting any process: " + "; ".join(problems))
     notes = []
     memory_pred = memory_prediction(_estimate(cfg, hardware))
+    if memory_pred is not None:
+        memory_pred["stages"] = stage_predictions(cfg)
     if memory_pred is None:
         notes.append("advisor's cost model does not model zero-bubble schedules: no prediction")
     time_est, probe_us = None, None

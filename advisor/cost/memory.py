@@ -133,6 +133,9 @@ class MemoryArrays:
     host_activations: np.ndarray | None = None  # (N,): activations swapped to the host per device (advisor.cost.swap)
     host_params: np.ndarray | None = None       # (N,): offloaded weight and gradient shards per device
     host_embedding: np.ndarray | None = None    # (N,): the word-embedding slice on the host (cost.host_embedding)
+    # (N, P) per stage: parameters, gradients, optimizer and activations per micro-batch on one device of each
+    # stage (meaningful on active stages; advisor execute compares every rank with its own stage's)
+    stage_parts: dict[str, np.ndarray] | None = None
 
     @property
     def host_total(self) -> np.ndarray:
@@ -311,4 +314,6 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
         buffers=pick(buffers), total=pick(total), host_optimizer=np.max(host_share * optim_all, axis=1),
         worst_stage=worst, activation_per_microbatch=pick(per_mb), stage_total=total, host_activations=host_acts,
         host_params=host_params,
+        stage_parts={name: np.broadcast_to(x, total.shape) for name, x in (
+            ("parameters", params), ("gradients", grads), ("optimizer", optim), ("activations_per_microbatch", per_mb))},
     )

@@ -39,19 +39,26 @@ def compare_losses(parallel: list[float], reference: list[float]) -> float:
 
 
 def compare_memory(ranks: list[dict], prediction: dict[str, float] | None) -> dict[str, Any]:
-    """Per rank: measured bytes by part; on the predicted worst stage's ranks, the relative error of
-    each compared part (the prediction describes one device of that stage)."""
+    """Per rank: measured bytes by part and the relative error of each compared part against the prediction for
+    one device of its own pipeline stage (``prediction["stages"]``; a prediction without it describes the worst
+    stage only, whose ranks alone are then compared). The activations in flight are compared on the worst stage."""
     rows, worst = [], None
     stage = prediction["stage"] if prediction else None
+    stages = prediction.get("stages") if prediction else None
     for r in ranks:
         measured = r["memory_bytes"]
         row = {"rank": r["rank"], "coords": r["coords"], "measured_bytes": measured, "predicted_bytes": None,
                "rel_error": None}
-        if prediction is not None and r["coords"]["pp"] == stage:
-            row["predicted_bytes"] = {m: prediction[p] for m, p in COMPARED_PARTS.items()}
-            row["rel_error"] = {m: _rel(measured[m], prediction[p]) for m, p in COMPARED_PARTS.items()}
-            row["predicted_bytes"]["activations_in_flight"] = prediction["activations"]
-            row["rel_error_in_flight"] = _rel(measured["activations_in_flight"], prediction["activations"])
+        own = r["coords"]["pp"]
+        predicted = (stages[own] if stages is not None and own < len(stages) else
+                     {p: prediction[p] for p in COMPARED_PARTS.values()} if prediction is not None and own == stage
+                     else None)
+        if predicted is not None:
+            row["predicted_bytes"] = {m: predicted[p] for m, p in COMPARED_PARTS.items()}
+            row["rel_error"] = {m: _rel(measured[m], predicted[p]) for m, p in COMPARED_PARTS.items()}
+            if own == stage:
+                row["predicted_bytes"]["activations_in_flight"] = prediction["activations"]
+                row["rel_error_in_flight"] = _rel(measured["activations_in_flight"], prediction["activations"])
             top = max(row["rel_error"].values())
             worst = top if worst is None else max(worst, top)
         rows.append(row)
