@@ -19,7 +19,7 @@ from advisor.commands.cli_options import console, print_json, wide_console
 from advisor.cost.supernet import SupernetEstimate, SupernetRun
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.plan import Plan, plan_to_dict, save_plan, strategy_to_dict
-from advisor.render.formatting import step_time
+from advisor.render.formatting import count, step_time
 
 # tokens per subnet step: NASPipe's default batch (hku-systems/naspipe reproducible/translation/
 # main_with_runtime.py, --max-tokens 2560); --global-batch gives it in sequences
@@ -80,14 +80,16 @@ def _plan(net, raw, hw, cluster, job, p, run: SupernetRun, rank: int, seconds: f
 
 
 def _table(title: str, rows: list[tuple]) -> Table:
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
-                  collapse_padding=True)
-    for name in ("#", "dp.pp", "layers", "subnet/s", "tokens/s", "NASPipe", "sequential", "x", "bound", "ahead",
+    # the separator's one space between columns, two-line headers, counts with a suffix and the stage layers folding: it fits 80
+    # columns
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=0, pad_edge=False, show_edge=False)
+    for name in ("#", "dp.pp", "layers", "subnet\n/s", "tokens\n/s", "NASPipe", "sequen-\ntial", "x", "bound", "ahead",
                  "GiB", "fit"):
-        table.add_column(name, justify="left" if name in ("dp.pp", "layers") else "right", no_wrap=True)
+        table.add_column(name, justify="left" if name in ("dp.pp", "layers") else "right", no_wrap=name != "layers",
+                         min_width=6 if name == "layers" else None, overflow="fold")
     for i, (s, e) in enumerate(rows, start=1):
         layers = "+".join(str(n) for n in s.stage_layers) if s.stage_layers else "all"
-        table.add_row(str(i), f"{s.dp}.{s.pp}", layers, f"{e.subnets_per_s:,.1f}", f"{e.tokens_per_s:,.0f}",
+        table.add_row(str(i), f"{s.dp}.{s.pp}", layers, f"{e.subnets_per_s:,.1f}", count(e.tokens_per_s),
                       step_time(e.naspipe.makespan_s), step_time(e.sequential_s), f"{e.speedup:.2f}x",
                       step_time(e.no_dependency.makespan_s), str(e.naspipe.overtakes), f"{e.memory_gib:.1f}",
                       SupernetRun(context_switch=e.context_switch, checkpoint=e.checkpoint).memory_knobs)

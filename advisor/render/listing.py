@@ -13,9 +13,13 @@ from advisor.specs.model import bundled_models, load_model
 from advisor.families import family_of_model
 
 
-def _table(title: str, columns: tuple[str, ...], right: tuple[str, ...]) -> Table:
+# Below this width the source column would be a few characters wide: the sources follow the table instead
+SOURCE_COLUMN_WIDTH = 110
+
+
+def _table(title: str, columns: tuple[str, ...], right: tuple[str, ...], sources: bool = True) -> Table:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in columns:
+    for name in columns if sources else columns[:-1]:
         wrap = name == "source"
         table.add_column(name, justify="right" if name in right else "left", no_wrap=not wrap,
                          overflow="fold", min_width=30 if wrap else None)
@@ -52,25 +56,34 @@ def hardware_rows() -> list[dict]:
     return rows
 
 
-def models_table() -> Table:
+def models_table(sources: bool = True) -> Table:
     table = _table("bundled models (models/)", ("name", "family", "parameters", "layers", "source"),
-                   ("parameters", "layers"))
+                   ("parameters", "layers"), sources)
     for r in model_rows():
         size = count(r["parameters"])
         if r["active_parameters"] != r["parameters"]:      # MoE: the parameters one token passes through
             size += f" ({count(r['active_parameters'])} {'per subnet' if r['family'] == 'supernet' else 'active'})"
-        table.add_row(*map(Text, (r["name"], r["family"], size, str(r["layers"]), _source(r["source"]))))
+        cells = (r["name"], r["family"], size, str(r["layers"])) + ((_source(r["source"]),) if sources else ())
+        table.add_row(*map(Text, cells))
     return table
 
 
-def hardware_table() -> Table:
+def hardware_table(sources: bool = True) -> Table:
     table = _table("bundled hardware profiles (hardware_profiles/)",
-                   ("name", "device", "devices/node", "memory GiB", "source"), ("devices/node", "memory GiB"))
+                   ("name", "device", "devices/node", "memory GiB", "source"), ("devices/node", "memory GiB"), sources)
     for r in hardware_rows():
-        table.add_row(*map(Text, (r["name"], r["device"], str(r["devices_per_node"]), f"{r['memory_gib']:g}",
-                                  _source(r["source"]))))
+        cells = (r["name"], r["device"], str(r["devices_per_node"]), f"{r['memory_gib']:g}") + (
+            (_source(r["source"]),) if sources else ())
+        table.add_row(*map(Text, cells))
     return table
 
 
 def render_list(console: Console, what: str) -> None:
-    console.print(models_table() if what == "models" else hardware_table())
+    """The table; on a console narrower than SOURCE_COLUMN_WIDTH without its source column, each source then
+    following as 'name: source', wrapped to the width."""
+    wide = console.width >= SOURCE_COLUMN_WIDTH
+    console.print(models_table(wide) if what == "models" else hardware_table(wide))
+    if not wide:
+        console.print("sources:", markup=False, highlight=False)
+        for r in model_rows() if what == "models" else hardware_rows():
+            console.print(Text(f"  {r['name']}: {_source(r['source'], limit=1000)}"))

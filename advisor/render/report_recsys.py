@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from advisor.cost.recsys import RecEstimate
-from advisor.render.formatting import step_time
+from advisor.render.formatting import count, step_time
 
 _MODE = {"replicated": "allreduce (replicated)", "sharded": "sharded + all-to-all", "host": "host tables",
          "ps": "PS", "hybrid": "hybrid PS"}
@@ -38,14 +38,19 @@ def plans_table(result) -> Table:
     first = result.best
     title = (f"{first.model.name} on {first.cluster.devices} x {first.hardware.device.name} ({first.hardware.name}), "
              f"batch {first.training.global_batch_size} samples, {first.training.dtype}")
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for name in ("#", "mode", "servers", "worker GiB", "server GiB", "step s", "samples/s", "limit", "staleness"):
-        table.add_column(name, justify="left" if name in ("mode", "servers", "limit") else "right", no_wrap=True)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False,
+                  show_edge=False)
+    # the text columns wrap within their cells and the headers take two lines, so the table fits 80 columns
+    widths = {"mode": 10, "servers": 7, "limit": 9}      # each its longest word ("all-to-all", "tables", "optimizer")
+    for name in ("#", "mode", "servers", "worker\nGiB", "server\nGiB", "step s", "samples/s", "limit", "stale-\nness"):
+        text = name in widths
+        table.add_column(name, justify="left" if text else "right", no_wrap=not text, min_width=widths.get(name),
+                         max_width=widths[name] + 4 if text else None)
     for rank, e in enumerate(result.estimates, start=1):
         server = f"{e.server_memory.total_gib:.1f}" if e.server_memory is not None else "-"
         stale = f"{e.staleness_steps:g}" if e.staleness_steps is not None else "-"
         table.add_row(str(rank), mode_text(e), servers_text(e), f"{e.worker_memory.total_gib:.2f}", server,
-                      step_time(e.step_time_s), f"{e.samples_per_s:,.0f}", e.bottleneck, stale)
+                      step_time(e.step_time_s), count(e.samples_per_s), e.bottleneck, stale)
     return table
 
 
