@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import json
 import shutil
 import subprocess
@@ -260,6 +261,34 @@ def test_bad_parameter_server_field_is_refused_by_name(edit, field):
     with pytest.raises(AdvisorError) as info:
         plan_from_dict(data, "p.json")
     assert "parameter_server" in str(info.value) and field in str(info.value)
+
+
+def test_run_worker_fails_when_a_worker_fails(tmp_path):
+    """#32: run_worker.sh waits for each worker and exits with the first failure's code (a bare wait exits 0)."""
+    if not shutil.which("bash"):
+        pytest.skip("no bash")
+    script = tmp_path / "run_worker.sh"
+    script.write_text(export_plan(_plan("hybrid"), "mindspore").files["run_worker.sh"])
+    train = tmp_path / "train.py"
+    train.write_text("import os, sys\nsys.exit(3 if os.environ['DEVICE_ID'] == '1' else 0)\n")
+    env = {**os.environ, "MS_SCHED_HOST": "127.0.0.1", "TRAIN_SCRIPT": str(train), "LOCAL_WORKERS": "3"}
+    failed = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert failed.returncode == 3 and "worker 1 failed with exit code 3" in failed.stderr
+    train.write_text("import sys\nsys.exit(0)\n")
+    assert subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, timeout=60).returncode == 0
+
+
+def test_an_asynchronous_plan_is_not_exported_as_a_synchronous_job():
+    """#32: MindSpore's parameter servers have no asynchronous mode; the MindSpore and MSJob exports say so
+    (and so exit 2 without --lossy) instead of launching the synchronous job."""
+    model, cluster = load_model("wide-deep-criteo"), Cluster.of(A100, nodes=2)
+    job = TrainingJob(global_batch_size=16000, seq_length=1)
+    plan = recommend_recsys(model, A100, cluster, job, PsPins(mode="hybrid", synchronous=False), top_k=1).best
+    assert plan.parameter_server["synchronous"] is False
+    for target in ("mindspore", "k8s"):
+        unsupported = export_plan(plan, target).unsupported
+        assert any(u.startswith("parallel.parameter_server.synchronous = false") for u in unsupported), target
+    assert not any("synchronous" in u for u in export_plan(_plan("hybrid"), "mindspore").unsupported)
 
 
 def test_transformer_plan_refuses_a_parameter_server():

@@ -21,6 +21,7 @@ import yaml
 
 from advisor.export import ExportResult
 from advisor.export._common import device_resource, display
+from advisor.export.mindspore_ps import asynchronous_unsupported
 from advisor.plan import Plan
 
 IMAGE = "swr.cn-south-1.myhuaweicloud.com/mindspore/mindspore-gpu:2.2.0"   # a MindSpore GPU image (replace)
@@ -82,4 +83,5 @@ def export(plan: Plan, target_version: str | None = None) -> ExportResult:
             + (f", {ps['mode']} with {ps['servers']} parameter servers\n" if ps is not None else ", collective only\n")
             + "# kubectl apply -f msjob.yaml   (needs mindspore-ai/ms-operator)\n")
     text = head + yaml.safe_dump(manifest(plan), sort_keys=False, width=120)
-    return ExportResult(target="k8s", files={"msjob.yaml": text}, notes=tuple(notes))
+    return ExportResult(target="k8s", files={"msjob.yaml": text}, notes=tuple(notes),
+                        unsupported=tuple(asynchronous_unsupported(plan)))

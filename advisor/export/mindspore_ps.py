@@ -42,6 +42,19 @@ DEFAULT_SCHED_PORT = 8081            # any free port; every role must use the sa
 LAST_PS_VERSION = (2, 7)             # the last MindSpore release with Parameter.set_param_ps (module doc)
 
 
+def asynchronous_unsupported(plan: Plan) -> list[str]:
+    """The sentence for an asynchronous plan: MindSpore's parameter-server training has no asynchronous mode
+    (set_ps_context takes enable_ps, config_file_path, scheduler_manage_port, enable_ssl and the two passwords,
+    mindspore.set_ps_context API reference r1.8-r2.5; nothing selects asynchronous updates), so the job it
+    launches waits for every worker each step, as the synchronous plan, not the asynchronous one priced."""
+    ps = plan.parameter_server
+    if ps is None or ps["synchronous"]:
+        return []
+    return ["parallel.parameter_server.synchronous = false: MindSpore's parameter-server training has no "
+            "asynchronous mode (set_ps_context: enable_ps, config_file_path, scheduler_manage_port, enable_ssl); "
+            "the job would run synchronously, which is not the plan priced: re-plan without --ps-async"]
+
+
 def _version(text: str) -> tuple[int, ...] | None:
     """(major, minor) of a version such as 2.8, v2.8.0, r2.8 or 2.8rc1; None when there is none."""
     found = re.search(r"(\d+)\.(\d+)", text)
@@ -171,16 +184,29 @@ def role_scripts(plan: Plan) -> dict[str, str]:
         "run_worker.sh": _script(plan, "MS_WORKER",
                                  f"# run on each of the {int(plan.cluster.nodes)} worker nodes: one worker per device\n"
                                  f"LOCAL_WORKERS=\"${{LOCAL_WORKERS:-{int(min(per_node, plan.cluster.devices))}}}\"\n"
+                                 "pids=()\n"
                                  "for ((i = 0; i < LOCAL_WORKERS; i++)); do\n"
                                  "  DEVICE_ID=$i python \"$TRAIN_SCRIPT\" \"$@\" > \"worker_$i.log\" 2>&1 &\n"
-                                 "done\nwait\n"),
+                                 "  pids+=($!)\n"
+                                 "done\n"
+                                 "# exit with the first failing worker's code (a bare wait would exit 0)\n"
+                                 "status=0\n"
+                                 "for i in \"${!pids[@]}\"; do\n"
+                                 "  code=0\n"
+                                 "  wait \"${pids[$i]}\" || code=$?\n"
+                                 "  if [ \"$code\" -ne 0 ]; then\n"
+                                 "    echo \"worker $i failed with exit code $code (see worker_$i.log)\" >&2\n"
+                                 "    if [ \"$status\" -eq 0 ]; then status=$code; fi\n"
+                                 "  fi\n"
+                                 "done\n"
+                                 "exit \"$status\"\n"),
     }
 
 
 def export(plan: Plan, target_version: str | None = None) -> ExportResult:
     notes = ["the scripts read TRAIN_SCRIPT (your training script, default train.py) and MS_SCHED_HOST / "
              "MS_SCHED_PORT from the environment"]
-    unsupported: list[str] = []
+    unsupported: list[str] = asynchronous_unsupported(plan)
     version = _version(target_version) if target_version is not None else None
     if plan.parameter_server is not None:
         if version is not None and version > LAST_PS_VERSION:
