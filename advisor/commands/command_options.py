@@ -44,9 +44,10 @@ class SearchOptions:
         help="score the strategy of a plan JSON instead", doc="A plan JSON whose strategy is scored.")
     from_file: str | None = setting(
         None, kind="text", flags=("--from",), commands=BOTH,
-        help="a launch configuration you have: a Megatron-LM argument list or launch script, or a torchtitan job "
-             "TOML (with --model and --hardware; flags given override it): estimate prices it, recommend pins what "
-             "it pins and searches the rest",
+        help="a launch configuration you have: a Megatron-LM argument list or launch script, a Megatron-Bridge or "
+             "NeMo 2 YAML, a DeepSpeed config or launcher, a torchtitan job TOML or a MindFormers YAML (with --model "
+             "and --hardware; flags given override it): estimate prices it, recommend pins what it pins and searches "
+             "the rest",
         doc="A launch configuration whose settings are priced (advisor.importers).")
     searcher: str = setting(
         "enumerate", kind="text", flags=("--searcher",), commands=("recommend",), help="enumerate | drec | ilp",

@@ -15,6 +15,7 @@ Formats (``read_launch_config`` picks by the file's content):
 * ``mindspore``  a MindFormers training YAML (advisor.importers.mindformers_yaml)
 * ``megatron``   a Megatron-Bridge ConfigContainer YAML: the run_config.yaml it writes with every checkpoint, or a
   recipe's config as ConfigContainer.to_yaml() prints it (advisor.importers.megatron_bridge)
+* ``megatron``   a NeMo 2 recipe as YAML (``nemo llm pretrain --factory ... --to-yaml``; advisor.importers.nemo2_yaml)
 """
 
 from __future__ import annotations
@@ -45,7 +46,12 @@ def read_launch_config(path: str | Path) -> Imported:
         from advisor.importers.mindformers_yaml import read_mindformers
         from advisor.specs.untrusted import parse
 
-        if is_bridge_config(parse(text, where(name), "yaml")):
+        from advisor.importers.nemo2_yaml import is_nemo2_config, read_nemo2
+
+        doc = parse(text, where(name), "yaml")
+        if is_nemo2_config(doc):
+            return read_nemo2(text, name)
+        if is_bridge_config(doc):
             return read_bridge(text, name)
 
         return read_mindformers(text, name)
@@ -59,7 +65,7 @@ def read_launch_config(path: str | Path) -> Imported:
         return read_megatron(text, name)
     raise AdvisorError(f"{where(name)}: none of a Megatron-LM argument list or launch script (pretrain_gpt.py "
                        "flags), a DeepSpeed config (.json) or launch script (--deepspeed_config), a torchtitan job "
-                       "TOML (.toml), a MindFormers YAML or a Megatron-Bridge ConfigContainer YAML (.yaml)")
+                       "TOML (.toml), a MindFormers YAML, a Megatron-Bridge ConfigContainer YAML or a NeMo 2 recipe YAML (.yaml)")
 
 
 def pins_of(imported: Imported, strategy: dict[str, Any], searched: set[str], num_layers: int) -> dict[str, Any]:
