@@ -203,6 +203,10 @@ def test_export_writes_a_shard_call_for_every_operator_and_a_strategy_file(semi_
                 assert dim % item["dev_matrix"][len(item["dev_matrix"]) - 1 - axis] == 0
     assert ckpt["parallel_layout_item"]["layer.0.w1"]["tensor_shape"] == [MODEL.hidden_size, MODEL.ffn_hidden_size]
     assert not any("operator_strategies: the per-operator shardings" in u for u in result.unsupported)
+    # #32: the context loads these layouts semi-automatically; MindSpore is not also told to search its own
+    context = result.files["parallel_context.py"]
+    assert "parallel_mode='semi_auto_parallel'" in context and "recursive_programming" not in context
+    assert "strategy_ckpt_config={'load_file': './strategy_ckpt.json'" in context
 
 
 def test_names_in_a_hand_edited_plan_never_become_code(semi_plan):

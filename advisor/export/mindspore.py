@@ -10,9 +10,11 @@ RecomputeConfig, RunnerConfig, MsParallelConfig: the ``parallel`` section is pas
 set_auto_parallel_context) and the LayerSetting of mindformers (layers of stage (v, p) =
 num_layers // (pp x pp_interleave_num) + offset[v][p]; recompute as a per-stage list of layer counts); an
 Adam plan's optimizer section is MindFormers' AdamW with use_fused as priced (advisor.cost.optimizer_step).
-Plans found by the D-Rec searcher map to MindSpore's own recursive-programming search
-(parallel_mode auto_parallel, search_mode recursive_programming); all others are explicit
-(semi_auto_parallel) with MindFormers' data_parallel / model_parallel / pipeline_stage degrees.
+A D-Rec plan without operator layouts maps to MindSpore's own recursive-programming search
+(parallel_mode auto_parallel, search_mode recursive_programming); a plan with layouts (drec or ilp) is
+semi_auto_parallel loading them from strategy_ckpt.json (strategy_ckpt_config load_file), never both; all
+others are explicit (semi_auto_parallel) with MindFormers' data_parallel / model_parallel / pipeline_stage
+degrees.
 
 Target releases (--target-version): MindFormers 1.7.0 and 2.1.0 (default). The YAML is for their
 legacy model path, written explicitly as use_legacy: True (2.1.0's default too: template.py reads
@@ -53,13 +55,22 @@ MERGE_NOTE = ("parallel.parallel_optimizer_config: delete gradient_accumulation_
 COMPUTE_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32", "fp8": "bfloat16"}
 
 
+def has_layouts(plan: Plan) -> bool:
+    """Whether the plan carries per-operator layouts the export writes (advisor.export.mindspore_strategy)."""
+    rec = plan.operator_strategies
+    return isinstance(rec, dict) and isinstance(rec.get("strategies"), dict) and isinstance(rec.get("operators"), dict)
+
+
 def auto_parallel_context(plan: Plan) -> dict:
     """Keyword arguments of mindspore.set_auto_parallel_context for the plan."""
     s = plan.strategy
     searcher = (plan.search or {}).get("searcher")
+    # a D-Rec plan without operator layouts lets MindSpore's own recursive programming search; a plan with them
+    # (drec or ilp) is semi-automatic with advisor's layouts loaded from the strategy file: never both
+    search = searcher == "drec" and not has_layouts(plan)
     ctx: dict = {
-        "parallel_mode": "auto_parallel" if searcher == "drec" else "semi_auto_parallel",
-        "search_mode": "recursive_programming" if searcher == "drec" else "sharding_propagation",
+        "parallel_mode": "auto_parallel" if search else "semi_auto_parallel",
+        "search_mode": "recursive_programming" if search else "sharding_propagation",
         "device_num": plan.cluster.devices,
         "gradients_mean": True,
         # each rank reads its data-parallel shard unless the plan was priced reading the whole batch
@@ -80,6 +91,10 @@ def auto_parallel_context(plan: Plan) -> dict:
                                   "pipeline_scheduler": SCHEDULERS[s.pipeline_schedule]}
     if s.ep > 1:
         ctx["enable_alltoall"] = True
+    if has_layouts(plan):
+        from advisor.export.mindspore_strategy import STRATEGY_FILE
+
+        ctx["strategy_ckpt_config"] = {"load_file": f"./{STRATEGY_FILE}", "only_trainable_params": True}
     fusion = _comm_knobs.mindspore_comm_fusion(plan)      # the plan's gradient bucket size
     if fusion is not None:
         ctx["comm_fusion"] = fusion
