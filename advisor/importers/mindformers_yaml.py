@@ -194,7 +194,7 @@ def _parallel(doc, job, strategy, model, state, source):
         state["devices"] = _int(source, "parallel.device_num", k.pop("device_num"))
     strategy["full_batch"] = _bool(source, "parallel.full_batch", k.pop("full_batch", False))
     if "pipeline_stages" in k and k.pop("pipeline_stages") != strategy.get("pp", 1):
-        raise refuse(source, "parallel.pipeline_stages", doc["parallel"]["pipeline_stages"],
+        raise refuse(source, "parallel.pipeline_stages", (doc.get("parallel") or {}).get("pipeline_stages"),
                       f"it differs from parallel_config.pipeline_stage = {strategy.get('pp', 1)}")
     enabled = _bool(source, "parallel.enable_parallel_optimizer", k.pop("enable_parallel_optimizer", False))
     config = k.pop("parallel_optimizer_config", {}) or {}
@@ -208,7 +208,7 @@ def _parallel(doc, job, strategy, model, state, source):
     if shard is True:
         level = "level2"                          # the older spelling of level2's sharded gradients
     strategy["zero_stage"] = int(level[-1]) if enabled else 0
-    size = (doc["parallel"].get("parallel_optimizer_config") or {}).get("optimizer_weight_shard_size", -1)
+    size = ((doc.get("parallel") or {}).get("parallel_optimizer_config") or {}).get("optimizer_weight_shard_size", -1)
     if enabled and size not in (-1, strategy.get("dp", 1)):
         raise refuse(source, "parallel.parallel_optimizer_config.optimizer_weight_shard_size", size, "advisor prices "
                       f"the optimizer sharded over all data_parallel = {strategy.get('dp', 1)} ranks (or -1)")

@@ -300,6 +300,9 @@ def _model_type(data: dict[str, Any], origin: str) -> str:
     if archs is not None and (not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs)):
         raise AdvisorError(f"{origin}: key 'architectures' = {prefix(archs)} must be a list of class names")
     model_type = data.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise AdvisorError(f"{origin}: key 'model_type' = {prefix(model_type)} must be the name of a model type "
+                           f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
     if model_type is None:
         known = [_TYPE_OF_ARCHITECTURE.get(a) for a in archs or ()]
         if not known or None in known or len(set(known)) != 1:
