@@ -59,7 +59,7 @@ class QualityRow:
     same_for_batch_change: bool
     mfu: float
     best_measured_mfu: float
-    setting: tuple = ()        # (model, hardware, devices, global batch, sequence, dtype): runs of one job
+    setting: tuple = ()        # (the model's shape, hardware, devices, global batch, sequence, dtype): runs of one job
 
     @property
     def ratio(self) -> float:
@@ -158,7 +158,9 @@ def compare(run: PublishedRun) -> QualityRow:
         recipe_in_top5_or_band=_layout(published.strategy) in layouts or in_band,
         fits_at_memory_band=mem_high <= hw.device.memory_gib, same_for_batch_change=not any(moved),
         mfu=best.mfu, best_measured_mfu=best_measured_mfu().get((run.hardware, run.job.dtype), 0.0),
-        setting=(run.model.name, run.hardware, run.devices, run.job.global_batch_size, run.job.seq_length, run.job.dtype),
+        setting=(run.model.num_layers, run.model.hidden_size, run.model.num_attention_heads, run.model.ffn_hidden_size,
+                 run.model.vocab_size, run.hardware, run.devices, run.job.global_batch_size, run.job.seq_length,
+                 run.job.dtype),
     )
 
 
