@@ -23,7 +23,9 @@ top-level moe_config section, which build_parallel_config (mindformers/core/para
 turns into MoEConfig(**moe_config) (mindformers/modules/transformer/moe.py: expert_num,
 num_experts_chosen, capacity_factor, moe_intermediate_size, expert_model_parallel). The mcore path
 (use_legacy: False) builds only the models registered for it (qwen2, qwen3, qwen3_moe, glm4,
-deepseek_v3 ..., chosen by model_type), none of which is the plan's generic model.
+deepseek_v3 ..., chosen by model_type): a model the legacy LlamaConfig cannot express (head_dim, latent
+attention, shared experts, dense first layers, windows) is written there when one of those families builds it
+(advisor.export.mindformers_mcore).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from advisor.export._common import (
     unwritten_model_features,
 )
 from advisor.export._recompute import FULL, MINDSPORE_SELECT, NONE, cannot_express, priced_recompute
+from advisor.export.mindformers_mcore import mcore_model_config, mcore_refusals
 from advisor.plan import Plan
 
 FRAMEWORK = "mindspore"   # the framework record this export launches (the context and YAML run MindSpore/MindFormers)
@@ -210,8 +213,12 @@ def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> 
     if not s.full_batch:
         notes.append(f"parallel.dataset_strategy has one [dp, 1] per train_dataset.input_columns, written for "
                      f"{list(INPUT_COLUMNS)}: add one per further column your dataset returns")
+    mcore = mcore_model_config(plan, COMPUTE_DTYPE[j.dtype], model_config["offset"]) if needs_mcore(plan) else None
+    if mcore is not None:                 # a model the legacy Llama cannot express (advisor.export.mindformers_mcore)
+        model_config = mcore
+        unsupported.extend(mcore_refusals(plan))
     out = {
-        "use_legacy": True,
+        "use_legacy": mcore is None,
         "train_dataset": {"input_columns": list(INPUT_COLUMNS)},
         "parallel": auto_parallel_context(plan),
         "parallel_config": parallel_config,
@@ -221,7 +228,7 @@ def mindformers_config(plan: Plan, unsupported: list[str], notes: list[str]) -> 
     }
     if s.swap_layers is not None:
         out["swap_config"] = swap_config(plan)
-    if m.moe is not None:
+    if m.moe is not None and mcore is None:     # the mcore path reads the experts from model_config
         out["moe_config"] = moe_config(plan, unsupported)
     if s.micro_batch_copies > 1:
         out["micro_batch_interleave_num"] = s.micro_batch_copies   # multi-copy parallelism
@@ -297,15 +304,23 @@ def context_script(plan: Plan, ctx: dict) -> str:
     )
 
 
+def needs_mcore(plan: Plan) -> bool:
+    """Whether the model needs MindFormers' mcore path: the legacy Llama leaves part of it unwritten and a family
+    registered for mcore builds it (advisor.export.mindformers_mcore)."""
+    return bool(unwritten_model_features(plan, "MindFormers")) and mcore_model_config(plan, "", 0) is not None
+
+
 def export(plan: Plan, target_version: str | None = None, launch=None) -> ExportResult:
     """``launch``: advisor.export.mindspore_launch.LaunchOptions (hosts, master port) for the launchers."""
     version = pick_version("mindspore", target_version, VERSIONS, DEFAULT_VERSION)
     unsupported: list[str] = []
     notes: list[str] = []
-    unsupported += unwritten_model_features(plan, "MindFormers")
+    mcore = needs_mcore(plan)
+    if not mcore:
+        unsupported += unwritten_model_features(plan, "MindFormers")
     cfg = mindformers_config(plan, unsupported, notes)
-    yaml_text = (comment_block(header_lines(plan, f"MindFormers {version} parallel settings (legacy model path, "
-                                                  "use_legacy: True)"))
+    path = "mcore model path, use_legacy: False" if mcore else "legacy model path, use_legacy: True"
+    yaml_text = (comment_block(header_lines(plan, f"MindFormers {version} parallel settings ({path})"))
                  + "# Merge into your MindFormers training YAML (run_mode: train).\n"
                  + yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None))
     files = {

@@ -123,9 +123,9 @@ def read_mindformers(text: str, source: str) -> Imported:
     for key in doc:
         if key not in NEUTRAL_SECTIONS and key not in READ_SECTIONS and key not in NEUTRAL_KEYS:
             raise refuse(source, key, "...", "a section advisor does not price")
-    if doc.get("use_legacy", True) is not True:
-        raise refuse(source, "use_legacy", doc["use_legacy"], "advisor reads the legacy model path (use_legacy: "
-                      "True; the mcore path builds registered models only)")
+    if doc.get("use_legacy", True) not in (True, False):
+        raise refuse(source, "use_legacy", doc["use_legacy"], "true (the legacy Llama path) or false (the mcore "
+                      "path of the registered models, read by their Hugging Face keys)")
     flat = flatten({k: v for k, v in doc.items() if k in ("model", "parallel", "parallel_config", "recompute_config")})
     flat = {k: v for k, v in flat.items() if OFF.get(k, object()) != v}
     job, strategy, spelled = read_spelled(TARGET, flat)
@@ -279,6 +279,8 @@ def _recompute_config(doc, job, strategy, model, state, source):
 
 def _model_config(doc, job, strategy, model, state, source):
     k = _section(doc, "model.model_config", source)
+    if doc.get("use_legacy", True) is False:
+        return _mcore_model_config(k, job, strategy, model, state, source)
     for key, field in (("num_layers", "num_layers"), ("hidden_size", "hidden_size"),
                        ("num_heads", "num_attention_heads"), ("n_kv_heads", "num_kv_heads"),
                        ("intermediate_size", "ffn_hidden_size"), ("vocab_size", "vocab_size")):
@@ -308,6 +310,63 @@ def _model_config(doc, job, strategy, model, state, source):
         strategy["pipeline_schedule"] = "interleaved-1f1b"
     state["offset"] = k.pop("offset", 0)
     _left(k, "model.model_config", source, state)
+    _stages(job, strategy, model, state, source)
+
+
+# the mcore path's own keys in model.model_config beside the Hugging Face ones (advisor.export.mindformers_mcore)
+MCORE_NEUTRAL = {"moe_grouped_gemm": "one grouped GEMM kernel or several of the same FLOPs",
+                 "layernorm_compute_dtype": "the dtype of the norms", "softmax_compute_dtype": "the softmax's dtype",
+                 "rotary_dtype": "the rotary embedding's dtype", "input_sliced_sig": "how inputs are sliced",
+                 "position_embedding_type": "read from model_type (rotary)", "add_bias_linear": "read as attention_bias",
+                 "router_dense_type": "the router's dtype", "gated_linear_unit": "read from hidden_act",
+                 "use_contiguous_weight_layout_attention": "a weight layout"}
+
+
+def _mcore_model_config(k, job, strategy, model, state, source):
+    """model.model_config of the mcore path: MindFormers' own keys, then the Hugging Face ones read by
+    advisor.specs.hf_config (so a model is read the same from a config.json or this YAML)."""
+    from advisor.specs.hf_config import model_from_hf_config
+
+    k = dict(k)
+    if "seq_length" in k:
+        job["seq_length"] = _int(source, "model.model_config.seq_length", k.pop("seq_length"))
+    dtype = k.pop("compute_dtype", "bfloat16")
+    if dtype not in DTYPES:
+        raise refuse(source, "model.model_config.compute_dtype", dtype, f"advisor prices {', '.join(DTYPES)}")
+    job["dtype"] = DTYPES[dtype]
+    if k.pop("params_dtype", "float32") != "float32":
+        raise refuse(source, "model.model_config.params_dtype", "not float32", "advisor prices float32 parameters")
+    if "use_flash_attention" in k:
+        job["attention"] = "flash" if _bool(source, "model.model_config.use_flash_attention",
+                                            k.pop("use_flash_attention")) else "math"
+    vpp = _int(source, "model.model_config.pp_interleave_num", k.pop("pp_interleave_num", 1))
+    if vpp > 1:
+        strategy["virtual_pipeline_stages"] = vpp
+        strategy["pipeline_schedule"] = "interleaved-1f1b"
+    if "capacity_factor" in k:
+        factor = k.pop("capacity_factor")
+        if factor != 1.0:
+            raise refuse(source, "model.model_config.capacity_factor", factor, "advisor prices 1.0 (tokens beyond "
+                          "capacity dropped) or none (dropless)")
+        job["moe_dropless"] = False
+    if k.pop("num_nextn_predict_layers", 0) not in (0, None):
+        raise refuse(source, "model.model_config.num_nextn_predict_layers", "not 0", "multi-token prediction is "
+                      "not priced")
+    state["offset"] = k.pop("offset", 0)
+    for key in MCORE_NEUTRAL:
+        k.pop(key, None)
+    arch = k.get("architectures")
+    if isinstance(arch, str):
+        k["architectures"] = [arch]
+    shape = model_from_hf_config(k, f"{source}: model.model_config", "mcore")
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
+                "head_dim", "mla", "sliding_window"):
+        if key in shape:
+            model[key] = shape[key]
+    if "moe" in shape:
+        moe = shape["moe"]
+        model["moe"] = {name: moe[name] for name in ("num_experts", "top_k", "expert_ffn_hidden_size") if name in moe}
+        job.setdefault("moe_dropless", True)
     _stages(job, strategy, model, state, source)
 
 
