@@ -179,30 +179,39 @@ def _mindspore_python() -> str | None:
 CHECK = r"""
 import json, sys, yaml
 import mindspore as ms
-out = {}
-exec(compile(open(sys.argv[1]).read(), "parallel_context.py", "exec"))
-out["context"] = {k: ms.get_auto_parallel_context(k) for k in
-                  ("device_num", "pipeline_stages", "parallel_mode", "enable_parallel_optimizer", "search_mode")}
 try:
     from mindformers.tools.register.config import MindFormerConfig
     from mindformers.modules.transformer.transformer import TransformerOpParallelConfig, TransformerRecomputeConfig
     from mindformers.parallel_core.training_graph.transformer.utils import LayerSetting
 except Exception as exc:
-    out["mindformers"] = "unavailable: %s" % exc
-else:
-    doc = yaml.safe_load(open(sys.argv[2]))
-    doc["run_mode"] = "train"
-    full = sys.argv[2] + ".train.yaml"
-    yaml.safe_dump(doc, open(full, "w"))
-    cfg = MindFormerConfig(full)
-    pc = TransformerOpParallelConfig(recompute=TransformerRecomputeConfig(**dict(cfg.recompute_config)),
-                                     **dict(cfg.parallel_config))
-    mc = doc["model"]["model_config"]
-    setting = LayerSetting(mc["num_layers"], mc["offset"], pc, mc.get("pp_interleave_num", 1))
-    out["mindformers"] = {"dp": pc.data_parallel, "mp": pc.model_parallel, "pp": pc.pipeline_stage,
-                          "micro_batch_num": pc.micro_batch_num,
-                          "layer_list": [[int(x) for x in row] for row in setting.layer_list]}
-print("RESULT" + json.dumps(out))
+    MindFormerConfig = None
+    unavailable = "unavailable: %s" % exc
+results = {}
+# one process for every export (MindFormers' import is the slow part); the context is reset before each
+for name, ctx_path, yaml_path in zip(sys.argv[1::3], sys.argv[2::3], sys.argv[3::3]):
+    ms.reset_auto_parallel_context()
+    out = {}
+    exec(compile(open(ctx_path).read(), "parallel_context.py", "exec"), {})
+    out["context"] = {k: ms.get_auto_parallel_context(k) for k in
+                      ("device_num", "pipeline_stages", "parallel_mode", "enable_parallel_optimizer", "search_mode")}
+    if MindFormerConfig is None:
+        out["mindformers"] = unavailable
+    else:
+        doc = yaml.safe_load(open(yaml_path))
+        doc["run_mode"] = "train"
+        full = yaml_path + ".train.yaml"
+        yaml.safe_dump(doc, open(full, "w"))
+        cfg = MindFormerConfig(full)
+        pc = TransformerOpParallelConfig(recompute=TransformerRecomputeConfig(**dict(cfg.recompute_config)),
+                                         **dict(cfg.parallel_config))
+        mc = doc["model"]["model_config"]
+        layers = mc.get("num_layers", mc.get("num_hidden_layers"))
+        setting = LayerSetting(layers, mc["offset"], pc, mc.get("pp_interleave_num", 1))
+        out["mindformers"] = {"dp": pc.data_parallel, "mp": pc.model_parallel, "pp": pc.pipeline_stage,
+                              "micro_batch_num": pc.micro_batch_num,
+                              "layer_list": [[int(x) for x in row] for row in setting.layer_list]}
+    results[name] = out
+print("RESULT" + json.dumps(results))
 """
 
 
@@ -212,17 +221,21 @@ def test_mindspore_accepts_the_export(exported, tmp_path):
         pytest.skip("MindSpore not installed (set ADVISOR_MINDSPORE_PYTHON to a python that has it)")
     script = tmp_path / "check.py"
     script.write_text(CHECK)
+    args = []
     for name, (plan, result, _, _) in exported.items():
         ctx_path, yaml_path = tmp_path / f"{name}_ctx.py", tmp_path / f"{name}.yaml"
         ctx_path.write_text(result.files["parallel_context.py"])
         yaml_path.write_text(result.files["mindformers_parallel.yaml"])
-        proc = subprocess.run([python, "-E", str(script), str(ctx_path), str(yaml_path)], capture_output=True, text=True,
-                              timeout=300, cwd=tmp_path)
-        assert proc.returncode == 0, f"{name}: {proc.stderr[-2000:]}"
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
-        out = json.loads(line[len("RESULT"):])
+        args += [name, str(ctx_path), str(yaml_path)]
+    proc = subprocess.run([python, "-E", str(script), *args], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
+    results = json.loads(line[len("RESULT"):])
+    assert set(results) == set(exported)
+    for name, (plan, result, _, _) in exported.items():
+        out = results[name]
         s = plan.strategy
-        assert out["context"]["device_num"] == plan.cluster.devices and out["context"]["pipeline_stages"] == s.pp
+        assert out["context"]["device_num"] == plan.cluster.devices and out["context"]["pipeline_stages"] == s.pp, name
         mf = out["mindformers"]
         if isinstance(mf, dict):
             assert (mf["dp"], mf["mp"], mf["pp"]) == (s.dp, s.tp, s.pp), name

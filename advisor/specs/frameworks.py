@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from advisor.errors import AdvisorError
-
 # Fused attention kernels, each with its own efficiency curve in a profile (advisor.cost.attention):
 # te = Transformer Engine's fused attention (cuDNN; FlashAttention-3-class on Hopper and later),
 # sdpa = PyTorch scaled_dot_product_attention's flash backend (FlashAttention-2), triton = the
@@ -357,7 +355,8 @@ def for_release(record: Framework, release: str | None) -> Framework:
         return record
     if release not in record.releases:
         known = ", ".join(record.releases) if record.releases else "none (one record for all its releases)"
-        raise AdvisorError(f"framework release {release[:20]!r}: {record.title} records the releases {known}")
+        # the job's checks refuse an unknown release first (advisor.specs.job.check_job_relations, AdvisorError)
+        raise ValueError(f"framework release {release[:20]!r}: {record.title} records the releases {known}")
     changes = dict(dict(record.release_changes).get(release, ()))
     return replace(record, release=release, **changes)
 
