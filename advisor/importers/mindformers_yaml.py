@@ -277,6 +277,19 @@ def _recompute_config(doc, job, strategy, model, state, source):
     _left(k, "recompute_config", source, state)
 
 
+def _job_keys(k: dict, job: dict, source: str, default_dtype: str) -> None:
+    """The job's keys both model paths hold in model.model_config: sequence, compute dtype, flash attention."""
+    if "seq_length" in k:
+        job["seq_length"] = _int(source, "model.model_config.seq_length", k.pop("seq_length"))
+    dtype = k.pop("compute_dtype", default_dtype)
+    if dtype not in DTYPES:
+        raise refuse(source, "model.model_config.compute_dtype", dtype, f"advisor prices {', '.join(DTYPES)}")
+    job["dtype"] = DTYPES[dtype]
+    if "use_flash_attention" in k:
+        job["attention"] = "flash" if _bool(source, "model.model_config.use_flash_attention",
+                                            k.pop("use_flash_attention")) else "math"
+
+
 def _model_config(doc, job, strategy, model, state, source):
     k = _section(doc, "model.model_config", source)
     if doc.get("use_legacy", True) is False:
@@ -287,20 +300,12 @@ def _model_config(doc, job, strategy, model, state, source):
         if key in k and k[key] is not None:
             model[field] = _int(source, f"model.model_config.{key}", k.pop(key))
         k.pop(key, None)
-    if "seq_length" in k:
-        job["seq_length"] = _int(source, "model.model_config.seq_length", k.pop("seq_length"))
-    dtype = k.pop("compute_dtype", "float16")
-    if dtype not in DTYPES:
-        raise refuse(source, "model.model_config.compute_dtype", dtype, f"advisor prices {', '.join(DTYPES)}")
-    job["dtype"] = DTYPES[dtype]
+    _job_keys(k, job, source, "float16")
     param = k.pop("param_init_type", "float32")
     if param not in DTYPES:
         raise refuse(source, "model.model_config.param_init_type", param, f"advisor reads {', '.join(DTYPES)}")
     # 16-bit parameter types (most shipped v1.3.0 YAMLs) are priced with float32 parameters, as advisor.validation
     # prices those runs (advisor.cost.optimizer_step documents the casts it does not price)
-    if "use_flash_attention" in k:
-        job["attention"] = "flash" if _bool(source, "model.model_config.use_flash_attention",
-                                            k.pop("use_flash_attention")) else "math"
     vpp = _int(source, "model.model_config.pp_interleave_num", k.pop("pp_interleave_num", 1))
     if vpp > 1 and not state.get("interleave"):
         raise refuse(source, "model.model_config.pp_interleave_num", vpp, "it needs parallel.pipeline_config."
@@ -328,17 +333,9 @@ def _mcore_model_config(k, job, strategy, model, state, source):
     from advisor.specs.hf_config import model_from_hf_config
 
     k = dict(k)
-    if "seq_length" in k:
-        job["seq_length"] = _int(source, "model.model_config.seq_length", k.pop("seq_length"))
-    dtype = k.pop("compute_dtype", "bfloat16")
-    if dtype not in DTYPES:
-        raise refuse(source, "model.model_config.compute_dtype", dtype, f"advisor prices {', '.join(DTYPES)}")
-    job["dtype"] = DTYPES[dtype]
+    _job_keys(k, job, source, "bfloat16")
     if k.pop("params_dtype", "float32") != "float32":
         raise refuse(source, "model.model_config.params_dtype", "not float32", "advisor prices float32 parameters")
-    if "use_flash_attention" in k:
-        job["attention"] = "flash" if _bool(source, "model.model_config.use_flash_attention",
-                                            k.pop("use_flash_attention")) else "math"
     vpp = _int(source, "model.model_config.pp_interleave_num", k.pop("pp_interleave_num", 1))
     if vpp > 1:
         strategy["virtual_pipeline_stages"] = vpp

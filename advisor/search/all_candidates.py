@@ -25,13 +25,11 @@ from typing import IO, Callable
 import numpy as np
 
 from advisor.cost.confidence import pessimistic_tokens_per_s
-from advisor.cost.estimate import estimate_batch
 from advisor.cost.memory import GIB
 from advisor.search import Pins
 from advisor.search.enumerate import FAMILY_BATCH_CELLS, _chunk_end, _Scoring, _ranges, _space
 from advisor.search.enumerate_bounds import family_bounds
-from advisor.search.enumerate_rows import DEFAULT_ORDER_INDEX, MESH_ORDERS, _count, _take, chunks_by_pp, to_batch
-from advisor.search.enumerate_space import mesh_variants
+from advisor.search.enumerate_rows import DEFAULT_ORDER_INDEX, MESH_ORDERS, _count, _take
 from advisor.space.strategy import CP_COMM, RECOMPUTE, SCHEDULES
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
@@ -76,14 +74,7 @@ class _Everything(_Scoring):
 
     def _exact(self, pairs) -> None:
         model, hw, cluster, job = self.args
-        rows = mesh_variants(pairs, hw, self.pins, model, job.framework_record)
-        for idx in chunks_by_pp(rows):
-            part = _take(rows, idx)
-            batch = to_batch(model, job, part)
-            e = estimate_batch(model, hw, cluster, job, batch)
-            self.scored += len(idx)
-            ok = e.feasible
-            self.pruned["does not fit (exact memory)"] += int((~ok).sum())
+        for part, batch, e, ok in self.priced(pairs):
             if ok.any():
                 self.sink(part, batch, e, pessimistic_tokens_per_s(model, hw, job, batch, e), ok)
 

@@ -248,7 +248,8 @@ class _Scoring:
         self.best_first(upper, pairs["meshes"] * pairs["pp"], pairs["meshes"],
                         lambda idx: self._exact(_take(pairs, idx)), PAIR_BATCH_CELLS)
 
-    def _exact(self, pairs: Rows) -> None:
+    def priced(self, pairs: Rows):
+        """Each chunk of the pairs' mesh orders priced exactly: (rows, batch, estimate, feasible)."""
         model, hw, cluster, job = self.args
         rows = mesh_variants(pairs, hw, self.pins, model, job.framework_record)
         for idx in chunks_by_pp(rows):
@@ -258,6 +259,11 @@ class _Scoring:
             self.scored += len(idx)
             ok = e.feasible   # all of them while memory does not depend on links or placement
             _add(self.pruned, DEVICE_MEMORY_REASON, int((~ok).sum()))
+            yield part, batch, e, ok
+
+    def _exact(self, pairs: Rows) -> None:
+        model, hw, cluster, job = self.args
+        for part, batch, e, ok in self.priced(pairs):
             # what recommend ranks by: the pessimistic end of each candidate's band (advisor.cost.band)
             tps = (pessimistic_tokens_per_s(model, hw, job, batch, e) if self.banded else e.tokens_per_s)[ok]
             kept = _take(part, ok)
