@@ -147,8 +147,12 @@ def export_cmd(
     target_version: Optional[str] = typer.Option(
         None, "--target-version", help="release of the target: Megatron-Core (megatron, k8s), DeepSpeed, torchtitan "
         "or MindFormers (mindspore); default the newest the export supports"),
-    framework: Optional[str] = typer.Option(None, "--framework", help="with --to k8s: mindspore writes a MindSpore "
-                                            "Operator MSJob instead of a PyTorchJob (the default for Ascend plans)"),
+    framework: Optional[str] = typer.Option(None, "--framework", help="with --to k8s: the framework the job launches "
+                                            "(megatron, torchtitan, deepspeed: a PyTorchJob; mindspore: a MindSpore "
+                                            "Operator MSJob); default the plan's"),
+    image: Optional[str] = typer.Option(None, "--image", help="with --to k8s: the container image (needed for "
+                                        "torchtitan and DeepSpeed, which publish none; Megatron-LM: default the NGC "
+                                        "container its release names)"),
     hosts: Optional[str] = typer.Option(None, "--hosts", help="with --to mindspore: the nodes' addresses or host "
                                         "names, comma-separated, node 0 first (default: placeholders)"),
     master_port: Optional[int] = typer.Option(None, "--master-port", help="with --to mindspore: the scheduler's "
@@ -159,7 +163,6 @@ def export_cmd(
 ) -> None:
     """Launch configuration for Megatron-LM, DeepSpeed, torchtitan, MindSpore or Kubernetes: exactly the plan as
     priced, or exit 2 naming what the target cannot run."""
-    from dataclasses import replace
 
     from advisor.export import export_plan, write_export
     from advisor.export._common import display
@@ -176,13 +179,7 @@ def export_cmd(
 
         launch = LaunchOptions(hosts=tuple(h.strip() for h in hosts.split(",")) if hosts else (),
                                master_port=DEFAULT_MASTER_PORT if master_port is None else master_port)
-    # on Ascend a Kubernetes job runs MindSpore unless asked otherwise
-    ascend_default = to == "k8s" and framework is None and "ascend" in plan.hardware.device.name.lower()
-    result = export_plan(plan, to, target_version, launch, k8s_framework="mindspore" if ascend_default else framework)
-    if ascend_default:
-        result = replace(result, notes=result.notes + (
-            "an Ascend plan: a MindSpore Operator MSJob with MindSpore's Ascend image (--framework pytorch "
-            "writes a PyTorchJob instead)",))
+    result = export_plan(plan, to, target_version, launch, k8s_framework=framework, image=image)
     if result.unsupported and not lossy:
         if as_json:
             print_json(result.to_dict())

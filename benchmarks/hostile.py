@@ -10,7 +10,8 @@ Generated cases, each run through the command line in this process as a user's s
 * plan JSON: every leaf of a recommended plan's parallel, training and model sections, and the document's
   shape (a list, a string, nested a thousand levels);
 * Hugging Face config.json and --from files (each importer's format) with hostile values and garbage;
-* command-line flags of estimate and recommend: every numeric and choice flag with hostile text;
+* command-line flags of estimate and recommend: every numeric and choice flag with hostile text; the
+  Kubernetes export's --framework, --image and --target-version;
 * output paths: a folder that does not exist, a directory, /dev/full, an input file.
 
 A case is clean when the command ends with exit code 0, 1 (a plan that does not fit, said in one line) or 2
@@ -158,6 +159,10 @@ def cases(folder: Path) -> list[tuple[str, list[str]]]:
                 out.append((f"plan {'.'.join(map(str, path))} = {str(value)[:20]!r}", ["estimate", "--plan", str(f)]))
                 out.append((f"export plan {'.'.join(map(str, path))} = {str(value)[:20]!r}",
                             ["export", str(f), "--to", "megatron", "--out", str(folder / f"ex-{len(out)}")]))
+        for flag in ("--framework", "--image", "--target-version"):     # the Kubernetes job's choices
+            for v in TEXT_FLAG_VALUES + ["pytorch", "a:b;rm -rf /", "img\nname", "torchtitan"]:
+                out.append((f"export --to k8s {flag} {v[:20]!r}",
+                            ["export", str(plan_path), "--to", "k8s", flag, v, "--out", str(folder / f"k8s-{len(out)}")]))
     hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
           "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256,
           "max_position_embeddings": 8192, "hidden_act": "silu", "tie_word_embeddings": False}

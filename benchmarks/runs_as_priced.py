@@ -6,7 +6,9 @@ Two figures of the "runs as priced" issue:
    `recommend --framework F` and the #1 plan's `export --to F`: how many export with nothing the target
    cannot run (the export would otherwise exit 2), how many notes the export adds (placeholders the
    plan does not choose: learning rate, data paths, host names), and whether the exported files read back
-   with `estimate --from` (every target has an importer) price the same.
+   with `estimate --from` (every target has an importer) price the same. The same plan's Kubernetes job
+   (`export --to k8s`, with `--image` where the framework publishes none) launches that framework: how many
+   of those jobs launch it as priced.
 2. Every run of ../shared/validation that advisor.validation prices (usable calibration runs and published
    runs), entered on the command line as `advisor estimate` flags: how many it accepts at the validation's
    price, which it refuses and why; and how many runs that really ran are judged not to fit.
@@ -44,7 +46,7 @@ SETTINGS = (
 
 def export_table(settings) -> None:
     print(f"{'setting':44} " + " ".join(f"{f:>14}" for f in FRAMEWORKS))
-    clean = total = read = same = 0
+    clean = total = read = same = jobs = jobs_clean = 0
     for model, hardware, devices in settings:
         cells = []
         for fw in FRAMEWORKS:
@@ -64,12 +66,23 @@ def export_table(settings) -> None:
                 same += back
             cells.append(f"{'ok' if not result.unsupported else 'REFUSED'} {len(result.notes)}n"
                          + ("" if back is None else " =" if back else " !="))
+            jobs += 1
+            try:     # the Kubernetes job of the same plan launches its framework
+                job = export_plan(plan, "k8s", image=None if fw in ("megatron", "mindspore") else K8S_IMAGE)
+                jobs_clean += not job.unsupported
+                for item in job.unsupported:
+                    print(f"  {model} {fw} k8s: {item[:160]}", file=sys.stderr)
+            except AdvisorError as exc:
+                print(f"  {model} {fw} k8s: {str(exc)[:160]}", file=sys.stderr)
             for item in result.unsupported:
                 print(f"  {model} {fw}: {item[:160]}", file=sys.stderr)
         print(f"{f'{model} on {devices} x {hardware}':44} " + " ".join(f"{c:>14}" for c in cells))
     print(f"exported as priced: {clean} of {total} (n: notes, placeholders the plan does not choose); read back "
           f"with --from at the same price: {same} of {read} (=; != differs)")
+    print(f"Kubernetes jobs (--to k8s) launching the plan's framework as priced: {jobs_clean} of {jobs}")
 
+
+K8S_IMAGE = "registry.example.com/team/trainer:1.0"   # --image for the frameworks that publish no image
 
 # the file each export's --from reads (the DeepSpeed script and the MindFormers YAML read the files beside them)
 IMPORTED = {"megatron": "megatron_pretrain_gpt.sh", "torchtitan": "torchtitan.toml",

@@ -102,4 +102,6 @@ def plans() -> dict[str, Plan]:
 
 
 # (plan, target) pairs whose target would reject the plan: the export refuses them with this reason
-REFUSED = {("llama7b_zero2_pp", "deepspeed"): "zero_stage = 2 with pp = 2: DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3"}
+REFUSED = {("llama7b_zero2_pp", "deepspeed"): "zero_stage = 2 with pp = 2: DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3",
+           # torchtitan publishes no image: its Kubernetes job needs --image (tests/test_export_k8s.py gives one)
+           ("llama8b_torchtitan_sac", "k8s"): "needs --image IMAGE: an image with torchtitan 0.2.2"}

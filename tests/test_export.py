@@ -100,10 +100,15 @@ def test_cli_out_and_json(plan_file, tmp_path):
         "parallel_context.py", "mindformers_parallel.yaml", "launch_msrun.sh", "launch_dynamic_scheduler.sh",
         "launch_dynamic_worker.sh", "launch_mpirun.sh", "hostfile", "rank_table.json", "launch_rank_table.sh"}
     assert "note: rank_table.json: server_id and device_ip values are placeholders" in r.stderr
-    r = advisor("export", str(plan_file), "--to", "k8s", "--framework", "pytorch", "--json", "--lossy")   # Ascend: MSJob by default
+    r = advisor("export", str(plan_file), "--to", "k8s", "--json", "--lossy")   # the plan's framework: Megatron-LM
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["target"] == "k8s" and "pytorchjob.yaml" in doc["files"] and doc["unsupported"]
+    assert any("does not run on this device" in n for n in doc["notes"])     # NVIDIA's image, Ascend devices
+    r = advisor("export", str(plan_file), "--to", "k8s", "--framework", "mindspore", "--json", "--lossy")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert "msjob.yaml" in doc["files"] and doc["unsupported"][0].startswith("training.framework = megatron")
 
 
 def test_cli_bad_input_exit_2(plan_file, tmp_path):

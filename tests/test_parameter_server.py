@@ -427,7 +427,7 @@ def test_sharded_dlrm_busiest_device_sets_the_embedding_time():
     assert e.traffic_bytes["alltoall_buffer"] == 4 * 65536 * 128 * 2 + 4 * 65536 * 8
 
 
-def test_cli_k8s_export_of_an_ascend_plan_is_a_mindspore_job_unless_asked_otherwise(tmp_path):
+def test_cli_k8s_export_of_a_mindspore_plan_is_a_mindspore_job_unless_asked_otherwise(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _export_plans import make_plan
 
@@ -444,9 +444,11 @@ def test_cli_k8s_export_of_an_ascend_plan_is_a_mindspore_job_unless_asked_otherw
     worker = doc["spec"]["msReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert doc["kind"] == "MSJob" and "mindspore-ascend" in worker["image"]
     assert worker["resources"]["limits"] == {"huawei.com/Ascend910": 1}
-    r = _advisor("export", str(path), "--to", "k8s", "--framework", "pytorch", "--json")   # runs Megatron-LM
+    r = _advisor("export", str(path), "--to", "k8s", "--framework", "megatron", "--json")   # a PyTorchJob
     assert r.returncode == 2 and "priced for MindSpore, and this export launches Megatron-LM" in r.stderr
-    r = _advisor("export", str(path), "--to", "k8s", "--framework", "pytorch", "--json", "--lossy")
+    r = _advisor("export", str(path), "--to", "k8s", "--framework", "pytorch", "--json")
+    assert r.returncode == 2 and "--framework with --to k8s takes megatron, torchtitan, deepspeed" in r.stderr
+    r = _advisor("export", str(path), "--to", "k8s", "--framework", "megatron", "--json", "--lossy")
     assert r.returncode == 0, r.stderr
     docs = list(yaml.safe_load_all(next(iter(json.loads(r.stdout)["files"].values()))))
     assert any(d and d.get("kind") == "PyTorchJob" for d in docs)

@@ -14,7 +14,8 @@ Targets and the vocabulary each one is checked against (tests/test_export_*.py):
 * ``deepspeed``  ``ds_config.json`` (DeepSpeedConfig) plus the pipeline settings (PipelineModule)
 * ``torchtitan`` the [parallelism], [training] and [activation_checkpoint] sections of a torchtitan 0.2.x job TOML
 * ``mindspore``  ``mindspore.set_auto_parallel_context`` and a MindFormers parallel_config YAML
-* ``k8s``        a Kubeflow ``PyTorchJob`` (kubeflow.org/v1) that runs the plan with torchrun
+* ``k8s``        a Kubeflow ``PyTorchJob`` (kubeflow.org/v1) that runs the plan's framework with torchrun
+                 (Megatron-LM, torchtitan, DeepSpeed), or a MindSpore Operator ``MSJob`` for MindSpore plans
 """
 
 from __future__ import annotations
@@ -73,29 +74,20 @@ def supported_versions(target: str) -> tuple[tuple[str, ...], str]:
     return tuple(module.VERSIONS), module.DEFAULT_VERSION
 
 
-K8S_FRAMEWORKS = ("pytorch", "mindspore")
-
-
-def k8s_module(framework: str | None) -> str:
-    """The module writing a Kubernetes job: a MindSpore Operator MSJob (k8s_mindspore) for --framework mindspore,
-    a Kubeflow PyTorchJob (k8s) otherwise."""
-    if framework is not None and framework not in K8S_FRAMEWORKS:
-        raise AdvisorError(f"--framework goes with --to k8s and takes pytorch or mindspore, got {display(framework[:20])!r}")
-    return "k8s_mindspore" if framework == "mindspore" else "k8s"
-
-
 def export_plan(plan: Plan, target: str, target_version: str | None = None, launch=None,
-                k8s_framework: str | None = None) -> ExportResult:
+                k8s_framework: str | None = None, image: str | None = None) -> ExportResult:
     """Export one plan to one target (one of TARGETS) for one release of it (None: the target's
     DEFAULT_VERSION; each target module has a VERSIONS table and refuses others with AdvisorError).
     ``launch`` (advisor.export.mindspore_launch.LaunchOptions: the nodes' hosts and the master port)
-    goes to the mindspore target's launchers; the other targets take none. ``k8s_framework`` (pytorch or
-    mindspore) picks the Kubernetes job's kind (k8s_module)."""
+    goes to the mindspore target's launchers; the other targets take none. ``k8s_framework`` names the framework
+    a Kubernetes job launches (default: the plan's; advisor.export.k8s.launched) and ``image`` its container
+    image."""
     if target not in TARGETS:
         raise AdvisorError(f"--to: unknown export target {target[:20]!r} (choose one of: {', '.join(TARGETS)})")
-    if k8s_framework is not None and target != "k8s":
-        raise AdvisorError(f"--framework goes with --to k8s and takes pytorch or mindspore, got "
-                           f"{display(k8s_framework[:20])!r}")
+    if (k8s_framework is not None or image is not None) and target != "k8s":
+        flag = "--framework" if k8s_framework is not None else "--image"
+        raise AdvisorError(f"{flag} goes with --to k8s (the framework and image of the Kubernetes job), not "
+                           f"--to {target[:20]}")
     if launch is not None and target != "mindspore":
         raise AdvisorError(f"--hosts and --master-port go with --to mindspore (its msrun, mpirun and rank-table "
                            f"launchers), not --to {target[:20]}")
@@ -108,25 +100,33 @@ def export_plan(plan: Plan, target: str, target_version: str | None = None, laun
     release = plan.training.framework_release
     if target_version is None and release is not None:      # written for the release the plan was searched for
         module = importlib.import_module(f"advisor.export.{target}")
-        if module.FRAMEWORK == plan.training.framework and release in getattr(module, "VERSIONS", ()):
+        if module.FRAMEWORK == plan.training.framework and release in getattr(module, "VERSIONS", ()) and \
+                k8s_framework in (None, plan.training.framework):
             target_version = release
     if fam.exporters is not None:             # the family's own exporter (advisor.families)
+        runs = getattr(importlib.import_module(fam.exporters[target].split(":")[0]), "FRAMEWORK", None)
+        if image is not None or k8s_framework not in (None, runs):
+            raise AdvisorError(f"--framework and --image choose a transformer plan's Kubernetes job; "
+                               f"{display(plan.model.name[:40])!r} is exported by its family's own job (give neither)")
         result = resolve(fam.exporters[target])(plan, target_version)
+        framework = runs or plan.training.framework
     else:
-        module = target
-        if target == "k8s":        # the job kind: as asked, else the plan's framework (MindSpore: an MSJob)
-            priced = plan.training.framework
-            module = k8s_module(k8s_framework if k8s_framework is not None else
-                                priced if priced in K8S_FRAMEWORKS else None)
-        result = _exporter(module)(plan, target_version, launch) if launch is not None else \
-            _exporter(module)(plan, target_version)
-        result = replace(result, unsupported=runs_as_priced(plan, importlib.import_module(
-            f"advisor.export.{module}").FRAMEWORK) + result.unsupported)
+        if target == "k8s":        # the job launches the plan's framework, or the one asked for
+            from advisor.export import k8s
+
+            framework = k8s.launched(plan, k8s_framework)
+            result = k8s.export(plan, target_version, framework=framework, image=image)
+        else:
+            framework = importlib.import_module(f"advisor.export.{target}").FRAMEWORK
+            result = _exporter(target)(plan, target_version, launch) if launch is not None else \
+                _exporter(target)(plan, target_version)
+        result = replace(result, unsupported=runs_as_priced(plan, framework) + result.unsupported)
     if mixed_notes:
         result = replace(result, notes=result.notes + mixed_notes)
-    if plan.strategy.swap_layers is not None and target != "mindspore":
+    if plan.strategy.swap_layers is not None and not FRAMEWORKS[framework].activation_swap:
         result = replace(result, unsupported=result.unsupported + (
-            f"parallel.swap_layers = {list(plan.strategy.swap_layers)}: {target} has no per-layer activation swap "
+            f"parallel.swap_layers = {list(plan.strategy.swap_layers)}: {FRAMEWORKS[framework].title} has no per-layer "
+            "activation swap "
             "under pipeline parallelism (Megatron-Core refuses cpu_offloading with pp > 1); exported without it, so "
             "the activations will not fit as priced",))
     written = target == "mindspore" and isinstance(plan.operator_strategies, dict) and "strategies" in plan.operator_strategies
