@@ -112,8 +112,7 @@ def export_plan(plan: Plan, target: str, target_version: str | None = None, laun
         framework = runs or plan.training.framework
     else:
         if target == "k8s":        # the job launches the plan's framework, or the one asked for
-            from advisor.export import k8s
-
+            k8s = importlib.import_module("advisor.export.k8s")
             framework = k8s.launched(plan, k8s_framework)
             result = k8s.export(plan, target_version, framework=framework, image=image)
         else:
