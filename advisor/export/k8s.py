@@ -41,6 +41,7 @@ from advisor.errors import AdvisorError
 from advisor.export import ExportResult
 from advisor.export import deepspeed, torchtitan
 from advisor.export._common import comment_block, device_resource, display, header_lines, procs_per_node
+from advisor.export import megatron
 from advisor.export.megatron import DEFAULT_VERSION, SCRIPT, VERSIONS, megatron_launch
 from advisor.export.torchtitan_flavors import flavor_of
 from advisor.plan import Plan
@@ -86,11 +87,15 @@ def _torchrun(plan: Plan, nproc: int) -> list[str]:
     return ["torchrun", "--nnodes", str(plan.cluster.nodes), "--nproc-per-node", str(nproc)]
 
 
-def _device_note(plan: Plan, image: str, what: str) -> list[str]:
+def _device_note(plan: Plan, image: str, given: bool) -> list[str]:
+    """What the image must do for a device that is not NVIDIA's: ours (NVIDIA's container) does not run there."""
     resource = device_resource(plan)
     if resource == "nvidia.com/gpu":
         return []
-    return [f"{display(plan.hardware.device.name)}: image {image} is {what} and does not run on this device; replace "
+    if given:
+        return [f"{display(plan.hardware.device.name)}: devices are requested as {resource}; image {image} must carry "
+                "torch_npu and the framework's Ascend port"]
+    return [f"{display(plan.hardware.device.name)}: image {image} is NVIDIA's and does not run on this device; replace "
             f"it with one that carries torch_npu and the framework's Ascend port; devices are requested as {resource}"]
 
 
@@ -103,11 +108,13 @@ def _needs_image(framework: str, version: str, contents: str) -> AdvisorError:
 def megatron_pod(plan: Plan, version: str | None, image: str | None) -> PodLaunch:
     launch = megatron_launch(plan, version)
     release = VERSIONS[launch.version]
+    given = image is not None
     image = image or release.container
+    whose = "the one given" if given else f"the container Megatron-Core {launch.version} names"
     notes = list(launch.notes)
-    notes += _device_note(plan, image, "NVIDIA's") or [
-        f"image {image} is the container Megatron-Core {launch.version} names; the init container clones "
-        f"{release.git_tag} of Megatron-LM (the pods need access to github.com, or use an image with it)"]
+    notes += _device_note(plan, image, given) or [
+        f"image {image} is {whose}; the init container clones {release.git_tag} of Megatron-LM with its git (the "
+        "pods need access to github.com)"]
     fetch = {
         "name": "fetch-megatron",
         "image": image,
@@ -115,7 +122,7 @@ def megatron_pod(plan: Plan, version: str | None, image: str | None) -> PodLaunc
         "volumeMounts": [{"name": "megatron", "mountPath": MEGATRON_DIR}],
     }
     return PodLaunch(
-        framework="megatron", version=launch.version, image=image, nproc_per_node=launch.nproc_per_node,
+        framework=megatron.FRAMEWORK, version=launch.version, image=image, nproc_per_node=launch.nproc_per_node,
         command=(*_torchrun(plan, launch.nproc_per_node), f"{MEGATRON_DIR}/{SCRIPT}", *launch.args()),
         env=tuple(launch.env.items()), init_containers=(fetch,),
         volumes=({"name": "megatron", "emptyDir": {}, "mountPath": MEGATRON_DIR},),
@@ -134,7 +141,7 @@ def torchtitan_pod(plan: Plan, version: str | None, image: str | None) -> PodLau
     unsupported: list[str] = []
     nproc = procs_per_node(plan, "torchrun", unsupported)
     (name, text), = result.files.items()
-    notes = [n for n in result.notes] + _device_note(plan, image, "given") + [
+    notes = [n for n in result.notes] + _device_note(plan, image, True) + [
         f"{name} keeps torchtitan's defaults for what the plan does not choose: [training] dataset (c4_test) and "
         "[model] hf_assets_path (the tokenizer) point into torchtitan's source tree; set dataset_path and "
         "hf_assets_path to your data and tokenizer in the ConfigMap"]
@@ -153,7 +160,7 @@ def deepspeed_pod(plan: Plan, version: str | None, image: str | None) -> PodLaun
     unsupported: list[str] = []
     nproc = procs_per_node(plan, "torchrun", unsupported)
     files = tuple((n, t) for n, t in result.files.items() if not n.endswith(".sh"))   # torchrun is the launcher
-    notes = list(result.notes) + _device_note(plan, image, "given") + [
+    notes = list(result.notes) + _device_note(plan, image, True) + [
         f"train.py is yours, in the image's working folder: it reads --deepspeed_config {CONFIG_DIR}/ds_config.json, "
         f"and finds pipeline_settings.py (PYTHONPATH) and the model's config.json in {CONFIG_DIR}"]
     return PodLaunch(
@@ -166,12 +173,12 @@ def deepspeed_pod(plan: Plan, version: str | None, image: str | None) -> PodLaun
 
 # framework -> (what its pods run, its releases, the default one); each keyed by its export's FRAMEWORK
 POD_LAUNCHES: dict[str, tuple[Callable[[Plan, str | None, str | None], PodLaunch], tuple[str, ...], str]] = {
-    "megatron": (megatron_pod, tuple(VERSIONS), DEFAULT_VERSION),
+    megatron.FRAMEWORK: (megatron_pod, tuple(VERSIONS), DEFAULT_VERSION),
     torchtitan.FRAMEWORK: (torchtitan_pod, tuple(torchtitan.VERSIONS), torchtitan.DEFAULT_VERSION),
     deepspeed.FRAMEWORK: (deepspeed_pod, tuple(deepspeed.VERSIONS), deepspeed.DEFAULT_VERSION),
 }
-FRAMEWORK = "megatron"      # the framework of a job when the plan names none of POD_LAUNCHES (see launched())
-VERSIONS = VERSIONS         # --target-version names the launched framework's release; these are Megatron-Core's
+FRAMEWORK = megatron.FRAMEWORK   # whose releases VERSIONS lists: a plan searched for one Megatron-Core release
+VERSIONS = VERSIONS              # gets that release's job; --target-version names the launched framework's release
 DEFAULT_VERSION = DEFAULT_VERSION
 JOB_FRAMEWORKS = (*POD_LAUNCHES, "mindspore")     # what --framework takes with --to k8s
 
