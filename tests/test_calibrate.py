@@ -116,6 +116,10 @@ def test_calibrate_command_writes_a_loadable_profile(tmp_path, monkeypatch, caps
     model = point["predicted_ms"]
     assert model["together_independent"] == pytest.approx(max(model["all_reduce"], model["p2p"]), abs=1e-3)
     assert model["together_shared"] > model["together_independent"]
+    # the host's CPU Adam with all its cores: torch's AdamW, what Megatron's and FSDP2's CPU offload step with
+    rate = hw.host.cpu_adam_rate("torch")
+    assert rate is not None and 1e6 < rate < 1e11
+    assert hw.host.cpu_adam_rate("deepspeed") is None
 
 
 def test_contention_prediction_shares_the_link_byte_by_byte():

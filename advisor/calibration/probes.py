@@ -114,6 +114,25 @@ def _optimizer_bytes_per_param(device, sync, bandwidth_gbps: float, per_tensor_u
     return max(seconds, 0.0) * bandwidth_gbps * 1e9 / numel
 
 
+def _cpu_adam(numel: int = 1 << 23, repeats: int = 5) -> dict[str, float]:
+    """Parameters per second of one step of torch.optim.AdamW on the host with all its cores, over one
+    fp32 tensor of ``numel`` parameters: the CPU Adam that Megatron-Core's HybridDeviceOptimizer and FSDP2's
+    CPU offload run (the framework records' cpu_adam "torch"). Rank 0 measures it while the others wait:
+    in a run the node's ranks share the host's cores for their offloaded steps."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        param = torch.nn.Parameter(torch.randn(numel))
+        param.grad = torch.randn_like(param)
+        opt = torch.optim.AdamW([param], lr=1e-3, weight_decay=0.01)
+        seconds = _timeit(opt.step, repeats, lambda: None, warmup=1)
+        return {"torch": numel / seconds}
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _elementwise_probe_s(device, sync) -> float:
     """Median seconds of the probe model's forward + backward (one micro-batch of PROBE_BATCH)."""
     import torch
@@ -324,12 +343,15 @@ def worker_main(argv: list[str] | None = None) -> NoReturn:
         matmul, memory, comm, pipeline = merge_rounds(rounds)
         ps_round_s = _ps_messages(rank) if backend == "gloo" else None
         dist.barrier()
+        report_progress(out, rank, n_rounds * probes, n_rounds * probes, "the host's CPU Adam")
+        cpu_adam = _cpu_adam(1 << 20 if args.quick else 1 << 23) if rank == 0 else None
+        dist.barrier()
         report_progress(out, rank, n_rounds * probes, n_rounds * probes, "contention: all-reduce and send together")
         contention = measure_contention(rank, device, sync, QUICK_CONTENTION_BYTES if args.quick else CONTENTION_BYTES)
         result = {"rank": rank, "backend": backend, "device": _device_name(device), "matmul": matmul,
                   "memory": memory, "comm": comm if rank == 0 else None, "pipeline": pipeline if rank == 0 else None,
                   "device_memory_bytes": _device_memory(device), "threads": torch.get_num_threads(),
-                  "ps_round_s": ps_round_s, "contention": contention,
+                  "ps_round_s": ps_round_s, "contention": contention, "cpu_adam": cpu_adam,
                   "rounds": rank_summary(rounds, stopped, rule)}
         write_result(out / f"rank{rank}.json", result)
         dist.barrier()

@@ -120,8 +120,12 @@ def _measured_profile(ranks: list[dict], nproc: int, name: str | None = None) ->
         "inter_node": _inter_node(ranks[0].get("ps_round_s"), bandwidth_gbps, latency_us),
         "host": {"memory_gib": round(host_bytes / 2 ** 30, 3),
                  "pcie_bandwidth_gbps": round(bandwidth, 3),
-                 "notes": "CPU ranks have no PCIe hop: host memory bandwidth" if backend != "nccl"
-                 else "not measured: set to the device memory bandwidth"},
+                 **({"cpu_adam_params_per_s": {k: float(f"{v:.4g}") for k, v in ranks[0]["cpu_adam"].items()}}
+                    if ranks[0].get("cpu_adam") else {}),
+                 "notes": {"pcie_bandwidth_gbps": "CPU ranks have no PCIe hop: host memory bandwidth"
+                           if backend != "nccl" else "not measured: set to the device memory bandwidth",
+                           "cpu_adam_params_per_s": "torch.optim.AdamW on one fp32 tensor with all the host's "
+                                                    f"{os.cpu_count()} cores (advisor.calibration.probes._cpu_adam)"}},
     }
 
 
@@ -213,6 +217,8 @@ def render_profile(console, profile: dict[str, Any], saved_to: str | None = None
     table.add_row("operator overhead", f"{dev['launch_overhead_us']:.1f} us")
     table.add_row("optimizer", f"{dev['optimizer_overhead_us_per_tensor']:.1f} us per tensor, "
                                f"{dev.get('optimizer_bytes_per_param', 28):.1f} bytes per parameter")
+    for kind, rate in profile["host"].get("cpu_adam_params_per_s", {}).items():
+        table.add_row(f"host CPU Adam ({kind}, all cores)", f"{rate / 1e6:,.0f} M parameters/s")
     for schedule, us in dev.get("pipeline_action_overhead_us", {}).items():
         table.add_row(f"pipeline action, {schedule}", f"{us:.0f} us")
     table.add_row("link latency / bandwidth (all operations)",

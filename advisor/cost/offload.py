@@ -3,7 +3,11 @@ add to a step beyond what the device does meanwhile.
 
 * Optimizer offload: gradients to the host, updated 16-bit weights back (unless they live there:
   parameter offload), and Adam on the host CPU sharing the host's memory bandwidth with the node's
-  other devices (Ren et al., ZeRO-Offload, sec. 4). With a fraction offloaded (Megatron's
+  other devices (Ren et al., ZeRO-Offload, sec. 4). The host's Adam takes the longer of its memory
+  traffic at the host's bandwidth and its arithmetic at the rate the framework's own CPU Adam reaches
+  on that host (host.cpu_adam_params_per_s, measured by advisor calibrate with all the host's cores;
+  the framework record's cpu_adam names which): all the node's devices' offloaded parameters go
+  through the one host per step. With a fraction offloaded (Megatron's
   HybridDeviceOptimizer, DeepSpeed's offload ratio), the device steps its share while the host copies
   and steps the rest (HybridDeviceOptimizer.step: the GPU optimizer's kernels are queued first, the
   CPU optimizers run meanwhile): only what the host part takes beyond the device part shows.
@@ -42,8 +46,12 @@ def exposed_s(hw: HardwareProfile, job: TrainingJob, b: StrategyBatch, local, op
     host_bw = (hw.host.memory_bandwidth_gbps or hw.host.pcie_bandwidth_gbps * hw.node.devices_per_node) * 1e9
     down = local * gb / pcie
     grads_s = np.where(job.framework_record.offload_grads_at_step, down, m * np.maximum(down - slowest_backward_s, 0.0))
-    host_part = host_share * (local * optimizer_step.ADAM_BYTES_PER_PARAM * hw.node.devices_per_node / host_bw
-                              + np.where(b.offload_params, 0.0, grads_s + local * wb / pcie))
+    on_host = local * hw.node.devices_per_node            # parameters the node's one host steps
+    rate = hw.host.cpu_adam_rate(job.framework_record.cpu_adam)
+    adam_s = on_host * optimizer_step.ADAM_BYTES_PER_PARAM / host_bw
+    if rate is not None:
+        adam_s = np.maximum(adam_s, on_host / rate)
+    host_part = host_share * (adam_s + np.where(b.offload_params, 0.0, grads_s + local * wb / pcie))
     offload_s = np.maximum(host_part - opt_s, 0.0)
     shard_bytes = local * (2.0 * wb + gb)
     shard_s = np.maximum(shard_bytes / pcie, shard_bytes * hw.node.devices_per_node / host_bw)

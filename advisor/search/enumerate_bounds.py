@@ -31,7 +31,8 @@ def bound_step_s(e) -> np.ndarray:
 
 
 def _free_host(hw: HardwareProfile) -> dict:
-    host = replace(hw.host, pcie_bandwidth_gbps=UNBOUNDED_GBPS, memory_bandwidth_gbps=UNBOUNDED_GBPS)
+    host = replace(hw.host, pcie_bandwidth_gbps=UNBOUNDED_GBPS, memory_bandwidth_gbps=UNBOUNDED_GBPS,
+                   cpu_adam_params_per_s=())
     return {"host": host, "device": replace(hw.device, launch_overhead_us=0.0)}
 
 

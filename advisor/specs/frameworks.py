@@ -27,6 +27,9 @@ from dataclasses import dataclass, replace
 # Triton FlashAttention of flash-attn 1.x that llm-foundry's attn_impl "triton" ran, npu = Ascend's
 # FlashAttentionScore (MindSpore).
 ATTENTION_KERNELS = ("te", "sdpa", "triton", "npu")
+# CPU Adam implementations a framework's optimizer offload runs on the host (Framework.cpu_adam), each with its
+# own measured rate in a profile (host.cpu_adam_params_per_s; advisor.cost.offload)
+CPU_ADAMS = ("torch", "deepspeed", "mindspore")
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,13 @@ class Framework:
     offload_grads_at_step: bool
     """Optimizer offload copies the gradients to the host at the step (Megatron's HybridDeviceOptimizer)
     rather than per micro-batch as the backward produces them (DeepSpeed ZeRO-Offload; advisor.cost.offload)."""
+    cpu_adam: str
+    """Whose CPU Adam steps the offloaded optimizer on the host, the key of a profile's
+    host.cpu_adam_params_per_s (advisor.cost.offload): "torch" (torch.optim.AdamW, Megatron-Core's
+    HybridDeviceOptimizer cpu_optimizer_cls in megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py,
+    and FSDP2's CPUOffloadPolicy, which steps the optimizer where the sharded parameters live), "deepspeed"
+    (DeepSpeedCPUAdam, deepspeed/ops/adam/cpu_adam.py, which ZeRO-Offload builds) or "mindspore" (MindSpore's
+    host optimizer)."""
 
     # ---- what it can run ----------------------------------------------------------------------
     recompute_modules: bool
@@ -257,7 +267,7 @@ MEGATRON = Framework(
     reads_on_end_stages_only=True, sinks_whole_step=False,
     gathers_under_next_forward=(1,), bucket_params=40_000_000, bucket_params_per_dp_rank=1_000_000, bucket_mb=25.0,
     tp_overlap_slices=None, overlaps_interleaved_p2p=True,
-    optimizer_step="torch", offload_grads_at_step=True,
+    optimizer_step="torch", offload_grads_at_step=True, cpu_adam="torch",
     recompute_modules=True, cuda_graphs=True, unfused_optimizer=False, parameter_offload=False,
     offload_fraction_zero_stages=(0, 1, 2, 3), host_embedding=False, full_batch=False, multi_copy=False,
     activation_swap=False,
@@ -287,7 +297,7 @@ PYTORCH = Framework(
     reads_on_end_stages_only=False, sinks_whole_step=False,
     gathers_under_next_forward=(), bucket_params=None, bucket_params_per_dp_rank=0, bucket_mb=25.0,
     tp_overlap_slices=None, overlaps_interleaved_p2p=False,
-    optimizer_step="torch", offload_grads_at_step=False,
+    optimizer_step="torch", offload_grads_at_step=False, cpu_adam="torch",
     recompute_modules=False, cuda_graphs=False, unfused_optimizer=True, parameter_offload=True,
     offload_fraction_zero_stages=(), host_embedding=False, full_batch=False, multi_copy=False,
     activation_swap=False,
@@ -313,7 +323,7 @@ TORCHTITAN = replace(
 # gradients reduced in the model dtype by default, optimizer offload (a share below 1 with ZeRO-3 only:
 # zero/config.py asserts "Partial offloading only supported for ZeRO Stage 3"), parameter offload with ZeRO-3
 DEEPSPEED = replace(
-    PYTORCH, name="deepspeed", title="DeepSpeed", bucket_params=500_000_000, bucket_params_per_dp_rank=0,
+    PYTORCH, name="deepspeed", title="DeepSpeed", bucket_params=500_000_000, bucket_params_per_dp_rank=0, cpu_adam="deepspeed",
     bf16_grad_reduce_bytes=2.0, fp16_grad_reduce_bytes=2.0, offload_fraction_zero_stages=(3,),
     zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1), optimizer_offload=True, schedules=("1f1b",),
     uneven_stages=False, cp_kinds=("a2a",), cp_unfused_attention=("a2a",), cp_under_pipeline=False,
@@ -332,7 +342,7 @@ MINDSPORE = Framework(
     reads_on_end_stages_only=False, sinks_whole_step=True,
     gathers_under_next_forward=(1, 2), bucket_params=None, bucket_params_per_dp_rank=0, bucket_mb=64.0,
     tp_overlap_slices=2, overlaps_interleaved_p2p=False,
-    optimizer_step="mindformers", offload_grads_at_step=False,
+    optimizer_step="mindformers", offload_grads_at_step=False, cpu_adam="mindspore",
     recompute_modules=False, cuda_graphs=False, unfused_optimizer=True, parameter_offload=True,
     offload_fraction_zero_stages=(), host_embedding=True, full_batch=True, multi_copy=True,
     activation_swap=True,

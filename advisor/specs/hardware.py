@@ -26,6 +26,7 @@ from advisor.specs import _fields as f
 from advisor.specs import limits as lim
 from advisor.specs.architectures import ARCHITECTURES
 from advisor.specs.curves import DTYPES, attention_curves, gemm_curves, reference_curve
+from advisor.specs.frameworks import CPU_ADAMS
 from advisor.specs.units import normalize_bandwidths
 
 PROFILES_DIR = bundled_dir("hardware_profiles")
@@ -146,6 +147,13 @@ class HostSpec:
     pcie_bandwidth_gbps: float           # per device, host <-> device
     memory_bandwidth_gbps: float | None = None  # whole host (all sockets), for CPU optimizer steps under offload
     power_watts: float | None = None     # the node's power beside its devices (CPUs, NICs, switches, fans), at load
+    # parameters per second one optimizer step of each CPU Adam reaches with all the host's cores (advisor
+    # calibrate measures torch's, and DeepSpeed's where its op builds), keyed as the framework records'
+    # cpu_adam; without the framework's, the offloaded step is priced at the host's memory bandwidth alone
+    cpu_adam_params_per_s: tuple[tuple[str, float], ...] = ()
+
+    def cpu_adam_rate(self, kind: str) -> float | None:
+        return dict(self.cpu_adam_params_per_s).get(kind)
 
 
 @dataclass(frozen=True)
@@ -340,8 +348,17 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
 
     ho = f"{origin}: host"
     host = data["host"]
-    f.check_keys(host, ho, ("memory_gib", "pcie_bandwidth_gbps"), ("memory_bandwidth_gbps", "power_watts", "notes"))
+    f.check_keys(host, ho, ("memory_gib", "pcie_bandwidth_gbps"),
+                 ("memory_bandwidth_gbps", "power_watts", "cpu_adam_params_per_s", "notes"))
     host_bw = host.get("memory_bandwidth_gbps")
+    adam = host.get("cpu_adam_params_per_s", {})
+    if not isinstance(adam, dict):
+        raise AdvisorError(f"{ho}: key 'cpu_adam_params_per_s' must map a CPU Adam (torch, deepspeed, mindspore) to "
+                           f"parameters per second, got {f.prefix(adam)}")
+    unknown = sorted(set(adam) - set(CPU_ADAMS))
+    if unknown:
+        raise AdvisorError(f"{ho}: cpu_adam_params_per_s: unknown CPU Adam {f.prefix(unknown[0])} (known: "
+                           f"{', '.join(CPU_ADAMS)})")
     price = data.get("price_per_device_hour_usd")
     power = data.get("power_watts")
     return HardwareProfile(
@@ -355,7 +372,9 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
         host=HostSpec(memory_gib=f.positive_float(host, "memory_gib", ho),
                       pcie_bandwidth_gbps=f.positive_float(host, "pcie_bandwidth_gbps", ho),
                       memory_bandwidth_gbps=None if host_bw is None else f.positive_float(host, "memory_bandwidth_gbps", ho),
-                      power_watts=f.positive_float(host, "power_watts", ho) if "power_watts" in host else None),
+                      power_watts=f.positive_float(host, "power_watts", ho) if "power_watts" in host else None,
+                      cpu_adam_params_per_s=tuple((k, f.positive_float(adam, k, f"{ho}: cpu_adam_params_per_s"))
+                                                  for k in sorted(adam))),
         price_per_device_hour_usd=None if price is None else f.positive_float(data, "price_per_device_hour_usd", origin),
         power_watts=None if power is None else f.positive_float(data, "power_watts", origin),
         raw=_deep_copy(data),
