@@ -17,6 +17,14 @@ Figures per case (best and median of --repeat runs):
     python benchmarks/search_speed.py [--repeat 5]
     python benchmarks/search_speed.py --all-candidates   # every fitting candidate of each case as CSV (recommend
                                                          # --all-candidates): rows, seconds, peak memory
+    python benchmarks/search_speed.py --scale            # how the search grows with the cluster: 1k to 100k
+                                                         # devices, and the same model on mixed clusters
+
+--scale runs each size in a process of its own (so that its peak memory is its own): `advisor recommend` of
+SCALE_MODEL on dgx-h100 at 1,024 to 100,000 devices (the command line's default batch, whose data-parallel
+width the largest sizes cannot use, so they fill tensor, pipeline and context parallelism), then half of each
+size's nodes as A100 and half as H100 (a mixed cluster, advisor.search.mixed). Per size: legal candidates,
+exact evaluations, the search's seconds and the whole process's, and the process's peak resident memory.
 """
 
 from __future__ import annotations
@@ -62,7 +70,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--all-candidates", action="store_true",
                         help="time writing every fitting candidate as CSV instead (advisor.search.all_candidates)")
+    parser.add_argument("--scale", action="store_true", help="the search at 1k-100k devices and on mixed clusters")
+    parser.add_argument("--timeout", type=float, default=600.0, help="--scale: seconds allowed per case")
     args = parser.parse_args()
+    if args.scale:
+        return scale_table(args.timeout)
     search(*_warm_up())   # imports and first-call costs out of the figures
     if args.all_candidates:
         return all_candidates_table()
@@ -105,6 +117,61 @@ def all_candidates_table() -> None:
         tracemalloc.stop()
         print(f"{label:<38} {w.candidates:>11,} {w.rows:>9,} {getattr(sink, 'bytes', 0) / 1e6:>7.1f} {wall:>7.2f} "
               f"{peak / 2 ** 20:>9.0f}")
+
+
+SCALE_MODEL = "llama3-405b"
+SCALE_DEVICES = (1024, 4096, 16384, 65536, 100000)
+# one case in its own interpreter: the search's figures and the process's peak memory, as JSON on stdout
+_ONE_CASE = """
+import json, resource, sys, time
+start = time.perf_counter()
+from advisor.commands.inputs import resolve_inputs
+from advisor.commands.recommend import recommend
+from advisor.search import Pins
+model, hardware, nodes = sys.argv[1], sys.argv[2].split(","), [int(n) for n in sys.argv[3].split(",")]
+if len(hardware) == 1:
+    i = resolve_inputs(model, hardware[0], nodes=nodes[0])
+    searched = time.perf_counter()
+    r = recommend(i.model, i.hardware, i.cluster, i.job, pins=Pins(), top_k=5)
+    stats = r.search
+    figures = {"space": stats.candidates, "scored": stats.scored, "best": r.plans[0].prediction["tokens_per_s"]}
+else:
+    from advisor.commands.mixed import mixed_inputs, recommend_mixed
+    mixed, i = mixed_inputs(model, ",".join(f"{h}:{n}" for h, n in zip(hardware, nodes)), None, None)
+    searched = time.perf_counter()
+    r = recommend_mixed(i, mixed, top_k=5)
+    figures = {"space": r.stats.candidates, "scored": None, "best": r.plans[0].prediction["tokens_per_s"]}
+done = time.perf_counter()
+figures.update(search_s=done - searched, process_s=done - start,
+               peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+print(json.dumps(figures))
+"""
+
+
+def scale_table(timeout_s: float) -> None:
+    """The search as the cluster grows (each case a fresh process: its import time and peak memory its own)."""
+    import json
+    import subprocess
+
+    print(f"{'case':<44} {'legal':>11} {'exact':>8} {'search s':>9} {'process s':>10} {'peak MiB':>9}")
+    rows = [(f"{SCALE_MODEL} on {n:,} H100", "dgx-h100", str(n // 8)) for n in SCALE_DEVICES]
+    rows += [(f"{SCALE_MODEL} on {n // 2:,} A100 + {n // 2:,} H100", "dgx-a100-80g,dgx-h100", f"{n // 16},{n // 16}")
+             for n in SCALE_DEVICES]
+    for label, hardware, nodes in rows:
+        try:
+            done = subprocess.run([sys.executable, "-c", _ONE_CASE, SCALE_MODEL, hardware, nodes], capture_output=True,
+                                  text=True, timeout=timeout_s, cwd=Path(__file__).resolve().parents[1])
+        except subprocess.TimeoutExpired:
+            print(f"{label:<44} {'over ' + format(timeout_s, '.0f') + ' s':>41}")
+            continue
+        if done.returncode != 0:
+            print(f"{label:<44} failed: {(done.stderr.strip().splitlines() or ['?'])[-1][:80]}")
+            continue
+        r = json.loads(done.stdout.strip().splitlines()[-1])
+        space = f"{r['space']:,}" if r.get("space") is not None else "-"
+        scored = f"{r['scored']:,}" if r.get("scored") is not None else "-"
+        print(f"{label:<44} {space:>11} {scored:>8} {r['search_s']:>9.2f} {r['process_s']:>10.2f} "
+              f"{r['peak_mib']:>9.0f}")
 
 
 def _warm_up():
