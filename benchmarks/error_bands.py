@@ -102,6 +102,26 @@ def residuals(target, evaluations: int) -> list[tuple[Run, float, int]]:
     return out
 
 
+def features(r: Run) -> list[str]:
+    """The issue's features of a run: where the model must generalise (a run can have several)."""
+    out = []
+    if r.job.seq_length >= 65536:
+        out.append("long context (>= 64k)")
+    if r.job.seq_length >= 16384:
+        out.append("long context (>= 16k)")
+    if r.devices > 1000:
+        out.append("> 1,000 devices")
+    if r.model.moe is not None:
+        out.append("MoE")
+    if r.strategy.zero_stage == 3:
+        out.append("FSDP/ZeRO-3")
+    if r.job.dtype == "fp8":
+        out.append("FP8")
+    if r.strategy.cp > 1:
+        out.append("context parallel")
+    return out
+
+
 def _q(values, q):
     return float(np.quantile(np.asarray(values, dtype=float), q))
 
@@ -137,6 +157,16 @@ def main() -> None:
             errs = [abs(e) for r, e, _ in rows if r.group == source]
             print(f"   {name:16s} {source:26s} n={len(errs):3d} MAPE {statistics.mean(errs):6.1%} "
                   f"median {statistics.median(errs):6.1%}")
+    print("leave-one-source-out error per feature (every device's residuals; a run counts under each of its features):")
+    by_feature: dict[str, list[float]] = {}
+    for r, e, _ in everything:
+        for feature in features(r):
+            by_feature.setdefault(feature, []).append(abs(e))
+    for feature, errs in sorted(by_feature.items()):
+        print(f"   {feature:26s} n={len(errs):3d} MAPE {statistics.mean(errs):6.1%} median {statistics.median(errs):6.1%}")
+    absent = [f for f in ("long context (>= 64k)", "> 1,000 devices", "MoE", "FSDP/ZeRO-3", "FP8") if f not in by_feature]
+    if absent:
+        print(f"   no measured run has: {', '.join(absent)}")
     profiles = {}
     print(f"{'device':16s} {'runs':>5s} {'inside':>6s} {'p10':>7s} {'p90':>7s}  own?  coverage")
     for name, rows in per_target.items():

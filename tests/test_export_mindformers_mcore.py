@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -77,7 +78,9 @@ def _python() -> str | None:
     python = os.environ.get("ADVISOR_MINDSPORE_PYTHON")
     if python is None:
         return None
-    probe = subprocess.run([python, "-c", "import mindformers.tools.register.config"], capture_output=True, timeout=300)
+    # outside the checkout: importing MindFormers starts its logger, which writes ./output/log
+    probe = subprocess.run([python, "-c", "import mindformers.tools.register.config"], capture_output=True, timeout=300,
+                           cwd=tempfile.gettempdir())
     return python if probe.returncode == 0 else None
 
 

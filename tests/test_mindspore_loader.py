@@ -73,7 +73,7 @@ def checked(tmp_path_factory):
     report = {}
     for name, folder in folders.items():       # one process each: MindSpore's contexts are global
         done = subprocess.run([MS_PYTHON, "-E", str(ROOT / "tests" / "_mindspore_check.py"), str(folder)],
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=600, cwd=folder)   # its logs stay out of the checkout
         line = next((x for x in done.stdout.splitlines() if x.startswith("MINDSPORE-CHECK ")), None)
         assert line is not None, (done.stdout + done.stderr)[-3000:]
         report[name] = json.loads(line[len("MINDSPORE-CHECK "):])[str(folder)]
@@ -104,7 +104,7 @@ def test_a_layout_that_disagrees_with_its_operator_is_caught(checked, tmp_path):
     item["tensor_map"] = item["tensor_map"][::-1]
     path.write_text(json.dumps(data))
     done = subprocess.run([MS_PYTHON, "-E", str(ROOT / "tests" / "_mindspore_check.py"), str(broken)],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, cwd=broken)
     line = next(x for x in done.stdout.splitlines() if x.startswith("MINDSPORE-CHECK "))
     problems = json.loads(line[len("MINDSPORE-CHECK "):])[str(broken)]["strategy_ckpt.json"]["problems"]
     assert any(p.startswith(f"{name}: stored cut") for p in problems), problems
