@@ -21,7 +21,7 @@ Figures per case (best and median of --repeat runs):
                                                          # devices, and the same model on mixed clusters
 
 --scale runs each size in a process of its own (so that its peak memory is its own): `advisor recommend` of
-SCALE_MODEL on dgx-h100 at 1,024 to 100,000 devices (the command line's default batch, whose data-parallel
+SCALE_MODEL on dgx-h100 at 1,024 to 98,304 devices (the command line's default batch, whose data-parallel
 width the largest sizes cannot use, so they fill tensor, pipeline and context parallelism), then half of each
 size's nodes as A100 and half as H100 (a mixed cluster, advisor.search.mixed). Per size: legal candidates,
 exact evaluations, the search's seconds and the whole process's, and the process's peak resident memory.
@@ -120,7 +120,9 @@ def all_candidates_table() -> None:
 
 
 SCALE_MODEL = "llama3-405b"
-SCALE_DEVICES = (1024, 4096, 16384, 65536, 100000)
+# 98,304 = 12,288 nodes of 8 stands for 100k: llama3-405b's 126 layers, 128 heads and the default 512 x 8192 batch
+# leave no legal split of exactly 100,000 devices (100,000 = 2^5 x 5^5; no degree can hold the factor 5^5)
+SCALE_DEVICES = (1024, 4096, 16384, 65536, 98304)
 # one case in its own interpreter: the search's figures and the process's peak memory, as JSON on stdout
 _ONE_CASE = """
 import json, resource, sys, time
