@@ -103,3 +103,35 @@ def test_recommend_composes_operator_search_with_pipeline_and_data_parallelism(s
     assert all(isinstance(c, int) and c >= 1 for cuts in fc1["inputs"].values() for c in cuts)
     again = plan_from_dict(plan_to_dict(plan))
     assert plan_to_dict(again) == plan_to_dict(plan)
+
+
+
+def test_each_distinct_collective_is_priced_once_per_problem(monkeypatch):
+    """#34: an edge's redistribution is assembled from collectives (kind, mesh axes, bytes) that recur on many
+    edges and strategy pairs; each is priced once per problem, so D-Rec's cost-model work grows with the distinct
+    collectives, not with the pairs it compares. Shared prices give every edge what a problem of its own gives."""
+    import numpy as np
+
+    from advisor.search import sharding_layouts
+
+    priced = []
+    total = sharding_layouts._Collectives.total
+
+    def recording(self, hw, mesh):
+        priced.extend((op, mask, nbytes) for op, items in self.items.items() for _, mask, nbytes, _ in items)
+        return total(self, hw, mesh)
+
+    p = megatron_layer_problem("a100", (2, 4))
+    monkeypatch.setattr(sharding_layouts._Collectives, "total", recording)
+    pairs, matrices = 0, []
+    for e, edge in enumerate(p.edges):
+        src, dst = p.strategies(edge.src)[:8], p.strategies(edge.dst)[:8]
+        matrices.append(p.edge_costs(e, src, dst))
+        pairs += len(src) * len(dst)
+    assert priced and len(priced) == len(set(priced))            # no collective priced twice
+    assert len(priced) < pairs / 4                               # far fewer than the pairs compared
+    monkeypatch.setattr(sharding_layouts._Collectives, "total", total)
+    for e, edge in enumerate(p.edges):                           # each edge in a problem of its own
+        alone = megatron_layer_problem("a100", (2, 4))
+        expected = alone.edge_costs(e, alone.strategies(edge.src)[:8], alone.strategies(edge.dst)[:8])
+        np.testing.assert_allclose(matrices[e], expected, rtol=1e-12)

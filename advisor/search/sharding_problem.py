@@ -75,6 +75,7 @@ class ShardingProblem:
         self._shards: dict[tuple[int, Strat], Shard] = {}
         self._op_cost: dict[tuple[int, Strat], tuple[float, float]] = {}
         self._edge_cost: dict[tuple[int, tuple, tuple], float] = {}
+        self._collective_s: dict[tuple[str, int, float], float] = {}
         self._strategies: dict[int, list[Strat]] = {}
         self._templates: dict[tuple, tuple] = {}
         # operators whose strategy a user fixed (advisor.search.semi_auto): v -> the mesh strategies
@@ -244,14 +245,18 @@ class ShardingProblem:
         todo = [(a, b) for a in dict.fromkeys(pkeys) for b in dict.fromkeys(ckeys) if (e, a, b) not in cache]
         if todo:
             plans = [self._template(a, b_in) + self._template(b_grad, _backward_target(a)) for a, (b_in, b_grad) in todo]
-            distinct = list({item for plan in plans for item in plan})
-            batch = _Collectives(len(distinct))
-            for row, (op_name, mask, fraction) in enumerate(distinct):
-                batch.add(op_name, row, mask, fraction * nbytes)
-            price = dict(zip(distinct, batch.total(self.hw, self.mesh)))
+            price = self._collective_s    # (collective, axes, bytes) -> seconds, shared by every edge of the problem
+            distinct = list({(op_name, mask, fraction * nbytes) for plan in plans for op_name, mask, fraction in plan}
+                            - price.keys())
+            if distinct:
+                batch = _Collectives(len(distinct))
+                for row, (op_name, mask, size) in enumerate(distinct):
+                    batch.add(op_name, row, mask, size)
+                price.update(zip(distinct, batch.total(self.hw, self.mesh)))
             scale = edge.count * self.options.num_micro_batches
             for (a, b), plan in zip(todo, plans):
-                cache[(e, a, b)] = scale * float(sum(price[item] for item in plan))
+                cache[(e, a, b)] = scale * float(sum(price[(op_name, mask, fraction * nbytes)]
+                                                     for op_name, mask, fraction in plan))
         return np.array([[cache[(e, a, b)] for b in ckeys] for a in pkeys])
 
     def _template(self, x: tuple[int, ...], y: tuple[int, ...]) -> tuple:
