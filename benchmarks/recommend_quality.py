@@ -16,6 +16,14 @@ published run). recommend is asked as the command line asks it: plans leave the 
 (advisor.cost.band.memory_headroom).
 
     python benchmarks/recommend_quality.py
+    python benchmarks/recommend_quality.py --calibration [--every K]
+
+--calibration runs the same study over the calibration set (../shared/validation/calibration_runs.yaml, the runs
+advisor.validation uses): each distinct job (model, machine, devices, batch, sequence, dtype, framework and the
+job's kernels) is given to `recommend` as the command line asks it, and its #1 is compared with the fastest
+run measured for that job (the expert's recipe): #1 predicted / measured, the recipe's layout among the top 5
+layouts or predicted inside the #1's band, the #1 fitting at the upper end of its memory band, and how often the
+#1 offloads the optimizer; per source. --every K takes every K-th job (the whole set takes several minutes).
 """
 
 from __future__ import annotations
@@ -164,7 +172,66 @@ def compare(run: PublishedRun) -> QualityRow:
     )
 
 
+def calibration_study(every: int) -> None:
+    """The #1 of every distinct calibration job against the fastest run measured for it (see the docstring)."""
+    from collections import defaultdict
+
+    from advisor.validation.accuracy import predict as predict_run
+
+    jobs: dict[tuple, list] = defaultdict(list)
+    for run in usable_runs():
+        jobs[(run.model.name, run.profile, run.hardware_overrides, run.devices, run.job)].append(run)
+    keys = sorted(jobs, key=lambda k: (k[0], k[1], k[3], str(k[4])))[::max(every, 1)]
+    per_source: dict[str, list[tuple]] = defaultdict(list)
+    print(f"{'job (fastest measured run)':<52} {'#1':<40} {'#1/meas':>7} {'recipe':>6} {'mem ok':>6}")
+    for key in keys:
+        recipe = max(jobs[key], key=lambda r: r.measured_tokens_per_s_per_device)
+        hw = run_hardware(recipe)
+        cluster = Cluster.of(hw, devices=recipe.devices)
+        job = replace(recipe.job, memory_margin=memory_headroom())
+        try:
+            top5 = recommend(recipe.model, hw, cluster, job, top_k=5)
+        except AdvisorError as exc:
+            print(f"{recipe.id[:52]:<52} no plan: {str(exc)[:60]}")
+            per_source[recipe.group].append((None, False, False, False))
+            continue
+        best = top5.estimates[0]
+        low = best.band.tokens_per_s(best.tokens_per_s)[0]
+        measured = recipe.measured_tokens_per_s_per_device * recipe.devices
+        priced = predict_run(recipe, hw)
+        in_band = priced.fits and priced.predicted_tokens_per_s_per_device * recipe.devices >= low
+        in_top5 = _layout(recipe.strategy) in {_layout(p.strategy) for p in top5.plans}
+        mem_high = best.band.to_dict(best.tokens_per_s, best.step_time_s, best.memory_gib.total)["memory_gib"][1]
+        fits = mem_high <= hw.device.memory_gib
+        ratio = best.tokens_per_s / measured
+        per_source[recipe.group].append((ratio, in_top5 or in_band, fits, top5.best.strategy.offload_optimizer))
+        print(f"{recipe.id[:52]:<52} {_describe(top5.best.strategy)[:40]:<40} {ratio:>7.3f} "
+              f"{'yes' if in_top5 or in_band else 'no':>6} {'yes' if fits else 'NO':>6}")
+    print(f"\n{'source':<28} {'jobs':>5} {'median #1/meas':>14} {'<= 1.15':>8} {'recipe in top 5 or band':>24} "
+          f"{'fits at band':>12} {'#1 offloads':>11}")
+    everything = []
+    for source, rows in sorted(per_source.items()):
+        everything += rows
+        _source_line(source, rows)
+    _source_line("all", everything)
+
+
+def _source_line(source: str, rows: list[tuple]) -> None:
+    ratios = sorted(r[0] for r in rows if r[0] is not None)
+    median = f"{ratios[len(ratios) // 2]:.3f}" if ratios else "-"
+    print(f"{source:<28} {len(rows):>5} {median:>14} {sum(x <= 1.15 for x in ratios):>8} "
+          f"{sum(r[1] for r in rows):>24} {sum(r[2] for r in rows):>12} {sum(r[3] for r in rows):>11}")
+
+
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calibration", action="store_true", help="the study over the calibration set's jobs")
+    parser.add_argument("--every", type=int, default=1, help="--calibration: every K-th job")
+    args = parser.parse_args()
+    if args.calibration:
+        return calibration_study(args.every)
     rows = [compare(run) for run in load_published_runs()]
     print(f"{'run':<24} {'devices':>7}  {'published (predicted)':<38} {'recommended':<40} {'ratio':>6} {'search s':>8} "
           f"{'layouts':>7} {'same #1':>7} {'vs measured':>11} {'low end':>7}")
