@@ -78,3 +78,32 @@ def test_profiles_name_a_known_cpu_adam_with_a_positive_rate():
             hardware_from_dict({**raw, "host": {**raw["host"], "cpu_adam_params_per_s": value}}, "p.yaml")
     hw = hardware_from_dict({**raw, "host": {**raw["host"], "cpu_adam_params_per_s": {"torch": 4e9}}}, "p.yaml")
     assert hw.host.cpu_adam_rate("torch") == 4e9 and hw.host.cpu_adam_rate("mindspore") is None
+
+
+def test_recommend_offloads_the_optimizer_only_where_nothing_fits_without_it():
+    """Issue 30: "#1 uses CPU offload only where nothing fits without it". No measured run uses optimizer offload,
+    so its price is the one the model knows least; plans without it rank first, offloaded ones only follow."""
+    from advisor.commands.recommend import recommend
+    from advisor.cost.band import memory_headroom
+    from advisor.validation.accuracy import run_hardware, usable_runs
+
+    # MPT-30B on one H100 node (llm-foundry's table): an offloaded plan is priced a quarter faster than the best
+    # without, and the measured FSDP run needs none
+    run = next(r for r in usable_runs() if r.id == "foundry-h100-bf16-mpt-30b-s4096-g8-mbs1-gbs168")
+    hw = run_hardware(run)
+    cluster = Cluster.of(hw, devices=run.devices)
+    job = replace(run.job, memory_margin=memory_headroom())
+    result = recommend(run.model, hw, cluster, job, top_k=5)
+    assert not result.best.strategy.offload_optimizer
+    offloaded = recommend(run.model, hw, cluster, job, pins=Pins(offload_optimizer=True), top_k=1).estimates[0]
+    assert offloaded.tokens_per_s > 1.1 * result.estimates[0].tokens_per_s
+    offloading = [p.strategy.offload_optimizer for p in result.plans]
+    assert offloading == sorted(offloading)            # any offloaded plan after every one without
+    assert [p.search["rank"] for p in result.plans] == list(range(1, len(result.plans) + 1))
+    # llama3-70b on one H100 node: nothing fits without offload, so the #1 offloads
+    h100 = load_hardware("dgx-h100")
+    seventy = load_model("llama3-70b")
+    small = TrainingJob(global_batch_size=16, seq_length=4096, framework="pytorch")
+    with pytest.raises(AdvisorError):
+        recommend(seventy, h100, Cluster.of(h100, nodes=1), small, pins=Pins(offload_optimizer=False), top_k=1)
+    assert recommend(seventy, h100, Cluster.of(h100, nodes=1), small, top_k=1).best.strategy.offload_optimizer

@@ -89,9 +89,28 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
         search = partial(_semi_auto, searcher=searcher, fixed=operator_strategies)
     check_top_k(top_k)
     check_pins(cluster, pins)
-    # The first SEARCH_DEPTH plans come from a search of that depth whatever --top asks (the finalists refined and
-    # balanced are then the same): --top 1 is the first row of --top 5 and of --top 200. Deeper rows come from a
-    # search of the depth asked, after those, without repeating them.
+    args = (model, hardware, cluster, job, top_k, search, progress, suggest, searcher, objective)
+    result = _at_depths(*args, pins)
+    if not (result.best.strategy.offload_optimizer and pins.offload_optimizer is None and pins.offload_params is None):
+        return result
+    # CPU optimizer offload only where nothing fits without it: no measured run uses it, so its price is the one the
+    # model knows least (a host CPU's Adam and PCIe traffic stand for a part no calibration run checks; issue 30).
+    # Plans without it rank first; offloaded ones follow where fewer fit.
+    try:
+        kept = _at_depths(*args, replace(pins, offload_optimizer=False))
+    except AdvisorError:          # nothing fits, or nothing is legal, without offload
+        return result
+    rows = list(zip(kept.plans, kept.estimates))
+    rows += [(p, e) for p, e in zip(result.plans, result.estimates) if p.strategy.offload_optimizer][:top_k - len(rows)]
+    plans = tuple(replace(p, search={**p.search, "rank": n}) for n, (p, _) in enumerate(rows, start=1))
+    return RecommendResult(plans, tuple(e for _, e in rows), kept.search)
+
+
+def _at_depths(model, hardware, cluster, job, top_k, search, progress, suggest, searcher, objective,
+               pins: Pins) -> RecommendResult:
+    """The first SEARCH_DEPTH plans come from a search of that depth whatever --top asks (the finalists refined and
+    balanced are then the same): --top 1 is the first row of --top 5 and of --top 200. Deeper rows come from a
+    search of the depth asked, after those, without repeating them."""
     first = _ranked(model, hardware, cluster, job, pins, SEARCH_DEPTH, search, progress, suggest,
                     searcher, objective, keep=min(top_k, SEARCH_DEPTH))
     if top_k <= SEARCH_DEPTH:
