@@ -148,7 +148,7 @@ class HostSpec:
     memory_bandwidth_gbps: float | None = None  # whole host (all sockets), for CPU optimizer steps under offload
     power_watts: float | None = None     # the node's power beside its devices (CPUs, NICs, switches, fans), at load
     # parameters per second one optimizer step of each CPU Adam reaches with all the host's cores (advisor
-    # calibrate measures torch's, and DeepSpeed's where its op builds), keyed as the framework records'
+    # calibrate measures torch's; another is written by hand with its source), keyed as the framework records'
     # cpu_adam; without the framework's, the offloaded step is priced at the host's memory bandwidth alone
     cpu_adam_params_per_s: tuple[tuple[str, float], ...] = ()
 
@@ -355,7 +355,7 @@ def hardware_from_dict(data: dict[str, Any], origin: str) -> HardwareProfile:
     if not isinstance(adam, dict):
         raise AdvisorError(f"{ho}: key 'cpu_adam_params_per_s' must map a CPU Adam (torch, deepspeed, mindspore) to "
                            f"parameters per second, got {f.prefix(adam)}")
-    unknown = sorted(set(adam) - set(CPU_ADAMS))
+    unknown = [k for k in adam if k not in CPU_ADAMS]
     if unknown:
         raise AdvisorError(f"{ho}: cpu_adam_params_per_s: unknown CPU Adam {f.prefix(unknown[0])} (known: "
                            f"{', '.join(CPU_ADAMS)})")
