@@ -89,15 +89,15 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
         search = partial(_semi_auto, searcher=searcher, fixed=operator_strategies)
     check_top_k(top_k)
     check_pins(cluster, pins)
-    args = (model, hardware, cluster, job, top_k, search, progress, suggest, searcher, objective)
-    result = _at_depths(*args, pins)
+    result = _at_depths(model, hardware, cluster, job, top_k, search, progress, suggest, searcher, objective, pins)
     if not (result.best.strategy.offload_optimizer and pins.offload_optimizer is None and pins.offload_params is None):
         return result
     # CPU optimizer offload only where nothing fits without it: no measured run uses it, so its price is the one the
     # model knows least (a host CPU's Adam and PCIe traffic stand for a part no calibration run checks; issue 30).
     # Plans without it rank first; offloaded ones follow where fewer fit.
-    try:
-        kept = _at_depths(*args, replace(pins, offload_optimizer=False))
+    try:          # (no suggestions: where nothing fits without offload, the offloaded plans stand)
+        kept = _at_depths(model, hardware, cluster, job, top_k, search, progress, False, searcher, objective,
+                          replace(pins, offload_optimizer=False))
     except AdvisorError:          # nothing fits, or nothing is legal, without offload
         return result
     rows = list(zip(kept.plans, kept.estimates))

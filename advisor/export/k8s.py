@@ -141,7 +141,7 @@ def torchtitan_pod(plan: Plan, version: str | None, image: str | None) -> PodLau
     unsupported: list[str] = []
     nproc = procs_per_node(plan, "torchrun", unsupported)
     (name, text), = result.files.items()
-    notes = [n for n in result.notes] + _device_note(plan, image, True) + [
+    notes = list(result.notes) + _device_note(plan, image, True) + [
         f"{name} keeps torchtitan's defaults for what the plan does not choose: [training] dataset (c4_test) and "
         "[model] hf_assets_path (the tokenizer) point into torchtitan's source tree; set dataset_path and "
         "hf_assets_path to your data and tokenizer in the ConfigMap"]
@@ -196,11 +196,10 @@ def launched(plan: Plan, framework: str | None) -> str:
         f"--plan PLAN --framework torchtitan --out PLAN2), or name the job's framework with --framework")
 
 
-def check_image(image: str | None) -> str | None:
+def check_image(image: str | None) -> None:
     if image is not None and not IMAGE_PATTERN.fullmatch(image):
         raise AdvisorError(f"--image: {display(image[:80])!r} is not an image reference (registry/name:tag or "
                            "name@sha256:digest: letters, digits and . _ - / : @, at most 255 characters)")
-    return image
 
 
 def manifests(plan: Plan, pod: PodLaunch) -> list[dict]:
