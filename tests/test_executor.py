@@ -62,12 +62,43 @@ def test_zero_bubble_with_fsdp_resharding_is_refused():
         assert run_config_from_plan(plan).parallel.pipeline_schedule == schedule
 
 
-def test_mixed_precision_is_refused_unless_fp32_is_asked_for():
+def test_bf16_runs_in_mixed_precision_and_fp16_and_fp8_are_refused_by_name():
     plan = tiny_plan(dict(dp=2), training=dict(dtype="bf16"))
-    with pytest.raises(AdvisorError, match="training.dtype = bf16"):
-        run_config_from_plan(plan)
+    cfg = run_config_from_plan(plan)
+    assert cfg.dtype == "bf16" and cfg.notes == ()
     cfg = run_config_from_plan(plan, dtype="fp32")
     assert cfg.dtype == "fp32" and "instead of the plan's bf16" in cfg.notes[0]
+    for dtype, why in (("fp16", "loss scaler"), ("fp8", "FP8 GEMMs")):
+        with pytest.raises(AdvisorError, match=f"training.dtype = {dtype}: .*{why}"):
+            run_config_from_plan(tiny_plan(dict(dp=2), training=dict(dtype=dtype)))
+    with pytest.raises(AdvisorError, match="--dtype must be one of"):
+        run_config_from_plan(plan, dtype="fp64")
+
+
+def test_master_weight_optimizer_keeps_fp32_masters_and_moments():
+    """bf16 weights and gradients (2 + 2 bytes), fp32 master, momentum and variance (12 bytes), and
+    the update made on the master: bf16 weights track the fp32 trajectory instead of rounding each
+    small update away."""
+    from advisor.executor.parallel import make_torch_optimizer, optimizer_state_tensors
+    from advisor.executor.measure import tensor_bytes
+
+    w = torch.nn.Parameter(torch.full((1000,), 1.0, dtype=torch.bfloat16))
+    opt = make_torch_optimizer("adam", 1e-4, master_weights=True)([w])
+    for _ in range(50):
+        w.grad = torch.ones_like(w)
+        opt.step()
+        opt.zero_grad()
+    assert w.dtype == torch.bfloat16 and w.grad is None
+    assert tensor_bytes(optimizer_state_tensors(opt)) == 12 * 1000 + 4   # master, exp_avg, exp_avg_sq + the step count
+    master = opt.masters[0]
+    assert float(master[0].detach()) == pytest.approx(1.0 - 50 * 1e-4, rel=1e-4)   # Adam's step is lr per step here
+    assert float(w[0].detach()) == float(master[0].detach().to(torch.bfloat16))
+    plain = torch.nn.Parameter(torch.full((1000,), 1.0, dtype=torch.bfloat16))
+    opt = make_torch_optimizer("adam", 1e-4)([plain])
+    for _ in range(50):
+        plain.grad = torch.ones_like(plain)
+        opt.step()
+    assert float(plain[0].detach()) == 1.0   # each 1e-4 step rounds away in bf16 (its spacing below 1.0 is 2^-8)
 
 
 def test_moe_models_are_refused():

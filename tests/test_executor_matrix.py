@@ -23,6 +23,7 @@ from advisor.commands.execute import COMPARED_PARTS, ExecuteOptions, Prepared, e
 from advisor.executor.config import run_config_from_plan, run_config_to_dict  # noqa: E402
 from advisor.executor.launch import ExecutionFailed, LaunchOptions, launch  # noqa: E402
 from advisor.executor.matrix import MATRIX, llama3_8b_plan, matrix_plans, tiny_plan  # noqa: E402
+from advisor.validation.execute_report import verdict  # noqa: E402
 from _procs import processes_naming  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -40,18 +41,30 @@ ZERO_BUBBLE = {
 }
 
 
+# shapes run again in bf16 (mixed precision: bf16 weights, activations and gradients, fp32 masters and
+# moments, fp32 gradient reduction), one per way the model states are kept and reduced, plus the
+# llama3-8b plan as recommend writes it (bf16)
+BF16 = ("dp", "zero1", "zero2+full", "zero3+selective", "tp+sp", "pp-interleaved", "pp×dp×tp")
+BF16_LOSS_GOAL = 2.0 ** -7
+
+
 @pytest.fixture(scope="module")
 def reports() -> dict[str, dict]:
     """Every plan in fp32 (the issue's check), and again in fp64 for 3 steps (where any real
-    difference shows above 1e-9; fp32 noise could hide a small one), all in three launches."""
+    difference shows above 1e-9; fp32 noise could hide a small one), some in bf16, all in three
+    launches."""
     opts = ExecuteOptions(timeout_s=900)
     plans = {**matrix_plans(), **ZERO_BUBBLE}
     prepared = [prepare_plan(plan, name, opts) for name, plan in plans.items()]
     prepared.append(prepare_plan(llama3_8b_plan(), "llama3-8b --tiny", replace(opts, tiny=True, dtype="fp32")))
     names = list(plans) + ["llama3-8b --tiny"]
     exact = [Prepared(replace(p.cfg, dtype="fp64", steps=3), None, None, ()) for p in prepared]
-    reps = run_prepared(prepared + exact, opts)
-    return {**dict(zip(names, reps)), **{f"{n} fp64": r for n, r in zip(names, reps[len(names):])}}
+    half = [prepare_plan(plans[n], n, replace(opts, dtype="bf16")) for n in BF16]
+    half.append(prepare_plan(llama3_8b_plan(), "llama3-8b --tiny", replace(opts, tiny=True)))
+    reps = run_prepared(prepared + exact + half, opts)
+    n = len(names)
+    return {**dict(zip(names, reps)), **{f"{x} fp64": r for x, r in zip(names, reps[n:2 * n])},
+            **{f"{x} bf16": r for x, r in zip(list(BF16) + ["llama3-8b --tiny"], reps[2 * n:])}}
 
 
 @pytest.mark.parametrize("name", list(MATRIX) + list(ZERO_BUBBLE) + ["llama3-8b --tiny"])
@@ -67,6 +80,29 @@ def test_fp64_losses_match_to_rounding(reports, name):
     rep = reports[f"{name} fp64"]
     assert rep["loss_max_rel_diff"] <= 1e-9, (rep["loss"]["parallel"], rep["loss"]["reference"])
     assert rep["grad_norm_max_rel_diff"] <= 1e-9, rep["grad_norm"]
+
+
+@pytest.mark.parametrize("name", list(BF16) + ["llama3-8b --tiny"])
+def test_bf16_mixed_precision_matches_a_single_process_run_and_the_prediction(reports, name):
+    rep = reports[f"{name} bf16"]
+    assert rep["executed"]["dtype"] == "bf16" and rep["loss"]["goal"] == BF16_LOSS_GOAL
+    assert rep["loss_max_rel_diff"] <= BF16_LOSS_GOAL, (rep["loss"]["parallel"], rep["loss"]["reference"])
+    assert rep["loss"]["reference"][-1] < rep["loss"]["reference"][0]
+    assert verdict(rep)["ok"], verdict(rep)["failures"]
+    rows = [r for r in rep["memory"]["ranks"] if r["rel_error"] is not None]
+    assert rows
+    for row in rows:
+        for part, err in row["rel_error"].items():
+            assert err <= MEMORY_GOAL, (row["rank"], part, row["measured_bytes"][part], row["predicted_bytes"][part])
+    # bf16 halves the weights and gradients of the fp32 run; the optimizer keeps 12 of 8 bytes
+    # (the fp32 master beside the moments)
+    full = next(r for r in reports[name]["memory"]["ranks"] if r["rank"] == rows[0]["rank"])["measured_bytes"] \
+        if name in MATRIX else None
+    if full is not None:
+        half = rows[0]["measured_bytes"]
+        assert half["parameters"] == pytest.approx(full["parameters"] / 2, rel=0.01)
+        assert half["gradients"] == pytest.approx(full["gradients"] / 2, rel=0.01)
+        assert half["optimizer"] == pytest.approx(full["optimizer"] * 1.5, rel=0.01)
 
 
 @pytest.mark.parametrize("name", list(MATRIX) + ["llama3-8b --tiny"])

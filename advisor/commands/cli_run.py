@@ -21,7 +21,7 @@ def execute_cmd(
     tiny: bool = typer.Option(False, "--tiny", help="a tiny model of the same family, every parallel knob kept"),
     tiny_scale: int = typer.Option(1, "--tiny-scale", help="with --tiny: head size and sequence length times this "
                                    "(4 for time checks on a CPU, where the smallest model is all overhead)"),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="run in this dtype instead of the plan's (fp32)"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="run in this dtype instead of the plan's: fp32 or bf16"),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="profile of this machine (advisor calibrate) for the time prediction"),
     backend: str = typer.Option("auto", "--backend", help="auto | gloo | nccl"),
     timeout: float = typer.Option(900.0, "--timeout", help="hard limit in seconds for the whole run"),

@@ -44,7 +44,7 @@ class ExecuteOptions:
     steps: int = 5
     tiny: bool = False
     tiny_scale: int = 1                   # --tiny-scale: wider and longer tiny model (time checks on CPU)
-    dtype: str | None = None             # run in this dtype instead of the plan's (fp32 only today)
+    dtype: str | None = None             # run in this dtype instead of the plan's (fp32 or bf16)
     time_hardware: str | None = None      # profile of this machine (advisor calibrate) for the time prediction
     timeout_s: float = 900.0
     pg_timeout_s: float = 60.0

@@ -81,13 +81,30 @@ class RunConfig:
         return self.parallel.dp * self.parallel.local_batch_size
 
 
-TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp64": "float64"}   # fp64: a diagnostic, not from plans
+TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16",
+                "fp64": "float64"}   # fp64: a diagnostic, not from plans
+# Mixed precision as Megatron-LM and ZeRO run it (Micikevicius et al. 2018; Rajbhandari et al. 2020,
+# section 3.1): weights, activations and gradients in the compute dtype, an fp32 master copy of the
+# weights and the optimizer's moments in fp32, gradients reduced over data parallelism in fp32
+MIXED_PRECISION = ("bf16",)
 
 
 def torch_dtype(cfg: RunConfig):
     import torch
 
     return getattr(torch, TORCH_DTYPES[cfg.dtype])
+
+
+def mixed_precision(cfg: RunConfig) -> bool:
+    """Whether the run keeps fp32 master weights beside compute-dtype weights."""
+    return cfg.dtype in MIXED_PRECISION
+
+
+# The largest relative loss difference from the single-process run that still counts as the same
+# training, by dtype: fp32 accumulates in a different order on every layout (1e-4 covers it); bf16
+# rounds each element to 8 significant bits (its unit roundoff is 2^-8), so layouts that sum partial
+# products in another order differ by a few of those roundings: 2^-7, bf16's machine epsilon
+LOSS_GOALS = {"fp32": 1e-4, "tf32": 1e-4, "fp64": 1e-4, "bf16": 2.0 ** -7}
 
 
 def run_config_to_dict(cfg: RunConfig) -> dict[str, Any]:
@@ -280,6 +297,8 @@ def run_config_from_plan(plan: dict[str, Any], *, steps: int = 5, tiny: bool = F
     par = parallel_config_from_plan(par_d, model.num_layers)
     seq = _int(train_d, "seq_length", "training")
     plan_dtype = _choice(train_d, "dtype", "training", DTYPES, "bf16")
+    if dtype is not None and dtype not in DTYPES:
+        raise AdvisorError(f"--dtype must be one of {', '.join(DTYPES)}, got {str(dtype)[:40]!r}")
     run_dtype = plan_dtype if dtype is None else dtype
     notes = []
     if dtype is not None and dtype != plan_dtype:
@@ -311,9 +330,12 @@ def refusals(cfg: RunConfig, global_batch_size: int | None = None, devices: int 
     """Sentences, each naming the field, for everything this executor cannot run as asked."""
     m, p = cfg.model, cfg.parallel
     out = []
-    if cfg.dtype not in ("fp32", "tf32"):
-        out.append(f"training.dtype = {cfg.dtype}: the executor trains in fp32 only (no mixed precision); "
-                   "pass --dtype fp32 to check the plan's parallel layout in fp32")
+    if cfg.dtype == "fp16":
+        out.append("training.dtype = fp16: the executor runs no loss scaler, which fp16 training needs; pass "
+                   "--dtype bf16 (the same mixed-precision layout of weights, gradients and optimizer) or fp32")
+    elif cfg.dtype not in TORCH_DTYPES:
+        out.append(f"training.dtype = {cfg.dtype}: the executor trains in fp32 or bf16 (FP8 GEMMs need "
+                   "TransformerEngine or torchao kernels on a GPU); pass --dtype bf16 or fp32")
     if p.cp != 1:
         out.append(f"parallel.cp = {p.cp}: context parallelism is not run (PyTorch's context_parallel needs fused "
                    "SDPA ring attention on CUDA; the executor uses math attention)")

@@ -306,8 +306,8 @@ def _name_seed(seed: int, name: str) -> int:
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss over the micro-batch."""
-    return F.cross_entropy(_at_least_fp32(logits).reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    """Mean next-token loss over the micro-batch (the vocabulary-parallel loss on one rank)."""
+    return _VocabParallelCrossEntropy.apply(logits, targets, None, 0).mean()
 
 
 def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
@@ -317,16 +317,20 @@ def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Cross entropy over logits split along the vocabulary across the tensor-parallel group,
     without gathering them (Megatron-LM's vocab_parallel_cross_entropy; Shoeybi et al. 2019, 3):
-    all-reduce of the max, of the exp-sum and of the target logit. Keeps the local softmax
-    (4sbv/t bytes in fp32) for backward. Returns the per-token losses."""
+    all-reduce of the max, of the exp-sum and of the target logit (``group`` None: one rank holds
+    the whole vocabulary). Computes in fp32 and keeps the local softmax in the logits' dtype for
+    backward (sbv/t elements; 2 bytes each in bf16, as flash-attn's fused cross entropy keeps its
+    logits), whose gradient is written in that dtype too. Returns the per-token losses."""
 
     @staticmethod
     def forward(ctx, logits, targets, group, vocab_start):
         import torch.distributed as dist
 
+        kept_dtype = logits.dtype
         logits = _at_least_fp32(logits)
         local_max = logits.max(dim=-1).values
-        dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
+        if group is not None:
+            dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
         shifted = logits - local_max.unsqueeze(-1)
         local_v = logits.shape[-1]
         inside = (targets >= vocab_start) & (targets < vocab_start + local_v)
@@ -334,9 +338,10 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         picked = shifted.gather(-1, index.unsqueeze(-1)).squeeze(-1) * inside
         exp = shifted.exp()
         total = exp.sum(dim=-1)
-        dist.all_reduce(picked, group=group)
-        dist.all_reduce(total, group=group)
-        softmax = exp.div_(total.unsqueeze(-1))
+        if group is not None:
+            dist.all_reduce(picked, group=group)
+            dist.all_reduce(total, group=group)
+        softmax = exp.div_(total.unsqueeze(-1)).to(kept_dtype)
         ctx.save_for_backward(softmax, inside, index)
         return total.log() - picked
 
@@ -345,7 +350,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         softmax, inside, index = ctx.saved_tensors
         out = softmax.clone()
         out.scatter_add_(-1, index.unsqueeze(-1), -inside.unsqueeze(-1).to(out.dtype))
-        return out * grad.unsqueeze(-1), None, None, None
+        return out.mul_(grad.unsqueeze(-1).to(out.dtype)), None, None, None
 
 
 class VocabParallelLoss:

@@ -168,12 +168,16 @@ def apply_recompute(model: GPT, recompute: str, recompute_layers: int | None) ->
 
 
 # ---- data parallel -----------------------------------------------------------------------------
-def apply_fsdp(model: GPT, dp_mesh, reshard_after_forward: bool) -> None:
+def apply_fsdp(model: GPT, dp_mesh, reshard_after_forward: bool, reduce_dtype: torch.dtype | None = None) -> None:
     """FSDP2 groups as torchtitan: one per block, the embedding, the final norm with the head, root.
-    A tied embedding and head on one chunk share the root group."""
-    from torch.distributed.fsdp import fully_shard
+    A tied embedding and head on one chunk share the root group. ``reduce_dtype``: the gradients'
+    reduce-scatter dtype (MixedPrecisionPolicy.reduce_dtype; the reduced shard is cast back to the
+    parameters' dtype)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kw = dict(mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    if reduce_dtype is not None:
+        kw["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
     for block in model.layers.values():
         fully_shard(block, **kw)
     tied_here = model.cfg.tie_embeddings and model.embed is not None and model.head is not None
@@ -208,8 +212,10 @@ class GradientAverager:
     persistent flat buffer (DDP's gradient buckets, Megatron's contiguous gradient buffer): a
     buffer allocated once is reused every step, as in those systems, rather than paged in anew."""
 
-    def __init__(self, params: list[nn.Parameter], group, world: int, bucket_mb: float | None = None):
+    def __init__(self, params: list[nn.Parameter], group, world: int, bucket_mb: float | None = None,
+                 reduce_dtype: torch.dtype | None = None):
         self.params, self.group, self.world = params, group, world
+        self.reduce_dtype = reduce_dtype     # None: the gradients' own dtype
         self.flat: torch.Tensor | None = None
         # with a bucket size (the plan's grad_bucket_mb): one all-reduce per bucket-sized slice of the
         # buffer, as DDP's bucket_cap_mb and Megatron's bucket_size issue them; otherwise one for all
@@ -221,9 +227,10 @@ class GradientAverager:
         if not grads:
             return
         total = sum(g.numel() for g in grads)
-        if self.flat is None or self.flat.numel() != total or self.flat.dtype != grads[0].dtype:
-            self.flat = torch.empty(total, dtype=grads[0].dtype, device=grads[0].device)
-        torch.cat([g.reshape(-1) for g in grads], out=self.flat)
+        dtype = self.reduce_dtype or grads[0].dtype
+        if self.flat is None or self.flat.numel() != total or self.flat.dtype != dtype:
+            self.flat = torch.empty(total, dtype=dtype, device=grads[0].device)
+        _flatten_into(self.flat, grads)
         step = total if self.bucket_bytes is None else max(1, int(self.bucket_bytes // self.flat.element_size()))
         self.collectives_per_step = 0
         for start in range(0, total, step):
@@ -236,6 +243,17 @@ class GradientAverager:
             offset += g.numel()
 
 
+def _flatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy tensors one after another into the front of ``flat`` (casting to its dtype)."""
+    if all(t.dtype == flat.dtype for t in tensors):
+        torch.cat([t.reshape(-1) for t in tensors], out=flat[:sum(t.numel() for t in tensors)])
+        return
+    offset = 0
+    for t in tensors:
+        flat[offset: offset + t.numel()].copy_(t.reshape(-1))
+        offset += t.numel()
+
+
 class ZeroOneOptimizer:
     """ZeRO stage 1 (Rajbhandari et al. 2020): each data-parallel rank keeps optimizer state for a
     contiguous 1/dp slice of the (local, TP-sharded) parameters: the gradients are reduce-scattered
@@ -243,7 +261,8 @@ class ZeroOneOptimizer:
     slices are all-gathered. The inner optimizer is torch's, on parameter views, so the update is
     element-for-element the one a replicated optimizer makes."""
 
-    def __init__(self, params: list[nn.Parameter], make_optimizer, group, dp: int, dp_rank: int):
+    def __init__(self, params: list[nn.Parameter], make_optimizer, group, dp: int, dp_rank: int,
+                 reduce_dtype: torch.dtype | None = None):
         self.params = [p for p in params]
         self.group, self.dp, self.rank = group, dp, dp_rank
         total = sum(_local(p).numel() for p in self.params)
@@ -262,19 +281,25 @@ class ZeroOneOptimizer:
             offset += n
         self.total = total
         self.inner = make_optimizer([v for _, v, _, _ in self.views]) if self.views else None
-        # persistent communication buffers (the distributed optimizer's contiguous buffers)
+        # persistent communication buffers (the distributed optimizer's contiguous buffers): the
+        # parameters' all-gather in their dtype, the gradients' reduce-scatter in reduce_dtype
         ref = _local(self.params[0])
         self.flat = torch.zeros(self.shard * dp, dtype=ref.dtype, device=ref.device)
         self.mine = torch.zeros(self.shard, dtype=ref.dtype, device=ref.device)
+        if reduce_dtype is None or reduce_dtype == ref.dtype:
+            self.grad_flat, self.grad_mine = self.flat, self.mine
+        else:
+            self.grad_flat = torch.zeros(self.shard * dp, dtype=reduce_dtype, device=ref.device)
+            self.grad_mine = torch.zeros(self.shard, dtype=reduce_dtype, device=ref.device)
 
     def reduce_gradients(self) -> None:
         """Reduce-scatter the flat gradient (Megatron's distributed optimizer): each rank receives
         the data-parallel average of the slice it owns, written back into its gradients' slices;
         the rest of its gradients stay local partial sums and are not read."""
-        flat, mine = self.flat, self.mine
+        flat, mine = self.grad_flat, self.grad_mine
         grads = [_local(p.grad).reshape(-1) if p.grad is not None else torch.zeros_like(_local(p)).reshape(-1)
                  for p in self.params]
-        torch.cat(grads, out=flat[:self.total])
+        _flatten_into(flat, grads)
         dist.reduce_scatter_tensor(mine, flat, group=self.group)
         mine.div_(self.dp)
         lo = self.rank * self.shard
@@ -314,8 +339,38 @@ class ZeroOneOptimizer:
         return optimizer_state_tensors(self.inner) if self.inner is not None else []
 
 
+class MasterWeightOptimizer:
+    """Mixed-precision training's optimizer (Micikevicius et al. 2018; Megatron-LM's
+    Float16OptimizerWithFloat16Params, DeepSpeed's bf16 optimizer): an fp32 master copy of each
+    (local) parameter, which torch's optimizer steps with the gradient upcast to fp32; the result
+    is rounded back into the compute-dtype weights. Model states: 2 + 2 + 12 bytes per parameter
+    in bf16 (ZeRO section 3.1's K = 12: master, momentum, variance)."""
+
+    def __init__(self, params: list[nn.Parameter], make_optimizer):
+        self.params = list(params)
+        with torch.no_grad():
+            self.masters = [nn.Parameter(_local(p).detach().to(torch.float32).clone()) for p in self.params]
+        self.inner = make_optimizer(self.masters)
+
+    def step(self) -> None:
+        for p, m in zip(self.params, self.masters):
+            m.grad = _local(p.grad).to(torch.float32) if p.grad is not None else None
+        self.inner.step()
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters):
+                m.grad = None    # the fp32 gradient copies live only during the step
+                _local(p).copy_(m)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return list(self.masters) + optimizer_state_tensors(self.inner)
+
+
 def optimizer_state_tensors(opt) -> list[torch.Tensor]:
-    if isinstance(opt, ZeroOneOptimizer):
+    if isinstance(opt, (ZeroOneOptimizer, MasterWeightOptimizer)):
         return opt.state_tensors()
     out = []
     for state in opt.state.values():
@@ -323,10 +378,13 @@ def optimizer_state_tensors(opt) -> list[torch.Tensor]:
     return out
 
 
-def make_torch_optimizer(name: str, lr: float):
+def make_torch_optimizer(name: str, lr: float, master_weights: bool = False):
     """torch's optimizer with its multi-tensor (foreach) kernels, one parameter group per kind of
-    tensor (plain, or DTensor on one mesh): foreach ops cannot mix them."""
+    tensor (plain, or DTensor on one mesh): foreach ops cannot mix them. ``master_weights``: behind
+    a MasterWeightOptimizer (mixed precision)."""
     def build(params):
+        if master_weights:
+            return MasterWeightOptimizer(params, make_torch_optimizer(name, lr))
         groups = [{"params": g} for g in _homogeneous_groups(params)]
         if name == "sgd":
             return torch.optim.SGD(groups, lr=lr, momentum=0.9, foreach=True)

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from advisor.executor.config import RunConfig, torch_dtype
+from advisor.executor.config import RunConfig, mixed_precision, torch_dtype
 from advisor.executor.data import dp_slice, global_batch
 from advisor.executor.measure import (ActivationTracker, ParameterProbe, gradient_bytes, parameter_bytes,
                                       tensor_bytes)
@@ -42,7 +42,7 @@ def _reference(cfg: RunConfig) -> dict:
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model, range(cfg.model.num_layers), True, True, init_seed=cfg.seed).to(torch_dtype(cfg))
     params = list(model.parameters())
-    opt = make_torch_optimizer(cfg.optimizer, cfg.learning_rate)(params)
+    opt = make_torch_optimizer(cfg.optimizer, cfg.learning_rate, mixed_precision(cfg))(params)
     mbs = cfg.parallel.micro_batch_size
     losses, norms = [], []
     for step in range(cfg.steps):
@@ -68,6 +68,10 @@ class _Setup:
     def __init__(self, cfg: RunConfig, device: torch.device):
         p = cfg.parallel
         self.cfg, self.device = cfg, device
+        self.mixed = mixed_precision(cfg)
+        # mixed precision reduces the data-parallel gradients in fp32 (the pytorch record's
+        # bf16_grad_reduce_bytes; FSDP2's MixedPrecisionPolicy.reduce_dtype, DDP's fp32 buckets)
+        self.reduce_dtype = torch.float32 if self.mixed else None
         self.mesh, self.coords = build_mesh(cfg, device.type)
         self.tracker = ActivationTracker()
         self.probe = ParameterProbe()
@@ -80,7 +84,8 @@ class _Setup:
             for wrapper in apply_recompute(chunk, p.recompute, p.recompute_layers):
                 self.tracker.watch_checkpoint(wrapper)
             if p.dp > 1 and p.zero_stage >= 2:
-                apply_fsdp(chunk, self.mesh["dp"], reshard_after_forward=p.zero_stage == 3)
+                apply_fsdp(chunk, self.mesh["dp"], reshard_after_forward=p.zero_stage == 3,
+                           reduce_dtype=self.reduce_dtype)
             self.tracker.watch_chunk(f"chunk{stage}", chunk)
         self.modules = [c for _, c in self.chunks]
         self.loss_fn = (VocabParallelLoss(self.mesh["tp"].get_group(), self.coords.tp, cfg.model.vocab_size, p.tp)
@@ -88,12 +93,13 @@ class _Setup:
         self.probe.watch(self.modules)
         self.params = _unique_params(self.modules)
         self.dp_group = self.mesh["dp"].get_group() if p.dp > 1 else None
-        self.averager = (GradientAverager(self.params, self.dp_group, p.dp, p.grad_bucket_mb)
+        self.averager = (GradientAverager(self.params, self.dp_group, p.dp, p.grad_bucket_mb, self.reduce_dtype)
                          if p.dp > 1 and p.zero_stage == 0 else None)
         self.tied = _TiedEmbedding(cfg, self) if cfg.model.tie_embeddings and self.n_stages > 1 else None
-        build = make_torch_optimizer(cfg.optimizer, cfg.learning_rate)
+        build = make_torch_optimizer(cfg.optimizer, cfg.learning_rate, self.mixed)
         if p.zero_stage == 1 and p.dp > 1:
-            self.optimizer = ZeroOneOptimizer(self.params, build, self.dp_group, p.dp, self.coords.dp)
+            self.optimizer = ZeroOneOptimizer(self.params, build, self.dp_group, p.dp, self.coords.dp,
+                                              self.reduce_dtype)
         else:
             self.optimizer = build(self.params)
         self.schedule = _schedule(cfg, self) if p.pp > 1 else None
@@ -273,7 +279,7 @@ def _synchronize_gradients(s: _Setup) -> None:
     (a sum that commutes with the data-parallel mean), then the data-parallel reduction of ZeRO-0
     (all-reduce) or ZeRO-1 (reduce-scatter); FSDP (ZeRO-2/3) reduced during backward."""
     p = s.cfg.parallel
-    if p.zero_stage <= 1:
+    if p.zero_stage <= 1 or s.mixed:   # the master-weight optimizer steps local tensors
         resolve_partial_gradients(s.params)
     if s.tied is not None:
         s.tied.sync()

@@ -13,10 +13,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from advisor.executor.config import RunConfig, run_config_to_dict
+from advisor.executor.config import LOSS_GOALS, RunConfig, run_config_to_dict
 from advisor.runtime.files import write_json
 
-LOSS_GOAL = 1e-4
+LOSS_GOAL = LOSS_GOALS["fp32"]     # the goal of fp32 runs; each dtype's in LOSS_GOALS
 MEMORY_GOAL = 0.10
 TIME_GOAL = 0.25
 GIB = 2.0 ** 30
@@ -100,6 +100,7 @@ def build_report(cfg: RunConfig, ranks: list[dict], reference: dict, memory_pred
     cpu_step = max(r["median_cpu_step_time_s"] for r in ranks) if all("median_cpu_step_time_s" in r for r in ranks) else None
     predicted_step = time_est.step_time_s if time_est is not None else None
     ratio = step / predicted_step if predicted_step else None
+    loss_goal = LOSS_GOALS.get(cfg.dtype, LOSS_GOAL)
     return {
         "name": cfg.name,
         "executed": {"model": run_config_to_dict(cfg)["model"], "parallel": run_config_to_dict(cfg)["parallel"],
@@ -111,7 +112,7 @@ def build_report(cfg: RunConfig, ranks: list[dict], reference: dict, memory_pred
         "grad_norm_max_rel_diff": norm_diff,
         "memory_max_rel_error": memory["max_rel_error"],
         "time_ratio": ratio,
-        "loss": {"parallel": losses, "reference": reference["losses"], "goal": LOSS_GOAL, "ok": loss_diff <= LOSS_GOAL},
+        "loss": {"parallel": losses, "reference": reference["losses"], "goal": loss_goal, "ok": loss_diff <= loss_goal},
         "grad_norm": {"parallel": ranks[0]["grad_norms"], "reference": reference["grad_norms"]},
         "memory": memory,
         "time": {"measured_step_s": step, "predicted_step_s": predicted_step, "ratio": ratio, "goal": TIME_GOAL,
@@ -140,9 +141,10 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
                             f"{report['max_loss_difference']:.1e}")
         return {"ok": not failures, "failures": failures, "unchecked": unchecked}
     loss = report["loss_max_rel_diff"]
-    if loss is None or not math.isfinite(loss) or loss > LOSS_GOAL:
+    goal = (report.get("loss") or {}).get("goal", LOSS_GOAL)
+    if loss is None or not math.isfinite(loss) or loss > goal:
         failures.append(f"loss: largest relative difference from the single-process run {_figure(loss)} is above "
-                        f"the goal {LOSS_GOAL:g}")
+                        f"the goal {goal:g}")
     memory = report["memory_max_rel_error"]
     if memory is None:
         unchecked.append("memory: no prediction to compare with")
@@ -181,7 +183,7 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     rows = []
     lo = report["loss"]
     rows.append(("loss (last step)", f"{lo['parallel'][-1]:.6f}", f"{lo['reference'][-1]:.6f} (1 process)",
-                 f"max rel diff {report['loss_max_rel_diff']:.1e} ({'ok' if lo['ok'] else 'FAIL'} <= {LOSS_GOAL:g})"))
+                 f"max rel diff {report['loss_max_rel_diff']:.1e} ({'ok' if lo['ok'] else 'FAIL'} <= {lo['goal']:g})"))
     mem = report["memory"]
     stage_rows = [r for r in mem["ranks"] if r["rel_error"] is not None]
     for part in COMPARED_PARTS:
