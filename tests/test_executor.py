@@ -305,7 +305,7 @@ def test_tracker_ignores_parameters_and_counts_checkpoint_inputs():
 
 def test_matrix_covers_every_shape_with_and_without_recompute():
     shapes = {"dp", "zero1", "zero2", "zero3", "tp", "tp+sp", "pp-gpipe", "pp-1f1b", "pp-interleaved", "dp×tp",
-              "pp×dp", "pp×tp", "pp×dp×tp"}
+              "pp×dp", "pp×tp", "pp×dp×tp", "cp", "dp×cp", "cp×tp", "pp×cp"}
     for shape in shapes:
         assert shape in MATRIX
         assert any(n.startswith(shape + "+") for n in MATRIX), shape
@@ -316,7 +316,7 @@ def test_matrix_covers_every_shape_with_and_without_recompute():
 
 
 @pytest.mark.parametrize("change, code, words", [
-    (dict(cp=2, dp=1), 2, "parallel.cp = 2"),
+    (dict(ep=2, dp=1), 2, "parallel.ep = 2"),
     ("missing", 2, "plan file not found"),
     ("nproc", 2, "--nproc 3"),
     ("tiny-device", 1, "does not fit its hardware"),
@@ -387,3 +387,42 @@ def test_layer_operator_counts_are_the_cost_models():
     llama = dict(position_embedding="rotary", norm="rmsnorm", ffn_activation="swiglu", attention="flash")
     additive = base + sum(LAYER_OPS[k] for k in ("rotary", "rmsnorm", "gated_mlp", "fused_attention"))
     assert abs(_layer_ops(**llama) - additive) <= 3
+
+
+def test_training_settings_are_run_noted_or_refused_by_name():
+    """#32: a training setting that changes what is computed is refused by name; one that changes only
+    how fast a framework runs the same arithmetic is noted; grad_reduce_dtype is run."""
+    def cfg(**training):
+        return run_config_from_plan(tiny_plan(dict(dp=2), training=dict(dtype="bf16", **training)))
+
+    for key, value, words in (("dropout", True, "no dropout"), ("recompute_modules", ["core_attn", "mlp"], "core_attn"),
+                              ("fp8_recipe", "delayed", "FP8")):
+        with pytest.raises(AdvisorError, match=f"training.{key} = .*{words}"):
+            cfg(**{key: value})
+    assert cfg(recompute_modules=["core_attn"]).notes == ()
+    noted = cfg(framework="megatron", overlap_grad_reduce=True, tp_comm_overlap=True)
+    assert "priced for megatron, run on PyTorch's own stack" in noted.notes[0]
+    assert "overlap_grad_reduce = True, tp_comm_overlap = True" in noted.notes[1]
+    assert cfg(overlap_grad_reduce=False).notes == ()      # the executor reduces after accumulation too
+    assert cfg(grad_reduce_dtype="bf16").grad_reduce_dtype == "bf16"
+    fp32 = run_config_from_plan(tiny_plan(dict(dp=2), training=dict(dtype="bf16", grad_reduce_dtype="bf16")),
+                                dtype="fp32")
+    assert fp32.grad_reduce_dtype is None and "reduced in fp32" in fp32.notes[-1]
+
+
+def test_the_readme_headline_plan_is_accepted_at_tiny_scale(tmp_path, monkeypatch, capsys):
+    """The README's recommendation for llama3-70b on 64 H100s (dp 1, tp 4, pp 4, cp 4, sequence parallel,
+    ZeRO-1, bf16, ring attention) passes every refusal and is predicted; running its 64 ranks x 256
+    micro-batches takes minutes on two cores, so it runs in benchmarks/executor_matrix.py --headline."""
+    out = tmp_path / "plan.json"
+    assert _cli(monkeypatch, "recommend", "--model", "llama3-70b", "--hardware", "dgx-h100", "--nodes", "8",
+                "--top", "3", "--out", str(out)) == 0
+    capsys.readouterr()
+    plan = json.loads(out.read_text())
+    assert (plan["parallel"]["cp"], plan["parallel"]["tp"], plan["parallel"]["pp"]) == (4, 4, 4)
+    prep = prepare_plan(plan, "headline", ExecuteOptions(tiny=True, oversubscribe=True))
+    p = prep.cfg.parallel
+    assert (prep.cfg.dtype, p.world_size, p.cp, p.sequence_parallel, p.zero_stage) == ("bf16", 64, 4, True, 1)
+    assert prep.cfg.seq_length % (2 * p.cp * p.tp) == 0
+    stages = prep.memory_prediction["stages"]
+    assert len(stages) == 4 and all(st["optimizer"] > 0 and st["host_optimizer"] == 0 for st in stages)

@@ -44,8 +44,15 @@ ZERO_BUBBLE = {
 # shapes run again in bf16 (mixed precision: bf16 weights, activations and gradients, fp32 masters and
 # moments, fp32 gradient reduction), one per way the model states are kept and reduced, plus the
 # llama3-8b plan as recommend writes it (bf16)
-BF16 = ("dp", "zero1", "zero2+full", "zero3+selective", "tp+sp", "pp-interleaved", "pp×dp×tp")
+BF16 = ("dp", "zero1", "zero2+full", "zero3+selective", "tp+sp", "pp-interleaved", "pp×dp×tp", "dp×cp", "cp×tp+full")
 BF16_LOSS_GOAL = 2.0 ** -7
+# optimizer offload (mixed precision's fp32 masters and moments kept and stepped on the host)
+OFFLOAD = {
+    "zero1+offload": tiny_plan(dict(dp=2, zero_stage=1, offload_optimizer=True), "llama", "flash",
+                               training=dict(dtype="bf16")),
+    "pp×dp×cp+offload": tiny_plan(dict(pp=2, num_micro_batches=4, dp=2, cp=2, zero_stage=3, offload_optimizer=True), "gpt", "flash",
+                                  training=dict(dtype="bf16")),
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +68,11 @@ def reports() -> dict[str, dict]:
     exact = [Prepared(replace(p.cfg, dtype="fp64", steps=3), None, None, ()) for p in prepared]
     half = [prepare_plan(plans[n], n, replace(opts, dtype="bf16")) for n in BF16]
     half.append(prepare_plan(llama3_8b_plan(), "llama3-8b --tiny", replace(opts, tiny=True)))
+    half += [prepare_plan(plan, name, opts) for name, plan in OFFLOAD.items()]
     reps = run_prepared(prepared + exact + half, opts)
     n = len(names)
     return {**dict(zip(names, reps)), **{f"{x} fp64": r for x, r in zip(names, reps[n:2 * n])},
-            **{f"{x} bf16": r for x, r in zip(list(BF16) + ["llama3-8b --tiny"], reps[2 * n:])}}
+            **{f"{x} bf16": r for x, r in zip(list(BF16) + ["llama3-8b --tiny"] + list(OFFLOAD), reps[2 * n:])}}
 
 
 @pytest.mark.parametrize("name", list(MATRIX) + list(ZERO_BUBBLE) + ["llama3-8b --tiny"])
@@ -82,7 +90,7 @@ def test_fp64_losses_match_to_rounding(reports, name):
     assert rep["grad_norm_max_rel_diff"] <= 1e-9, rep["grad_norm"]
 
 
-@pytest.mark.parametrize("name", list(BF16) + ["llama3-8b --tiny"])
+@pytest.mark.parametrize("name", list(BF16) + ["llama3-8b --tiny"] + list(OFFLOAD))
 def test_bf16_mixed_precision_matches_a_single_process_run_and_the_prediction(reports, name):
     rep = reports[f"{name} bf16"]
     assert rep["executed"]["dtype"] == "bf16" and rep["loss"]["goal"] == BF16_LOSS_GOAL
@@ -267,3 +275,18 @@ def test_torchrun_workers_and_execute_results(tmp_path):
     rep = execute(plan_path, ExecuteOptions(steps=3, results=str(out)))
     assert rep["loss_max_rel_diff"] <= LOSS_GOAL
     assert rep["memory"]["ranks"][0]["rel_error"]["parameters"] <= MEMORY_GOAL
+
+
+def test_optimizer_offload_keeps_the_whole_optimizer_state_on_the_host(reports):
+    """The offloaded runs train like the single-process run (above) and their fp32 masters and Adam
+    moments (12 bytes per parameter over the ZeRO group) are in host memory, none on the device."""
+    for name in OFFLOAD:
+        rows = [r for r in reports[f"{name} bf16"]["memory"]["ranks"] if r["rel_error"] is not None]
+        for row in rows:
+            measured, predicted = row["measured_bytes"], row["predicted_bytes"]
+            assert measured["optimizer"] == 0 and predicted["optimizer"] == 0
+            assert measured["host_optimizer"] > 0
+            assert measured["host_optimizer"] == pytest.approx(predicted["host_optimizer"], rel=MEMORY_GOAL)
+    # ZeRO-1 over 2 ranks, bf16 weights: host states = 12 / 2 bytes per parameter = 3x the weights' 2 bytes
+    z1 = next(r for r in reports["zero1+offload bf16"]["memory"]["ranks"] if r["rank"] == 0)["measured_bytes"]
+    assert z1["host_optimizer"] == pytest.approx(3 * z1["parameters"], rel=0.01)

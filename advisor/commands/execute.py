@@ -117,7 +117,8 @@ def _job(cfg: RunConfig):
 
     return TrainingJob(global_batch_size=cfg.global_batch_size, seq_length=cfg.seq_length, dtype=cfg.dtype,
                        optimizer=cfg.optimizer, attention=cfg.model.attention, dropout=False, framework="pytorch",
-                       overlap_grad_reduce=False)   # ZeRO-0/1 average gradients after accumulation
+                       overlap_grad_reduce=False,   # ZeRO-0/1 average gradients after accumulation
+                       grad_reduce_dtype=cfg.grad_reduce_dtype)
 
 
 def _estimate(cfg: RunConfig, hardware):
@@ -156,6 +157,7 @@ def memory_prediction(est) -> dict[str, float] | None:
     m = est.memory_gib
     out = {k: getattr(m, k) * GIB for k in ("parameters", "gradients", "optimizer", "activations", "buffers", "total")}
     out["activations_per_microbatch"] = est.activation_gib_per_microbatch * GIB
+    out["host_optimizer"] = est.host_optimizer_gib * GIB
     out["stage"] = est.worst_memory_stage
     return out
 

@@ -315,5 +315,6 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
         worst_stage=worst, activation_per_microbatch=pick(per_mb), stage_total=total, host_activations=host_acts,
         host_params=host_params,
         stage_parts={name: np.broadcast_to(x, total.shape) for name, x in (
-            ("parameters", params), ("gradients", grads), ("optimizer", optim), ("activations_per_microbatch", per_mb))},
+            ("parameters", params), ("gradients", grads), ("optimizer", optim), ("activations_per_microbatch", per_mb),
+            ("host_optimizer", host_share * optim_all))},
     )

@@ -75,6 +75,7 @@ class RunConfig:
     learning_rate: float = 3e-3
     inject_failure: tuple[int, int] | None = None   # (rank, step): raise there (tests)
     notes: tuple[str, ...] = field(default=())
+    grad_reduce_dtype: str | None = None    # mixed precision's data-parallel reduction dtype (None: fp32)
 
     @property
     def global_batch_size(self) -> int:
@@ -121,6 +122,7 @@ def run_config_from_dict(d: dict[str, Any]) -> RunConfig:
         seq_length=d["seq_length"], dtype=d["dtype"], optimizer=d["optimizer"], steps=d["steps"],
         seed=d["seed"], learning_rate=d["learning_rate"],
         inject_failure=tuple(fail) if fail is not None else None, notes=tuple(d.get("notes", ())),
+        grad_reduce_dtype=d.get("grad_reduce_dtype"),
     )
 
 
@@ -238,17 +240,70 @@ def _bucket_mb(par: dict[str, Any]) -> float | None:
 RUN_WITHOUT_FIELD = {
     "full_batch": "every rank builds the whole global batch and keeps its data-parallel rows, which is what "
                   "full_batch reads (the executor's synthetic batches are made on every rank for every plan)",
-    "cp_comm": "",             # context parallelism itself is refused (parallel.cp)
-    "offload_fraction": "",    # optimizer offload itself is refused (parallel.offload_optimizer)
 }
 # Why the others are not run, by setting (a sentence after the value)
 NOT_RUN = {
+    "offload_fraction": "the executor offloads the whole optimizer state, not a share of it (Megatron's "
+                        "--optimizer-offload-fraction)",
+    "cp_comm": "the executor runs context parallelism as ring attention (p2p) only, not as Ulysses all-to-alls",
     "micro_batch_copies": "multi-copy parallelism (copies whose collectives overlap another copy's compute) is not "
                           "run by the executor",
     "swap_layers": "the executor runs every process on the CPU already, so swapping activations to the host would "
                    "not differ from keeping them",
     "fold_experts": "expert parallelism needs MoE layers, which the executor does not run",
 }
+
+
+# Training settings (advisor.specs.job.TrainingJob) and how the executor treats each one away from its default:
+# RUN_TRAINING it reads; PLANNING_ONLY describe the plan, not the training arithmetic; TIME_ONLY change how
+# fast a framework runs the same arithmetic (overlaps, kernels, graphs), which the executor runs its own way
+# and prices as it runs (advisor.commands.execute._job), so they are noted; NOT_RUN_TRAINING are refused.
+RUN_TRAINING = ("global_batch_size", "seq_length", "dtype", "optimizer", "attention", "grad_reduce_dtype")
+PLANNING_ONLY = ("train_tokens", "memory_margin", "pue", "grid_gco2e_per_kwh")
+TIME_ONLY = ("framework_release", "overlap_grad_reduce", "tp_comm_overlap", "ep_comm_overlap",
+             "attention_kernel", "fsdp_backward_prefetch", "fused_kernels", "comm_priority", "cuda_graphs",
+             "optimizer_impl")
+EXECUTOR_TIME = {"overlap_grad_reduce": False}   # how the executor itself runs a time-only setting
+NOT_RUN_TRAINING = {
+    "dropout": "the executor's model has no dropout (its losses are compared with a single-process run "
+               "step for step); give the plan dropout = false",
+    "recompute_modules": "the executor's selective recomputation recomputes the attention core only "
+                         "(core_attn)",
+    "fp8_recipe": "the executor runs no FP8 GEMMs",
+    "fp8_param_gather": "the executor runs no FP8 GEMMs",
+    "moe_dropless": "the executor runs dense models only",
+}
+
+
+def unrun_training(train: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(refusals, notes) for the plan's training settings the executor does not read (see above)."""
+    from dataclasses import fields as dc_fields
+
+    from advisor.specs.job import TrainingJob
+    from advisor.specs.setting import field_default
+
+    refusals, time_only, notes = [], [], []
+    framework = train.get("framework")
+    if framework not in (None, "pytorch"):
+        notes.append(f"priced for {framework}, run on PyTorch's own stack (DeviceMesh, DTensor, FSDP2, "
+                     "torch.distributed.pipelining): the same layout and arithmetic")
+    for fl in dc_fields(TrainingJob):
+        if fl.name not in train or fl.name in RUN_TRAINING or fl.name in PLANNING_ONLY or fl.name == "framework":
+            continue
+        value, default = train[fl.name], EXECUTOR_TIME.get(fl.name, field_default(fl))
+        if value is None or value == default or (isinstance(default, tuple) and list(default) == value):
+            continue
+        if fl.name == "recompute_modules" and list(value) == ["core_attn"]:
+            continue
+        if fl.name in TIME_ONLY:
+            time_only.append(f"{fl.name} = {value!r}")
+        else:
+            why = NOT_RUN_TRAINING.get(fl.name, "the executor does not run this setting")
+            refusals.append(f"training.{fl.name} = {value!r}: {why}")
+    if time_only:
+        notes.append("ran without " + ", ".join(time_only) + ": they change how fast a framework runs the same "
+                     "layout and arithmetic, not what it computes; the time prediction is for the run as executed")
+    return refusals, notes
 
 
 def unrun_settings(par: dict[str, Any], plan: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -304,12 +359,21 @@ def run_config_from_plan(plan: dict[str, Any], *, steps: int = 5, tiny: bool = F
     if dtype is not None and dtype != plan_dtype:
         notes.append(f"ran in {dtype} instead of the plan's {plan_dtype} (--dtype)")
     unrun, run_notes = unrun_settings(par_d, plan)
-    notes += run_notes
+    unrun_t, train_notes = unrun_training(train_d)
+    unrun += unrun_t
+    notes += run_notes + train_notes
+    reduce = train_d.get("grad_reduce_dtype")
+    if reduce is not None and run_dtype not in MIXED_PRECISION:
+        if reduce != run_dtype:
+            notes.append(f"gradients reduced in {run_dtype}, the run's dtype, not the plan's grad_reduce_dtype {reduce}")
+        reduce = None
+    elif reduce is not None and reduce not in ("fp32", "bf16"):
+        unrun.append(f"training.grad_reduce_dtype = {reduce!r}: the executor reduces gradients in fp32 or bf16")
     cfg = RunConfig(
         name=name or str(model_d.get("name", "plan")),
         model=model, parallel=par, seq_length=seq, dtype=run_dtype,
         optimizer=_choice(train_d, "optimizer", "training", OPTIMIZERS, "adamw"),
-        steps=steps, seed=seed, notes=tuple(notes),
+        steps=steps, seed=seed, notes=tuple(notes), grad_reduce_dtype=reduce,
     )
     gbs = _int(train_d, "global_batch_size", "training")
     problems = unrun + refusals(cfg, global_batch_size=gbs, devices=_cluster_devices(plan))
@@ -337,12 +401,17 @@ def refusals(cfg: RunConfig, global_batch_size: int | None = None, devices: int 
         out.append(f"training.dtype = {cfg.dtype}: the executor trains in fp32 or bf16 (FP8 GEMMs need "
                    "TransformerEngine or torchao kernels on a GPU); pass --dtype bf16 or fp32")
     if p.cp != 1:
-        out.append(f"parallel.cp = {p.cp}: context parallelism is not run (PyTorch's context_parallel needs fused "
-                   "SDPA ring attention on CUDA; the executor uses math attention)")
+        if cfg.model.attention != "flash":
+            out.append(f"parallel.cp = {p.cp} with training.attention = {cfg.model.attention}: ring attention is "
+                       "fused attention (it keeps no score matrix); give the plan flash attention")
+        if cfg.seq_length % (2 * p.cp):
+            out.append(f"training.seq_length = {cfg.seq_length} is not divisible by 2 x parallel.cp = {2 * p.cp} "
+                       "(each cp rank keeps two of 2 x cp chunks)")
     if p.ep != 1:
         out.append(f"parallel.ep = {p.ep}: expert parallelism needs MoE layers, which the executor does not run")
-    if p.offload_optimizer:
-        out.append("parallel.offload_optimizer = true: optimizer offload is not run by the executor")
+    if p.offload_optimizer and cfg.dtype not in MIXED_PRECISION:
+        out.append(f"parallel.offload_optimizer = true with training.dtype = {cfg.dtype}: the executor offloads "
+                   "mixed precision's fp32 master weights and moments (ZeRO-Offload); run the plan in bf16")
     if p.offload_params:
         out.append("parallel.offload_params = true: parameter offload is not run by the executor")
     if p.host_embedding:
@@ -375,9 +444,9 @@ def _tp_refusals(cfg: RunConfig) -> list[str]:
                        ("ffn_hidden_size", m.ffn_hidden_size), ("vocab_size", m.vocab_size)):
         if value % p.tp:
             out.append(f"model.{key} = {value} is not divisible by parallel.tp = {p.tp}")
-    if p.sequence_parallel and cfg.seq_length % p.tp:
-        out.append(f"training.seq_length = {cfg.seq_length} is not divisible by parallel.tp = {p.tp} "
-                   "(sequence parallelism splits the sequence)")
+    if p.sequence_parallel and (cfg.seq_length // p.cp) % p.tp:
+        out.append(f"training.seq_length / parallel.cp = {cfg.seq_length // p.cp} is not divisible by parallel.tp = "
+                   f"{p.tp} (sequence parallelism splits each rank's sequence)")
     return out
 
 
@@ -446,7 +515,9 @@ def shrink_plan(plan: dict[str, Any], scale: int = 1) -> dict[str, Any]:
     orig_layers = par.get("stage_layers") or list(even_stage_layers(_int(model, "num_layers", "model"), pp))
     smallest = max(1, min(orig_layers))
     stage_layers = [vpp * max(1, round(x / smallest)) if x else 0 for x in orig_layers]
-    seq = max(TINY_SEQ * scale, tp)
+    cp = _int(par, "cp", "parallel", 1)
+    unit = 2 * cp * tp      # ring attention's 2 x cp chunks, each rank's share split again by sequence parallelism
+    seq = -(-max(TINY_SEQ * scale, unit) // unit) * unit
     tiny_model = {k: v for k, v in model.items() if k not in ("published_params", "notes")}
     tiny_model.update(name=f"{model.get('name', 'model')}-tiny", num_layers=sum(stage_layers), hidden_size=hidden,
                       num_attention_heads=heads_tiny, num_kv_heads=heads_tiny // min(ratio, 4),

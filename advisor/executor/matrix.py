@@ -2,7 +2,8 @@
 families, one per plan shape, used by the tests and by benchmarks/executor_matrix.py.
 
 Every shape of the issue's matrix appears with and without recomputation: dp, ZeRO 1/2/3, tp,
-tp+sp, pp with GPipe / 1F1B / interleaved 1F1B, dp x tp, pp x dp, pp x tp, pp x dp x tp. The model
+tp+sp, pp with GPipe / 1F1B / interleaved 1F1B, dp x tp, pp x dp, pp x tp, pp x dp x tp, and context
+parallelism alone and with dp, tp and pp. The model
 families rotate (GPT-style: GELU, LayerNorm, learned positions, biases, tied embeddings;
 Llama-style: SwiGLU, RMSNorm, rotary, GQA) and so does the attention (math, flash).
 """
@@ -88,6 +89,16 @@ MATRIX: dict[str, tuple[dict[str, Any], str, str]] = {
     "pp×dp×tp": (dict(PP2, dp=2, tp=2, zero_stage=2, sequence_parallel=True), "llama", "math"),
     "pp×dp×tp+selective": (dict(PP2, dp=2, tp=2, recompute="selective", mesh_order=["dp", "pp", "cp", "tp"]),
                            "gpt", "math"),
+    # context parallelism: ring attention, a fused kernel (flash), the sequence in 2 x cp chunks
+    "cp": (dict(cp=2), "llama", "flash"),
+    "cp+full": (dict(cp=2, recompute="full"), "gpt", "flash"),
+    "dp×cp": (dict(dp=2, cp=2, zero_stage=1), "gpt", "flash"),
+    "dp×cp+selective": (dict(dp=2, cp=2, zero_stage=3, recompute="selective", mesh_order=["pp", "cp", "dp", "tp"]),
+                        "llama", "flash"),
+    "cp×tp": (dict(cp=2, tp=2, sequence_parallel=True), "gpt", "flash"),
+    "cp×tp+full": (dict(cp=2, tp=2, dp=2, zero_stage=2, recompute="full"), "llama", "flash"),
+    "pp×cp": (dict(PP2, cp=2), "llama", "flash"),
+    "pp×cp+full": (dict(INTERLEAVED, cp=2, recompute="full"), "gpt", "flash"),
 }
 
 

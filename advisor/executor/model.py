@@ -34,6 +34,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from advisor.executor.context_parallel import CPGroup, ring_attention
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -127,21 +129,23 @@ def _causal_mask(s: int, groups: int, device) -> torch.Tensor:
     return _MASK_CACHE[key]
 
 
-def _rotary_tables(s: int, d: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables [s, d], computed once per shape (shared by all layers, like Megatron's)."""
-    key = (s, d, str(device), dtype)
+def _rotary_tables(s: int, d: int, device, dtype, positions: torch.Tensor | None = None):
+    """cos and sin tables [s, d] for positions 0..s-1 (or the given positions: a context-parallel
+    rank's tokens), computed once per shape (shared by all layers, like Megatron's)."""
+    key = (s, d, str(device), dtype, None if positions is None else tuple(positions.tolist()))
     if key not in _ROTARY_CACHE:
         inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
-        angles = torch.arange(s, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        pos = torch.arange(s, device=device) if positions is None else positions.to(device)
+        angles = pos.to(torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((angles, angles), dim=-1)
         _ROTARY_CACHE[key] = (emb.cos().to(dtype), emb.sin().to(dtype))
     return _ROTARY_CACHE[key]
 
 
-def _rotary(x: torch.Tensor) -> torch.Tensor:
+def _rotary(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Rotary position embedding (RoFormer, rotate-half form) on [b, heads, s, d]."""
     s, d = x.shape[-2], x.shape[-1]
-    cos, sin = _rotary_tables(s, d, x.device, x.dtype)
+    cos, sin = _rotary_tables(s, d, x.device, x.dtype, positions)
     half = d // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
@@ -159,10 +163,13 @@ class AttentionCore(nn.Module):
     def __init__(self, attention: str = "math"):
         super().__init__()
         self.flash = attention == "flash"
+        self.ring = None     # a context_parallel.CPGroup: ring attention over the cp ranks
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, heads, s, d = q.shape
         kv_heads = k.shape[1]
+        if self.ring is not None:
+            return ring_attention(q, k, v, self.ring)
         if self.flash:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads != heads)
         groups = heads // kv_heads
@@ -184,6 +191,7 @@ class Attention(nn.Module):
         self.v = nn.Linear(h, kv, bias=cfg.use_bias)
         self.o = nn.Linear(h, h, bias=cfg.use_bias)
         self.core = AttentionCore(cfg.attention)
+        self.positions: torch.Tensor | None = None   # the tokens' global positions (context parallelism)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -192,7 +200,7 @@ class Attention(nn.Module):
         k = self.k(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.v(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         if self.rotary:
-            q, k = _rotary(q), _rotary(k)
+            q, k = _rotary(q, self.positions), _rotary(k, self.positions)
         out = self.core(q, k, v)
         return self.o(out.transpose(1, 2).reshape(b, s, -1))
 
@@ -237,8 +245,13 @@ class LearnedPositions(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(cfg.seq_length, cfg.hidden_size))
+        # the tokens' global positions as (start, stop) ranges (context parallelism); slices, not an
+        # index tensor, so that a sequence-parallel (DTensor) table is sliced the same way
+        self.ranges: tuple[tuple[int, int], ...] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ranges is not None:
+            return x + torch.cat([self.weight[a:b] for a, b in self.ranges])
         return x + self.weight[: x.shape[1]]
 
 
@@ -280,6 +293,16 @@ class GPT(nn.Module):
         if self.head is not None:
             x = self.head(self.norm(x))
         return x
+
+
+def apply_context_parallel(model: GPT, ring: CPGroup) -> None:
+    """Give every attention its cp ring and every position-dependent module this rank's positions."""
+    positions = ring.positions[ring.rank]
+    for block in model.layers.values():
+        block.attn.core.ring = ring
+        block.attn.positions = positions
+    if model.embed is not None and model.embed.pos is not None:
+        model.embed.pos.ranges = ring.ranges[ring.rank]
 
 
 def init_parameters(model: GPT, seed: int) -> None:

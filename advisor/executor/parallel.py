@@ -45,18 +45,30 @@ class Coords:
     pp: int
     dp: int
     tp: int
+    cp: int = 0
 
 
 def build_mesh(cfg: RunConfig, device_type: str):
     from torch.distributed.device_mesh import init_device_mesh
 
     p = cfg.parallel
-    names = tuple(d for d in p.mesh_order if d != "cp")   # cp = 1 (refused otherwise)
+    names = tuple(p.mesh_order)
     shape = tuple(getattr(p, d) for d in names)
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
     coord = mesh.get_coordinate()
     where = dict(zip(names, coord))
-    return mesh, Coords(pp=where["pp"], dp=where["dp"], tp=where["tp"])
+    return mesh, Coords(pp=where["pp"], dp=where["dp"], tp=where["tp"], cp=where["cp"])
+
+
+def replica_mesh(mesh, cfg: RunConfig):
+    """The mesh the data-parallel reduction and ZeRO sharding run over: dp, or dp x cp flattened when
+    the sequence is split (context-parallel ranks hold the same weights and reduce their gradients
+    together: Megatron-Core's data-parallel group with cp, torchtitan's dp_shard_cp)."""
+    if cfg.parallel.cp == 1:
+        return mesh["dp"]
+    names = tuple(d for d in mesh.mesh_dim_names if d in ("dp", "cp"))
+    return mesh[names]._flatten("dp_cp")
+
 
 
 # ---- layer placement ---------------------------------------------------------------------------
@@ -346,15 +358,21 @@ class MasterWeightOptimizer:
     is rounded back into the compute-dtype weights. Model states: 2 + 2 + 12 bytes per parameter
     in bf16 (ZeRO section 3.1's K = 12: master, momentum, variance)."""
 
-    def __init__(self, params: list[nn.Parameter], make_optimizer):
+    def __init__(self, params: list[nn.Parameter], make_optimizer, offload: bool = False):
         self.params = list(params)
+        # optimizer offload (ZeRO-Offload, Ren et al. 2021; Megatron-Core's HybridDeviceOptimizer): the
+        # masters and moments in host memory, stepped there by torch's AdamW on the CPU; gradients copied
+        # to the host, updated weights copied back
+        self.offload = offload
+        where = torch.device("cpu") if offload else None
         with torch.no_grad():
-            self.masters = [nn.Parameter(_local(p).detach().to(torch.float32).clone()) for p in self.params]
+            self.masters = [nn.Parameter(_local(p).detach().to(device=where, dtype=torch.float32, copy=True))
+                            for p in self.params]
         self.inner = make_optimizer(self.masters)
 
     def step(self) -> None:
         for p, m in zip(self.params, self.masters):
-            m.grad = _local(p.grad).to(torch.float32) if p.grad is not None else None
+            m.grad = _local(p.grad).to(device=m.device, dtype=torch.float32) if p.grad is not None else None
         self.inner.step()
         with torch.no_grad():
             for p, m in zip(self.params, self.masters):
@@ -370,6 +388,7 @@ class MasterWeightOptimizer:
 
 
 def optimizer_state_tensors(opt) -> list[torch.Tensor]:
+    """Every tensor of optimizer state (fp32 masters included), wherever it is kept."""
     if isinstance(opt, (ZeroOneOptimizer, MasterWeightOptimizer)):
         return opt.state_tensors()
     out = []
@@ -378,13 +397,20 @@ def optimizer_state_tensors(opt) -> list[torch.Tensor]:
     return out
 
 
-def make_torch_optimizer(name: str, lr: float, master_weights: bool = False):
+def offloaded(opt) -> bool:
+    """Whether the optimizer keeps its state in host memory (optimizer offload)."""
+    if isinstance(opt, ZeroOneOptimizer):
+        return offloaded(opt.inner) if opt.inner is not None else False
+    return isinstance(opt, MasterWeightOptimizer) and opt.offload
+
+
+def make_torch_optimizer(name: str, lr: float, master_weights: bool = False, offload: bool = False):
     """torch's optimizer with its multi-tensor (foreach) kernels, one parameter group per kind of
     tensor (plain, or DTensor on one mesh): foreach ops cannot mix them. ``master_weights``: behind
-    a MasterWeightOptimizer (mixed precision)."""
+    a MasterWeightOptimizer (mixed precision), its state on the host with ``offload``."""
     def build(params):
         if master_weights:
-            return MasterWeightOptimizer(params, make_torch_optimizer(name, lr))
+            return MasterWeightOptimizer(params, make_torch_optimizer(name, lr), offload)
         groups = [{"params": g} for g in _homogeneous_groups(params)]
         if name == "sgd":
             return torch.optim.SGD(groups, lr=lr, momentum=0.9, foreach=True)

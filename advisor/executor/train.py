@@ -11,14 +11,15 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from advisor.executor.config import RunConfig, mixed_precision, torch_dtype
+from advisor.executor.config import TORCH_DTYPES, RunConfig, mixed_precision, torch_dtype
 from advisor.executor.data import dp_slice, global_batch
 from advisor.executor.measure import (ActivationTracker, ParameterProbe, gradient_bytes, parameter_bytes,
                                       tensor_bytes)
-from advisor.executor.model import GPT, VocabParallelLoss, cross_entropy
+from advisor.executor.context_parallel import CPGroup
+from advisor.executor.model import GPT, VocabParallelLoss, apply_context_parallel, cross_entropy
 from advisor.executor.parallel import (GradientAverager, ZeroOneOptimizer, apply_fsdp, apply_recompute,
                                        apply_tensor_parallel, build_chunks, build_mesh, chunk_layout,
-                                       make_torch_optimizer, optimizer_state_tensors,
+                                       make_torch_optimizer, offloaded, optimizer_state_tensors, replica_mesh,
                                        resolve_partial_gradients)
 
 
@@ -70,21 +71,29 @@ class _Setup:
         self.cfg, self.device = cfg, device
         self.mixed = mixed_precision(cfg)
         # mixed precision reduces the data-parallel gradients in fp32 (the pytorch record's
-        # bf16_grad_reduce_bytes; FSDP2's MixedPrecisionPolicy.reduce_dtype, DDP's fp32 buckets)
-        self.reduce_dtype = torch.float32 if self.mixed else None
+        # bf16_grad_reduce_bytes; FSDP2's MixedPrecisionPolicy.reduce_dtype, DDP's fp32 buckets), or in
+        # the plan's grad_reduce_dtype
+        self.reduce_dtype = (getattr(torch, TORCH_DTYPES[cfg.grad_reduce_dtype or "fp32"]) if self.mixed else None)
         self.mesh, self.coords = build_mesh(cfg, device.type)
+        # data-parallel and context-parallel ranks hold the same weights: gradients reduced, and
+        # ZeRO shards kept, over dp x cp
+        self.replicas = p.dp * p.cp
+        self.replica_mesh = replica_mesh(self.mesh, cfg) if self.replicas > 1 else None
+        self.ring = CPGroup(self.mesh["cp"].get_group(), p.cp, self.coords.cp, cfg.seq_length) if p.cp > 1 else None
         self.tracker = ActivationTracker()
         self.probe = ParameterProbe()
         self.chunks = build_chunks(cfg, self.coords.pp)
         self.n_stages = p.pp * p.virtual_pipeline_stages
         for stage, chunk in self.chunks:
             chunk.to(device=device, dtype=torch_dtype(cfg))
+            if self.ring is not None:
+                apply_context_parallel(chunk, self.ring)
             if p.tp > 1:
                 apply_tensor_parallel(chunk, self.mesh["tp"], p.sequence_parallel)
             for wrapper in apply_recompute(chunk, p.recompute, p.recompute_layers):
                 self.tracker.watch_checkpoint(wrapper)
-            if p.dp > 1 and p.zero_stage >= 2:
-                apply_fsdp(chunk, self.mesh["dp"], reshard_after_forward=p.zero_stage == 3,
+            if self.replicas > 1 and p.zero_stage >= 2:
+                apply_fsdp(chunk, self.replica_mesh, reshard_after_forward=p.zero_stage == 3,
                            reduce_dtype=self.reduce_dtype)
             self.tracker.watch_chunk(f"chunk{stage}", chunk)
         self.modules = [c for _, c in self.chunks]
@@ -92,14 +101,15 @@ class _Setup:
                         if p.tp > 1 else cross_entropy)
         self.probe.watch(self.modules)
         self.params = _unique_params(self.modules)
-        self.dp_group = self.mesh["dp"].get_group() if p.dp > 1 else None
-        self.averager = (GradientAverager(self.params, self.dp_group, p.dp, p.grad_bucket_mb, self.reduce_dtype)
-                         if p.dp > 1 and p.zero_stage == 0 else None)
+        self.dp_group = self.replica_mesh.get_group() if self.replicas > 1 else None
+        self.averager = (GradientAverager(self.params, self.dp_group, self.replicas, p.grad_bucket_mb,
+                                          self.reduce_dtype)
+                         if self.replicas > 1 and p.zero_stage == 0 else None)
         self.tied = _TiedEmbedding(cfg, self) if cfg.model.tie_embeddings and self.n_stages > 1 else None
-        build = make_torch_optimizer(cfg.optimizer, cfg.learning_rate, self.mixed)
-        if p.zero_stage == 1 and p.dp > 1:
-            self.optimizer = ZeroOneOptimizer(self.params, build, self.dp_group, p.dp, self.coords.dp,
-                                              self.reduce_dtype)
+        build = make_torch_optimizer(cfg.optimizer, cfg.learning_rate, self.mixed, p.offload_optimizer)
+        if p.zero_stage == 1 and self.replicas > 1:
+            self.optimizer = ZeroOneOptimizer(self.params, build, self.dp_group, self.replicas,
+                                              self.replica_mesh.get_local_rank(), self.reduce_dtype)
         else:
             self.optimizer = build(self.params)
         self.schedule = _schedule(cfg, self) if p.pp > 1 else None
@@ -130,14 +140,15 @@ def _schedule(cfg: RunConfig, s: _Setup):
 
     p, m = cfg.parallel, cfg.model
     mbs = p.micro_batch_size
-    seq_local = cfg.seq_length // p.tp if p.sequence_parallel else cfg.seq_length
+    seq_cp = cfg.seq_length // p.cp
+    seq_local = seq_cp // p.tp if p.sequence_parallel else seq_cp
     # example tensors: static shapes (no shape-inference pass); requires_grad marks what flows back
     dtype = torch_dtype(cfg)
     hidden = torch.zeros(mbs, seq_local, m.hidden_size, device=s.device, dtype=dtype, requires_grad=True)
     stages = []
     for stage, chunk in s.chunks:
-        inp = torch.zeros(mbs, cfg.seq_length, dtype=torch.long, device=s.device) if stage == 0 else hidden
-        out = (torch.zeros(mbs, cfg.seq_length, m.vocab_size // p.tp, device=s.device, dtype=dtype, requires_grad=True)
+        inp = torch.zeros(mbs, seq_cp, dtype=torch.long, device=s.device) if stage == 0 else hidden
+        out = (torch.zeros(mbs, seq_cp, m.vocab_size // p.tp, device=s.device, dtype=dtype, requires_grad=True)
                if stage == s.n_stages - 1 else hidden)
         stages.append(PipelineStage(chunk, stage, s.n_stages, s.device, input_args=(inp,), output_args=(out,),
                                     group=s.mesh["pp"].get_group()))
@@ -202,8 +213,8 @@ def _owned_grad_sq(s: _Setup) -> float:
     world): shards count where they live, replicas only at coordinate 0 of the replicating dims;
     under ZeRO-1 only the slices this rank owns hold reduced gradients, so they count for dp."""
     p = s.cfg.parallel
-    coord = {"dp": s.coords.dp, "tp": s.coords.tp}
-    sizes = {"dp": p.dp, "tp": p.tp}
+    coord = {"dp": s.coords.dp, "tp": s.coords.tp, "cp": s.coords.cp}
+    sizes = {"dp": p.dp, "tp": p.tp, "cp": p.cp}
     zero1 = isinstance(s.optimizer, ZeroOneOptimizer)
     slices = s.optimizer.owned_slices() if zero1 else [(param, None, None) for param in s.params]
     total = 0.0
@@ -212,8 +223,8 @@ def _owned_grad_sq(s: _Setup) -> float:
             continue
         local, sharded_on = _gradient_shard(param.grad)
         if zero1:
-            sharded_on.add("dp")
-        if any(sizes[d] > 1 and d not in sharded_on and coord[d] != 0 for d in ("dp", "tp")):
+            sharded_on.update(("dp", "cp"))
+        if any(sizes[d] > 1 and d not in sharded_on and coord[d] != 0 for d in ("dp", "tp", "cp")):
             continue
         part = local.reshape(-1)[a:b] if zero1 else local
         total += float(part.double().pow(2).sum())
@@ -247,7 +258,7 @@ def _step(s: _Setup, x: torch.Tensor, y: torch.Tensor) -> float | None:
         return float(torch.stack([x.detach() for x in losses]).mean()) if s.holds_last else None
     model = s.modules[0]
     n, mbs = p.num_micro_batches, p.micro_batch_size
-    keep_gathered = p.zero_stage == 2 and p.dp > 1
+    keep_gathered = p.zero_stage == 2 and s.replicas > 1
     total = 0.0
     for i in range(n):
         if keep_gathered:   # ZeRO-2: parameters stay whole through the step, gradients reduce-scattered each backward
@@ -261,14 +272,24 @@ def _step(s: _Setup, x: torch.Tensor, y: torch.Tensor) -> float | None:
     return total / n
 
 
+def _inputs_and_targets(s: _Setup, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's input tokens and next-token targets: its data-parallel rows, and under context
+    parallelism its cp rank's positions of the sequence (context_parallel.chunk_positions)."""
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    if s.ring is not None:
+        keep = s.ring.positions[s.ring.rank].to(tokens.device)
+        x, y = x[:, keep].contiguous(), y[:, keep].contiguous()
+    return x, y
+
+
 def _forward_backward(s: _Setup, tokens: torch.Tensor, measure: bool) -> float | None:
     """One step's forward and backward; with ``measure`` under the saved-tensor hooks, whose host
     cost is why they only run in the first step (which the median leaves out)."""
     if not measure:
-        return _step(s, tokens[:, :-1], tokens[:, 1:])
+        return _step(s, *_inputs_and_targets(s, tokens))
     s.tracker.enabled = True
     with s.tracker.hooks():
-        loss = _step(s, tokens[:, :-1], tokens[:, 1:])
+        loss = _step(s, *_inputs_and_targets(s, tokens))
     s.tracker.close()
     s.tracker.enabled = False
     return loss
@@ -283,7 +304,7 @@ def _synchronize_gradients(s: _Setup) -> None:
         resolve_partial_gradients(s.params)
     if s.tied is not None:
         s.tied.sync()
-    if p.dp > 1 and p.zero_stage == 1:
+    if s.replicas > 1 and p.zero_stage == 1:
         s.optimizer.reduce_gradients()
     elif s.averager is not None:
         s.averager()
@@ -333,21 +354,23 @@ def run_distributed(cfg: RunConfig, device: torch.device, on_step=None) -> dict:
                              dtype=torch.float64)
         dist.all_reduce(stats)
         norms.append(float(stats[0]) ** 0.5)
-        losses.append(float(stats[1]) / p.dp)
+        losses.append(float(stats[1]) / (p.dp * p.cp))   # every cp rank holds an equal share of the tokens
         if on_step is not None:
             on_step(step)
         if step == 0:
             memory["gradients"] = gradient_bytes(s.modules)
-            memory["optimizer"] = tensor_bytes(optimizer_state_tensors(s.optimizer))
+            states = tensor_bytes(optimizer_state_tensors(s.optimizer))
+            host = offloaded(s.optimizer)
+            memory["optimizer"], memory["host_optimizer"] = (0, states) if host else (states, 0)
         s.optimizer.zero_grad(set_to_none=True)
     probes.append(_host_probe_us(device))
     memory["parameters"] = s.probe.compute_bytes if s.probe.compute_bytes is not None else sharded_at_rest
-    memory["fsdp_sharded_copy"] = sharded_at_rest if (p.zero_stage == 2 and p.dp > 1) else 0
+    memory["fsdp_sharded_copy"] = sharded_at_rest if (p.zero_stage == 2 and s.replicas > 1) else 0
     memory["activations_per_microbatch"] = s.tracker.first_microbatch_bytes()
     memory["activations_in_flight"] = s.tracker.peak_bytes
     memory["cuda_max_allocated"] = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return {
-        "name": cfg.name, "rank": rank, "coords": {"pp": s.coords.pp, "dp": s.coords.dp, "tp": s.coords.tp},
+        "name": cfg.name, "rank": rank, "coords": {"pp": s.coords.pp, "dp": s.coords.dp, "tp": s.coords.tp, "cp": s.coords.cp},
         "stages": [stage for stage, _ in s.chunks],
         "layers": [list(c.layer_ids) for _, c in s.chunks],
         "losses": losses, "grad_norms": norms, "step_times_s": times,
