@@ -119,17 +119,29 @@ def test_a_searched_layout_beats_megatron_on_gpt3_175b():
 
 
 def test_pricing_scales_with_the_stage_layers():
-    """A layout's step-time difference counts the layers of the smallest stage, its memory growth
-    those of the largest (per layer of the graph it was found on)."""
+    """A layout's step-time difference changes every stage by its own layers and the pipeline is re-timed,
+    the slowest stage setting the step (#32); its memory growth counts the layers of the largest stage
+    (per layer of the graph it was found on). The change goes to compute and tp_comm by its split."""
     model, hw = load_model("gpt3-1.3b"), load_hardware("dgx-a100-80g")
     cluster = Cluster.of(hw, devices=8)
     s = Strategy(dp=1, tp=2, pp=4, micro_batch_size=1, num_micro_batches=64, stage_layers=(5, 7, 7, 5))
     batch = StrategyBatch.from_strategies([s, s], model.num_layers)
     e = estimate_batch(model, hw, cluster, JOB, batch)
-    records = [{"pricing": {"graph_layers": 7, "delta_step_s": -0.7, "delta_memory_bytes": 7.0 * 2**20}},
+    records = [{"pricing": {"graph_layers": 7, "delta_step_s": -0.7, "delta_memory_bytes": 7.0 * 2**20,
+                            "delta_communication_s": -0.07, "delta_compute_s": -0.63}},
                {"pricing": {"graph_layers": 7, "delta_step_s": 0.0, "delta_memory_bytes": 0.0}}]
     priced = price_layouts(e, batch, records, usable_bytes(JOB, hw))
-    assert priced.step_time_s[0] == pytest.approx(e.step_time_s[0] - 0.5, rel=1e-12)
+    # by hand: each stage's micro-batch time changes by -0.1 s per layer over the 64 micro-batches
+    old = e.stage_micro_batch_s[0, :4]
+    new = old - 0.1 * np.array([5, 7, 7, 5]) / 64
+    steady = 64 * (new.max() - old.max())
+    fill = (new.sum() - new.max()) - (old.sum() - old.max())
+    assert priced.step_time_s[0] == pytest.approx(e.step_time_s[0] + steady + fill, rel=1e-12)
+    assert steady < -0.5     # the slowest stage (7 layers) sets the step, not the smallest (5)
+    assert priced.time_s["tp_comm"][0] == pytest.approx(e.time_s["tp_comm"][0] + steady * 0.07 / 0.7, rel=1e-12)
+    assert priced.time_s["compute"][0] == pytest.approx(e.time_s["compute"][0] + steady * 0.63 / 0.7, rel=1e-12)
+    assert priced.time_s["bubble"][0] == pytest.approx(e.time_s["bubble"][0] + fill, rel=1e-12)
     assert priced.memory.total[0] == pytest.approx(e.memory.total[0] + 7.0 * 2**20, rel=1e-12)
-    assert priced.tokens_per_s[0] == pytest.approx(e.tokens_per_s[0] * e.step_time_s[0] / (e.step_time_s[0] - 0.5))
+    step = priced.step_time_s[0]
+    assert priced.tokens_per_s[0] == pytest.approx(e.tokens_per_s[0] * e.step_time_s[0] / step)
     assert priced.step_time_s[1] == e.step_time_s[1] and priced.tokens_per_s[1] == e.tokens_per_s[1]

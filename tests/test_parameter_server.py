@@ -209,8 +209,13 @@ def test_search_picks_what_the_cost_model_says_is_best(name, nodes):
     job = TrainingJob(global_batch_size=model.global_batch_size // cluster.devices * cluster.devices, seq_length=1)
     result = recommend_recsys(model, A100, cluster, job, top_k=3)
     every = [estimate_recsys(model, A100, cluster, job, c) for c in candidates(model, cluster, PsPins())]
-    top = max(e.samples_per_s for e in every if e.feasible)
-    assert result.estimates[0].samples_per_s >= (1 - TIE) * top
+    # the oracle: samples/s per charged device (dedicated server hosts count as devices; #32)
+    from advisor.search.parameter_server import charged_devices
+
+    def rate(e):
+        return e.samples_per_s / charged_devices(e.config, cluster.devices)
+    top = max(rate(e) for e in every if e.feasible)
+    assert rate(result.estimates[0]) >= (1 - TIE) * top
     assert result.search.candidates == len(every)
 
 
@@ -481,3 +486,23 @@ def recommend_llama_plan():
     hw = load_hardware("dgx-h100")
     return recommend(load_model("llama3-8b"), hw, Cluster.of(hw, devices=8),
                      TrainingJob(global_batch_size=16, seq_length=8192), top_k=1).best
+
+
+def test_dedicated_server_hosts_are_charged_in_the_ranking():
+    """#32: a plan that adds dedicated server hosts is ranked by its samples/s per charged device (the
+    cluster's devices plus one per host), so a faster plan on more machines can rank below."""
+    from advisor.cost.recsys import RecEstimate, RecsysConfig
+    from advisor.search.parameter_server import charged_devices, rank_estimates
+
+    def est(config, rate):
+        return RecEstimate(config=config, feasible=True, reasons=(), worker_memory=None, capacity_gib=80.0,
+                           time_s={}, step_time_s=1.0, samples_per_s=rate, tflops_per_device=0.0, mfu=0.0,
+                           bottleneck="compute")
+
+    replicated = est(RecsysConfig("replicated"), 1000.0)
+    dedicated = est(RecsysConfig("ps", 8, "dedicated", True, ("t",)), 1400.0)     # 40% faster, 8 more hosts
+    colocated = est(RecsysConfig("ps", 2, "colocated", True, ("t",)), 1200.0)
+    assert charged_devices(dedicated.config, 16) == 24 and charged_devices(colocated.config, 16) == 16
+    order = rank_estimates([dedicated, replicated, colocated], 16)
+    assert order[0] is colocated and order[-1] is dedicated      # 1400 / 24 = 58 < 1000 / 16 = 62.5 < 1200 / 16
+    assert rank_estimates([replicated, dedicated], 64)[0] is dedicated   # 1400 / 72 = 19.4 > 1000 / 64 = 15.6

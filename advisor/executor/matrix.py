@@ -89,6 +89,8 @@ MATRIX: dict[str, tuple[dict[str, Any], str, str]] = {
     "pp×dp×tp": (dict(PP2, dp=2, tp=2, zero_stage=2, sequence_parallel=True), "llama", "math"),
     "pp×dp×tp+selective": (dict(PP2, dp=2, tp=2, recompute="selective", mesh_order=["dp", "pp", "cp", "tp"]),
                            "gpt", "math"),
+    # many micro-batches: the first stage keeps each one's tokens, not the whole step's (a data loader's split)
+    "pp-many-micro-batches": (dict(pp=2, num_micro_batches=32), "gpt", "math"),
     # context parallelism: ring attention, a fused kernel (flash), the sequence in 2 x cp chunks
     "cp": (dict(cp=2), "llama", "flash"),
     "cp+full": (dict(cp=2, recompute="full"), "gpt", "flash"),

@@ -148,6 +148,11 @@ def _schedule(cfg: RunConfig, s: _Setup):
     stages = []
     for stage, chunk in s.chunks:
         inp = torch.zeros(mbs, seq_cp, dtype=torch.long, device=s.device) if stage == 0 else hidden
+        if stage == 0:
+            # the schedule hands the first stage views of the step's whole token batch; a data loader hands
+            # each micro-batch over in its own tensor (as _step does), else what the embedding saves for
+            # backward would keep every micro-batch's tokens alive
+            chunk.register_forward_pre_hook(_own_micro_batch)
         out = (torch.zeros(mbs, seq_cp, m.vocab_size // p.tp, device=s.device, dtype=dtype, requires_grad=True)
                if stage == s.n_stages - 1 else hidden)
         stages.append(PipelineStage(chunk, stage, s.n_stages, s.device, input_args=(inp,), output_args=(out,),
@@ -159,6 +164,10 @@ def _schedule(cfg: RunConfig, s: _Setup):
     multi = {"interleaved-1f1b": ScheduleInterleaved1F1B, "interleaved-zero-bubble": ScheduleInterleavedZeroBubble,
              "zbv-zero-bubble": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}
     return multi[p.pipeline_schedule](stages, n, loss_fn=s.loss_fn)
+
+
+def _own_micro_batch(module, args):
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
 
 
 class _TiedEmbedding:

@@ -119,6 +119,34 @@ def recipe_line(recipe, first: Estimate) -> str:
             f"{vs['gain']:+.1%}, {where}")
 
 
+def layout_lines(plan) -> list[str]:
+    """What an operator-level searcher (--searcher drec|ilp) changed in plan 1: each operator whose cut differs
+    from Megatron's uniform split, and what it changed in time and memory (advisor.search.intra_op.record)."""
+    rec = plan.operator_strategies
+    if not isinstance(rec, dict) or "layout" not in rec:
+        return []
+    head = f"operator layouts ({rec.get('searcher')}) of plan 1"
+    changed = rec.get("changed") or []
+    if rec["layout"] != "searched" or not changed:
+        return [f"{head}: Megatron's uniform split kept" + (f" ({rec['note']})" if rec.get("note") else "")]
+    pricing = rec["pricing"]
+    n = pricing["graph_layers"]
+    def secs(x: float) -> str:
+        return f"{x:+.3g} s" if abs(x) >= 1.0 else f"{x * 1e3:+.3g} ms"
+
+    def cut(axes) -> str:
+        return "x".join(a or "-" for a in axes)
+
+    lines = [f"{head}: {len(changed)} operator(s) cut otherwise than Megatron's split; over {n} layer(s) per step "
+             f"the layout changes compute by {secs(pricing['delta_compute_s'])} and communication (tp_comm) by "
+             f"{secs(pricing['delta_communication_s'])}, memory by {pricing['delta_memory_bytes'] / 2 ** 20:+.4g} MiB "
+             "per device (labels: advisor/graph/transformer.py; b batch, s sequence, h hidden, g key/value heads, f FFN, v vocabulary)"]
+    for op in changed:
+        lines.append(f"  {op['operator']}: mesh axes cut {cut(op['megatron'])} -> {cut(op['searched'])}, "
+                     f"{secs(op['delta_s'])}, {op['delta_bytes'] / 2 ** 20:+.4g} MiB")
+    return lines
+
+
 def render_recommendation(console: Console, result: RecommendResult, saved_to: str | None = None,
                           notes: tuple[str, ...] = ()) -> None:
     """The plans table and what it rests on; ``notes``: the command's lines printed before where the plan went."""
@@ -148,6 +176,8 @@ def render_recommendation(console: Console, result: RecommendResult, saved_to: s
     train = _training_time(result.estimates[0])
     if train:
         console.print(train)
+    for line in layout_lines(result.plans[0]):
+        console.print(line, highlight=False, markup=False)
     for note in notes:
         console.print(note, highlight=False, markup=False)
     if saved_to:

@@ -57,7 +57,8 @@ def plans_table(result) -> Table:
 def render_recsys(console: Console, result, saved_to: str | None = None) -> None:
     console.print(plans_table(result))
     console.print("servers: count, ded = dedicated hosts / col = co-located with workers, tables on servers (hybrid); "
-                  "limit: the largest part of the step; staleness: updates a gradient misses (asynchronous PS)",
+                  "limit: the largest part of the step; staleness: updates a gradient misses (asynchronous PS); "
+                  "ranked by samples/s per charged device: the cluster's devices plus one per dedicated server host",
                   highlight=False)
     s = result.search
     console.print(f"searcher {s.searcher}: {s.candidates:,} candidates priced, {s.feasible:,} fit; {s.seconds:.2f} s",

@@ -18,9 +18,11 @@ A searched layout is priced as the cost model's estimate of the outer configurat
 difference, in the sharding model, between the searched and the reference layout (both priced by
 the same ShardingProblem, so its own biases cancel):
 
-* time: the difference per layer times the layers of the stage with the fewest layers (every
-  stage's per-micro-batch time falls by at least that, so the step by at least that over the m
-  micro-batches: a saving is never overstated by the pipeline);
+* time: the difference per layer times each stage's layers, spread over its m micro-batches, changes
+  every stage's micro-batch time; the pipeline is re-timed (advisor.cost.bubble) so that the slowest
+  stage after the change sets the step, and the bubble changes with the others. The change is split
+  into its parts: the operators' collectives and the redistribution between operators go to tp_comm,
+  the rest to compute;
 * memory: the difference per layer times the layers of the stage with the most layers when it
   grows, of the fewest when it shrinks (the worst stage's memory is never understated).
 
@@ -242,16 +244,40 @@ def record(layout: Layout, key: LayoutKey, strategy: Strategy, searcher: str) ->
                 "graph_layers": key.graph_layers,
                 "graph": "one tensor-parallel group of one stage" + (" (the whole model)" if key.whole_model
                                                                       else " (its layers)")})
-    delta_s = delta_b = 0.0
+    delta_s = delta_b = delta_comm = 0.0
+    changed = []
     if layout.chosen is not None:
         delta_s = layout.chosen.cost_s - layout.reference.cost_s
         delta_b = layout.chosen.memory_bytes - layout.reference.memory_bytes
+        chosen = problem.evaluate(list(layout.chosen.assignment))
+        reference = problem.evaluate(list(layout.reference.assignment))
+        delta_comm = chosen.communication_s - reference.communication_s
+        changed = _changed_operators(problem, layout, chosen, reference)
     rec["pricing"] = {"graph_layers": key.graph_layers, "delta_step_s": delta_s, "delta_memory_bytes": delta_b,
+                      # the split of delta_step_s: collectives and redistribution (priced as tp_comm), the rest compute
+                      "delta_communication_s": delta_comm, "delta_compute_s": delta_s - delta_comm,
                       "reference_cost_s": layout.reference.cost_s if layout.reference else None,
                       "chosen_cost_s": final.cost_s if final else None}
+    rec["changed"] = changed
     if layout.ilp is not None:
         rec["ilp"] = layout.ilp
     return rec
+
+
+def _changed_operators(problem: ShardingProblem, layout: Layout, chosen, reference) -> list[dict[str, Any]]:
+    """The operators whose layout the search changed from Megatron's: the mesh axes' cuts before and after,
+    and what the operator itself then costs per step and keeps per device (graph_layers layers; the
+    redistribution between operators is in the pricing's communication part)."""
+    out = []
+    for v, (a, b) in enumerate(zip(layout.reference.assignment, layout.chosen.assignment)):
+        if a == b:
+            continue
+        def axes(strat):
+            return [None if lab == REPLICATE else lab for lab in strat]
+        out.append({"operator": problem.info[v].op.name, "megatron": axes(a), "searched": axes(b),
+                    "delta_s": chosen.per_operator_s[v] - reference.per_operator_s[v],
+                    "delta_bytes": chosen.per_operator_bytes[v] - reference.per_operator_bytes[v]})
+    return out
 
 
 def price_layouts(e: EstimateBatch, batch: StrategyBatch, records, capacity_bytes: float) -> EstimateBatch:
@@ -261,27 +287,52 @@ def price_layouts(e: EstimateBatch, batch: StrategyBatch, records, capacity_byte
     if records is None:
         return e
     n = len(batch)
-    d_step, d_mem = np.zeros(n), np.zeros(n)
+    d_mem = np.zeros(n)
+    d_parts = {"compute": np.zeros(n), "tp_comm": np.zeros(n), "bubble": np.zeros(n)}
     for i, rec in enumerate(records):
         pricing = rec.get("pricing") if isinstance(rec, dict) else None
         if not pricing or (pricing["delta_step_s"] == 0.0 and pricing["delta_memory_bytes"] == 0.0):
             continue
-        layers = batch.stage_layers[i, : int(batch.pp[i])]
+        pp = int(batch.pp[i])
+        layers = batch.stage_layers[i, :pp].astype(float)
         per = 1.0 / pricing["graph_layers"]
-        d_step[i] = pricing["delta_step_s"] * per * int(layers.min())
+        steady, fill = _pipeline_change(e.stage_micro_batch_s[i, :pp], pricing["delta_step_s"] * per * layers,
+                                        float(batch.num_micro_batches[i]), float(batch.virtual_pipeline_stages[i]))
+        total = pricing["delta_step_s"]
+        share = pricing.get("delta_communication_s", 0.0) / total if total else 0.0
+        d_parts["tp_comm"][i] = steady * share
+        d_parts["compute"][i] = steady - d_parts["tp_comm"][i]
+        d_parts["bubble"][i] = fill
         grow = pricing["delta_memory_bytes"]
-        d_mem[i] = grow * per * int(layers.max() if grow > 0 else layers.min())
+        layers_i = batch.stage_layers[i, :pp]
+        d_mem[i] = grow * per * int(layers_i.max() if grow > 0 else layers_i.min())
+    d_step = sum(d_parts.values())
     if not d_step.any() and not d_mem.any():
         return e
     step = e.step_time_s + d_step
     ratio = e.step_time_s / step
     time_s = dict(e.time_s)
-    time_s["compute"] = np.maximum(time_s["compute"] + d_step, 0.0)
+    # a saving in communication larger than the exposed tp_comm the cost model has comes out of compute
+    comm = time_s["tp_comm"] + d_parts["tp_comm"]
+    time_s["tp_comm"] = np.maximum(comm, 0.0)
+    time_s["compute"] = np.maximum(time_s["compute"] + d_parts["compute"] + np.minimum(comm, 0.0), 0.0)
+    time_s["bubble"] = np.maximum(time_s["bubble"] + d_parts["bubble"], 0.0)
     total = e.memory.total + d_mem
     memory = replace(e.memory, total=total, activations=np.maximum(e.memory.activations + d_mem, 0.0))
     return replace(e, fits=total <= capacity_bytes, memory=memory, time_s=time_s, step_time_s=step,
                    tokens_per_s=e.tokens_per_s * ratio, tflops_per_device=e.tflops_per_device * ratio,
                    hfu_tflops_per_device=e.hfu_tflops_per_device * ratio, mfu=e.mfu * ratio, hfu=e.hfu * ratio)
+
+
+def _pipeline_change(stage_s: np.ndarray, delta_step_s: np.ndarray, m: float, v: float) -> tuple[float, float]:
+    """(steady-state change, bubble change) of the pipeline's time (advisor.cost.bubble.pipeline_time_s: m x the
+    slowest stage's micro-batch time + the others' over v) when each stage's operators change by
+    ``delta_step_s`` per step, that is delta_step_s / m per micro-batch: the slowest stage, after the change,
+    sets the step."""
+    new = stage_s + delta_step_s / m
+    steady = m * (new.max() - stage_s.max())
+    fill = ((new.sum() - new.max()) - (stage_s.sum() - stage_s.max())) / v
+    return float(steady), float(fill)
 
 
 def usable_bytes(job: TrainingJob, hw: HardwareProfile) -> float:

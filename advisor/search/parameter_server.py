@@ -11,9 +11,12 @@ Candidates (every one priced by advisor.cost.recsys_estimate):
 * server counts: powers of two up to twice the worker nodes, and the node count, on dedicated hosts;
   at most one per worker node when co-located. ``--ps-servers N`` pins the count, ``--ps-mode`` the mode.
 
-Ranking: feasible plans by samples/s. Plans within TIE_BAND (advisor.search.rank) of the best throughput count as equal (finer
-than the cost model resolves), and among equals the one that needs the fewest extra hosts, then the
-fewest servers, then the simpler mode wins, so a server is never added for nothing.
+Ranking: feasible plans by samples/s per charged device: the cluster's devices plus one for every
+dedicated server host, which is hardware the plan takes beyond the cluster (co-located servers run on
+the worker nodes and cost nothing more), so a plan does not win on free machines. Plans within
+TIE_BAND (advisor.search.rank) of the best rate count as equal (finer than the cost model resolves),
+and among equals the one that needs the fewest extra hosts, then the fewest servers, then the simpler
+mode wins, so a server is never added for nothing.
 """
 
 from __future__ import annotations
@@ -111,18 +114,27 @@ def _extra_hosts(c: RecsysConfig) -> int:
     return c.servers if c.server_placement == "dedicated" and c.mode in ("ps", "hybrid") else 0
 
 
-def rank_estimates(estimates: list[RecEstimate]) -> list[RecEstimate]:
-    """Feasible estimates, best first (module docstring)."""
+def charged_devices(c: RecsysConfig, devices: int) -> int:
+    """The devices a plan is charged for in the ranking: the cluster's and each dedicated server host."""
+    return devices + _extra_hosts(c)
+
+
+def rank_estimates(estimates: list[RecEstimate], devices: int) -> list[RecEstimate]:
+    """Feasible estimates, best first (module docstring); ``devices``: the cluster's."""
     feasible = [e for e in estimates if e.feasible]
     if not feasible:
         return []
-    best = max(e.samples_per_s for e in feasible)
+
+    def rate(e: RecEstimate) -> float:
+        return e.samples_per_s / charged_devices(e.config, devices)
+
+    best = max(rate(e) for e in feasible)
 
     def key(e: RecEstimate):
         c = e.config
-        tier = 0 if e.samples_per_s >= (1.0 - TIE_BAND) * best else 1
+        tier = 0 if rate(e) >= (1.0 - TIE_BAND) * best else 1
         simple = (_extra_hosts(c), c.servers, MODE_ORDER[c.mode], len(c.server_tensors) + len(c.host_tables))
-        return (tier, simple if tier == 0 else (), -e.samples_per_s, simple)
+        return (tier, simple if tier == 0 else (), -rate(e), simple)
 
     return sorted(feasible, key=key)
 
@@ -183,7 +195,7 @@ def recommend_recsys(model: RecModelSpec, hardware: HardwareProfile, cluster: Cl
     start = time.perf_counter()
     configs = candidates(model, cluster, ps_pins)
     estimates = [estimate_recsys(model, hardware, cluster, job, c) for c in configs]
-    ranked = rank_estimates(estimates)
+    ranked = rank_estimates(estimates, cluster.devices)
     seconds = time.perf_counter() - start
     stats = SearchStats(searcher="parameter-server", candidates=len(configs), scored=len(configs),
                         feasible=len(ranked), seconds=seconds)

@@ -74,6 +74,7 @@ class ShardingProblem:
                 self.incident[edge.dst].append(e)
         self._shards: dict[tuple[int, Strat], Shard] = {}
         self._op_cost: dict[tuple[int, Strat], tuple[float, float]] = {}
+        self._op_comm: dict[tuple[int, Strat], float] = {}   # the collectives' share of _op_cost's seconds
         self._edge_cost: dict[tuple[int, tuple, tuple], float] = {}
         self._collective_s: dict[tuple[str, int, float], float] = {}
         self._strategies: dict[int, list[Strat]] = {}
@@ -164,13 +165,19 @@ class ShardingProblem:
         """(seconds per step, bytes per device) of operator v under each strategy."""
         todo = [s for s in dict.fromkeys(strats) if (v, s) not in self._op_cost]
         if todo:
-            cost, mem = self._price_ops(v, todo)
-            for s, c, mb in zip(todo, cost, mem):
+            cost, mem, comm = self._price_ops(v, todo)
+            for s, c, mb, cm in zip(todo, cost, mem, comm):
                 self._op_cost[(v, s)] = (float(c), float(mb))
+                self._op_comm[(v, s)] = float(cm)
         pairs = [self._op_cost[(v, s)] for s in strats]
         return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
 
-    def _price_ops(self, v: int, strats: list[Strat]) -> tuple[np.ndarray, np.ndarray]:
+    def op_communication_s(self, v: int, s: Strat) -> float:
+        """The seconds per step of operator v's own collectives under strategy s (part of op_costs')."""
+        self.op_costs(v, [s])
+        return self._op_comm[(v, s)]
+
+    def _price_ops(self, v: int, strats: list[Strat]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         info, hw, job, opts = self.info[v], self.hw, self.job, self.options
         op = info.op
         m = opts.num_micro_batches
@@ -220,9 +227,11 @@ class ShardingProblem:
                     per_mb.add("all_gather", row, replicas, numel * wb, 2.0)
                     per_mb.add("reduce_scatter", row, replicas, numel * gb)
         compute = 3.0 * (np.asarray(linear_gemm_time_s(hw, job, job.gemm_dtype, flops)) + np.asarray(memory_time_s(hw, traffic)))
-        step = per_step.total(hw, self.mesh) + np.asarray(optimizer_step_s(hw, updated))
+        collectives = per_step.total(hw, self.mesh)
+        step = collectives + np.asarray(optimizer_step_s(hw, updated))
         cost = op.count * (m * (compute + per_mb.total(hw, self.mesh)) + step)
-        return cost, mem * op.count
+        comm = op.count * (m * per_mb.total(hw, self.mesh) + collectives)
+        return cost, mem * op.count, comm
 
     # ---- edge costs ------------------------------------------------------------------------------
     def producer_key(self, e: int, s: Strat) -> tuple[int, ...]:
@@ -273,19 +282,22 @@ class ShardingProblem:
 
     # ---- whole assignments -----------------------------------------------------------------------
     def evaluate(self, assignment: list[Strat]) -> "Evaluation":
-        op_s, mem = 0.0, 0.0
-        per_op = []
+        op_s, mem, comm = 0.0, 0.0, 0.0
+        per_op, per_op_mem = [], []
         for v, s in enumerate(assignment):
             if not self.shard(v, s).valid:
                 raise AdvisorError(f"strategy {list(s)} of operator '{self.info[v].op.name}' does not divide its tensors")
             c, mb = self.op_costs(v, [s])
             op_s += float(c[0])
             mem += float(mb[0])
+            comm += self.op_communication_s(v, s)
             per_op.append(float(c[0]))
+            per_op_mem.append(float(mb[0]))
         edge_s = 0.0
         for e, edge in enumerate(self.edges):
             edge_s += float(self.edge_costs(e, [assignment[edge.src]], [assignment[edge.dst]])[0, 0])
-        return Evaluation(op_s + edge_s, op_s, edge_s, mem, self.fits(mem), tuple(per_op))
+        return Evaluation(op_s + edge_s, op_s, edge_s, mem, self.fits(mem), tuple(per_op), comm + edge_s,
+                          tuple(per_op_mem))
 
     def fits(self, memory_bytes) -> bool | np.ndarray:
         """Within the memory limit, up to MEMORY_TOLERANCE (the ILP's integer rounding)."""
@@ -315,4 +327,6 @@ class Evaluation:
     memory_bytes: float
     fits: bool
     per_operator_s: tuple[float, ...]
+    communication_s: float = 0.0    # the operators' collectives plus the redistribution; the rest is compute
+    per_operator_bytes: tuple[float, ...] = ()
 
