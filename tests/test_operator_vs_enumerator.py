@@ -114,6 +114,19 @@ def test_a_searched_layout_beats_megatron_on_gpt3_175b():
     differs = [name for name, op in rec["operators"].items()
                if megatron_cut(name) not in op["mesh_axes"] and set(op["mesh_axes"]) - {"b", megatron_cut(name)}]
     assert differs, "a searched layout differs from Megatron's in at least one operator"
+    # #32: what the layout changed, operator by operator, and the change split into compute and communication
+    pricing = rec["pricing"]
+    assert pricing["delta_compute_s"] + pricing["delta_communication_s"] == pytest.approx(pricing["delta_step_s"])
+    changed = {c["operator"]: c for c in rec["changed"]}
+    assert set(differs) <= set(changed)
+    assert all(c["megatron"] != c["searched"] for c in changed.values())
+    from types import SimpleNamespace
+
+    from advisor.render.report import layout_lines
+
+    lines = layout_lines(SimpleNamespace(operator_strategies=rec))
+    assert f"{len(changed)} operator(s) cut otherwise" in lines[0] and len(lines) == 1 + len(changed)
+    assert any(line.strip().startswith(differs[0] + ":") for line in lines[1:])
     memory = estimate_batch(model, hw, cluster, JOB, drec.finalists).memory.total[i] + rec["pricing"]["delta_memory_bytes"]
     assert memory <= hw.device.memory_gib * GIB
 
