@@ -44,14 +44,15 @@ ZERO_BUBBLE = {
 # shapes run again in bf16 (mixed precision: bf16 weights, activations and gradients, fp32 masters and
 # moments, fp32 gradient reduction), one per way the model states are kept and reduced, plus the
 # llama3-8b plan as recommend writes it (bf16)
-BF16 = ("dp", "zero1", "zero2+full", "zero3+selective", "tp+sp", "pp-interleaved", "pp×dp×tp", "dp×cp", "cp×tp+full")
+BF16 = ("dp", "zero1", "zero2+full", "zero3+selective", "tp+sp", "pp-interleaved", "pp×dp×tp", "dp×cp",
+        "cp×tp+full")
 BF16_LOSS_GOAL = 2.0 ** -7
 # optimizer offload (mixed precision's fp32 masters and moments kept and stepped on the host)
 OFFLOAD = {
     "zero1+offload": tiny_plan(dict(dp=2, zero_stage=1, offload_optimizer=True), "llama", "flash",
                                training=dict(dtype="bf16")),
-    "pp×dp×cp+offload": tiny_plan(dict(pp=2, num_micro_batches=4, dp=2, cp=2, zero_stage=3, offload_optimizer=True), "gpt", "flash",
-                                  training=dict(dtype="bf16")),
+    "pp×dp×cp+offload": tiny_plan(dict(pp=2, num_micro_batches=4, dp=2, cp=2, zero_stage=3, offload_optimizer=True),
+                                  "gpt", "flash", training=dict(dtype="bf16")),
 }
 
 

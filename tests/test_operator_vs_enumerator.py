@@ -151,6 +151,7 @@ def test_pricing_scales_with_the_stage_layers():
     fill = (new.sum() - new.max()) - (old.sum() - old.max())
     assert priced.step_time_s[0] == pytest.approx(e.step_time_s[0] + steady + fill, rel=1e-12)
     assert steady < -0.5     # the slowest stage (7 layers) sets the step, not the smallest (5)
+    assert np.allclose(priced.stage_micro_batch_s[0, :4], new) and priced.slowest_stage[0] == int(np.argmax(new))
     assert priced.time_s["tp_comm"][0] == pytest.approx(e.time_s["tp_comm"][0] + steady * 0.07 / 0.7, rel=1e-12)
     assert priced.time_s["compute"][0] == pytest.approx(e.time_s["compute"][0] + steady * 0.63 / 0.7, rel=1e-12)
     assert priced.time_s["bubble"][0] == pytest.approx(e.time_s["bubble"][0] + fill, rel=1e-12)

@@ -365,7 +365,8 @@ def run_config_from_plan(plan: dict[str, Any], *, steps: int = 5, tiny: bool = F
     reduce = train_d.get("grad_reduce_dtype")
     if reduce is not None and run_dtype not in MIXED_PRECISION:
         if reduce != run_dtype:
-            notes.append(f"gradients reduced in {run_dtype}, the run's dtype, not the plan's grad_reduce_dtype {reduce}")
+            notes.append(f"gradients reduced in {run_dtype}, the run's dtype, not the plan's grad_reduce_dtype "
+                         f"{reduce}")
         reduce = None
     elif reduce is not None and reduce not in ("fp32", "bf16"):
         unrun.append(f"training.grad_reduce_dtype = {reduce!r}: the executor reduces gradients in fp32 or bf16")

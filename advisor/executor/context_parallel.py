@@ -8,7 +8,10 @@ AttnFuncWithCPAndKVP2P).
   learned positions, the mask).
 * Forward: the rank's K and V blocks travel around the cp ring in cp - 1 steps (each step's send and
   receive posted before the block in hand is computed); every block is attended blockwise in fp32
-  and merged by log-sum-exp. Kept for backward, as a fused (flash) kernel keeps them: q, the local
+  and merged by log-sum-exp. Each block is computed whole, its masked entries included: a causal
+  ring kernel (TransformerEngine's) skips the half of an off-diagonal block the mask hides, so the
+  executor's attention arithmetic on cp ranks is up to about twice a fused kernel's (a time-only
+  difference, which the step-time check of a context-parallel plan includes). Kept for backward, as a fused (flash) kernel keeps them: q, the local
   k and v, the output and the fp32 log-sum-exp (4 bytes per head and token).
 * Backward: the K and V blocks go round the ring again, each carrying the fp32 gradient of its K and
   V accumulated by the ranks it has passed; after cp steps it is back with its owner.
@@ -50,10 +53,12 @@ class CPGroup:
         self.ranges = [chunk_ranges(seq_length, cp, r) for r in range(cp)]
         self.positions = [chunk_positions(seq_length, cp, r) for r in range(cp)]
 
-    def exchange(self, send: torch.Tensor) -> tuple[torch.Tensor, list]:
-        """Post the send of ``send`` to the next rank and the receive of the previous rank's."""
-        recv = torch.empty_like(send)
-        ops = [dist.P2POp(dist.isend, send, self.next, self.group), dist.P2POp(dist.irecv, recv, self.prev, self.group)]
+    def exchange(self, *send: torch.Tensor) -> tuple[list[torch.Tensor], list]:
+        """Post, in one batch, the sends of ``send`` to the next rank and the receives of the previous
+        rank's tensors of the same shapes; (the receive buffers, the works to wait on)."""
+        recv = [torch.empty_like(t) for t in send]
+        ops = [op for t, r in zip(send, recv) for op in (dist.P2POp(dist.isend, t, self.next, self.group),
+                                                          dist.P2POp(dist.irecv, r, self.prev, self.group))]
         return recv, dist.batch_isend_irecv(ops)
 
 
@@ -98,7 +103,7 @@ class _RingAttention(torch.autograd.Function):
                    + block_out * torch.exp(block_lse - new_lse).unsqueeze(-1))
             lse = new_lse
             if pending is not None:
-                block, works = pending
+                (block,), works = pending
                 for w in works:
                     w.wait()
         # laid out [b, s, heads, d] in memory, as fused kernels write it, so that the output projection's
@@ -134,9 +139,11 @@ class _RingAttention(torch.autograd.Function):
             dq += torch.matmul(dscores, kb) * scale
             dkv[0] += torch.matmul(dscores.transpose(-1, -2), rows) * scale
             # the block and its gradient so far move on; after cp moves the gradient is home
-            (block, works_b) = ring.exchange(block) if step < ring.cp - 1 else (block, [])
-            (dkv, works_g) = ring.exchange(dkv)
-            for w in works_b + works_g:
+            if step < ring.cp - 1:
+                (block, dkv), works = ring.exchange(block, dkv)
+            else:
+                (dkv,), works = ring.exchange(dkv)
+            for w in works:
                 w.wait()
         return dq.to(q.dtype).reshape(q.shape), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
 

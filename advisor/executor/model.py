@@ -129,10 +129,11 @@ def _causal_mask(s: int, groups: int, device) -> torch.Tensor:
     return _MASK_CACHE[key]
 
 
-def _rotary_tables(s: int, d: int, device, dtype, positions: torch.Tensor | None = None):
-    """cos and sin tables [s, d] for positions 0..s-1 (or the given positions: a context-parallel
-    rank's tokens), computed once per shape (shared by all layers, like Megatron's)."""
-    key = (s, d, str(device), dtype, None if positions is None else tuple(positions.tolist()))
+def _rotary_tables(s: int, d: int, device, dtype, positions: torch.Tensor | None = None, where=None):
+    """cos and sin tables [s, d] for positions 0..s-1 (or the given positions, a context-parallel
+    rank's tokens, named by ``where``: their ranges), computed once per shape (shared by all layers,
+    like Megatron's)."""
+    key = (s, d, str(device), dtype, where)
     if key not in _ROTARY_CACHE:
         inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
         pos = torch.arange(s, device=device) if positions is None else positions.to(device)
@@ -142,10 +143,10 @@ def _rotary_tables(s: int, d: int, device, dtype, positions: torch.Tensor | None
     return _ROTARY_CACHE[key]
 
 
-def _rotary(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+def _rotary(x: torch.Tensor, positions: torch.Tensor | None = None, where=None) -> torch.Tensor:
     """Rotary position embedding (RoFormer, rotate-half form) on [b, heads, s, d]."""
     s, d = x.shape[-2], x.shape[-1]
-    cos, sin = _rotary_tables(s, d, x.device, x.dtype, positions)
+    cos, sin = _rotary_tables(s, d, x.device, x.dtype, positions, where)
     half = d // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
@@ -192,6 +193,7 @@ class Attention(nn.Module):
         self.o = nn.Linear(h, h, bias=cfg.use_bias)
         self.core = AttentionCore(cfg.attention)
         self.positions: torch.Tensor | None = None   # the tokens' global positions (context parallelism)
+        self.position_ranges: tuple | None = None    # the same as (start, stop) ranges (the tables' cache key)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -200,7 +202,8 @@ class Attention(nn.Module):
         k = self.k(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.v(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         if self.rotary:
-            q, k = _rotary(q, self.positions), _rotary(k, self.positions)
+            q = _rotary(q, self.positions, self.position_ranges)
+            k = _rotary(k, self.positions, self.position_ranges)
         out = self.core(q, k, v)
         return self.o(out.transpose(1, 2).reshape(b, s, -1))
 
@@ -301,6 +304,7 @@ def apply_context_parallel(model: GPT, ring: CPGroup) -> None:
     for block in model.layers.values():
         block.attn.core.ring = ring
         block.attn.positions = positions
+        block.attn.position_ranges = ring.ranges[ring.rank]
     if model.embed is not None and model.embed.pos is not None:
         model.embed.pos.ranges = ring.ranges[ring.rank]
 

@@ -70,7 +70,6 @@ def replica_mesh(mesh, cfg: RunConfig):
     return mesh[names]._flatten("dp_cp")
 
 
-
 # ---- layer placement ---------------------------------------------------------------------------
 def chunk_layout(cfg: RunConfig) -> list[tuple[int, int, tuple[int, ...]]]:
     """(virtual stage index, physical stage, layer ids) for every model chunk, in model order."""
@@ -222,7 +221,10 @@ def resolve_partial_gradients(params: list[nn.Parameter]) -> None:
 class GradientAverager:
     """ZeRO-0 data parallelism: local gradients averaged over the data-parallel group through one
     persistent flat buffer (DDP's gradient buckets, Megatron's contiguous gradient buffer): a
-    buffer allocated once is reused every step, as in those systems, rather than paged in anew."""
+    buffer allocated once is reused every step, as in those systems, rather than paged in anew.
+    With ``reduce_dtype`` (mixed precision) the buffer is in that dtype and the average is rounded
+    back into the compute-dtype gradients, as FSDP2's reduce_dtype does (the pytorch record: 2-byte
+    gradients, reduced at 4 bytes)."""
 
     def __init__(self, params: list[nn.Parameter], group, world: int, bucket_mb: float | None = None,
                  reduce_dtype: torch.dtype | None = None):

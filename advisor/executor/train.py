@@ -379,7 +379,8 @@ def run_distributed(cfg: RunConfig, device: torch.device, on_step=None) -> dict:
     memory["activations_in_flight"] = s.tracker.peak_bytes
     memory["cuda_max_allocated"] = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return {
-        "name": cfg.name, "rank": rank, "coords": {"pp": s.coords.pp, "dp": s.coords.dp, "tp": s.coords.tp, "cp": s.coords.cp},
+        "name": cfg.name, "rank": rank,
+        "coords": {"pp": s.coords.pp, "dp": s.coords.dp, "tp": s.coords.tp, "cp": s.coords.cp},
         "stages": [stage for stage, _ in s.chunks],
         "layers": [list(c.layer_ids) for _, c in s.chunks],
         "losses": losses, "grad_norms": norms, "step_times_s": times,

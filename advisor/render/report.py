@@ -126,11 +126,14 @@ def layout_lines(plan) -> list[str]:
     if not isinstance(rec, dict) or "layout" not in rec:
         return []
     head = f"operator layouts ({rec.get('searcher')}) of plan 1"
-    changed = rec.get("changed") or []
-    if rec["layout"] != "searched" or not changed:
+    if rec["layout"] != "searched":
         return [f"{head}: Megatron's uniform split kept" + (f" ({rec['note']})" if rec.get("note") else "")]
+    if "changed" not in rec or "delta_compute_s" not in rec.get("pricing", {}):
+        return [f"{head}: a searched layout (a plan written before advisor listed its changes)"]
+    changed = rec["changed"]
     pricing = rec["pricing"]
     n = pricing["graph_layers"]
+
     def secs(x: float) -> str:
         return f"{x:+.3g} s" if abs(x) >= 1.0 else f"{x * 1e3:+.3g} ms"
 
@@ -140,7 +143,8 @@ def layout_lines(plan) -> list[str]:
     lines = [f"{head}: {len(changed)} operator(s) cut otherwise than Megatron's split; over {n} layer(s) per step "
              f"the layout changes compute by {secs(pricing['delta_compute_s'])} and communication (tp_comm) by "
              f"{secs(pricing['delta_communication_s'])}, memory by {pricing['delta_memory_bytes'] / 2 ** 20:+.4g} MiB "
-             "per device (labels: advisor/graph/transformer.py; b batch, s sequence, h hidden, g key/value heads, f FFN, v vocabulary)"]
+             "per device (labels: advisor/graph/transformer.py; b batch, s sequence, h hidden, g key/value heads, "
+             "f FFN, v vocabulary)"]
     for op in changed:
         lines.append(f"  {op['operator']}: mesh axes cut {cut(op['megatron'])} -> {cut(op['searched'])}, "
                      f"{secs(op['delta_s'])}, {op['delta_bytes'] / 2 ** 20:+.4g} MiB")

@@ -268,12 +268,13 @@ def _changed_operators(problem: ShardingProblem, layout: Layout, chosen, referen
     """The operators whose layout the search changed from Megatron's: the mesh axes' cuts before and after,
     and what the operator itself then costs per step and keeps per device (graph_layers layers; the
     redistribution between operators is in the pricing's communication part)."""
+    def axes(strat):
+        return [None if lab == REPLICATE else lab for lab in strat]
+
     out = []
     for v, (a, b) in enumerate(zip(layout.reference.assignment, layout.chosen.assignment)):
         if a == b:
             continue
-        def axes(strat):
-            return [None if lab == REPLICATE else lab for lab in strat]
         out.append({"operator": problem.info[v].op.name, "megatron": axes(a), "searched": axes(b),
                     "delta_s": chosen.per_operator_s[v] - reference.per_operator_s[v],
                     "delta_bytes": chosen.per_operator_bytes[v] - reference.per_operator_bytes[v]})
@@ -289,6 +290,8 @@ def price_layouts(e: EstimateBatch, batch: StrategyBatch, records, capacity_byte
     n = len(batch)
     d_mem = np.zeros(n)
     d_parts = {"compute": np.zeros(n), "tp_comm": np.zeros(n), "bubble": np.zeros(n)}
+    stage_s = np.array(e.stage_micro_batch_s, dtype=float, copy=True)
+    slowest = np.array(e.slowest_stage, copy=True)
     for i, rec in enumerate(records):
         pricing = rec.get("pricing") if isinstance(rec, dict) else None
         if not pricing or (pricing["delta_step_s"] == 0.0 and pricing["delta_memory_bytes"] == 0.0):
@@ -296,16 +299,18 @@ def price_layouts(e: EstimateBatch, batch: StrategyBatch, records, capacity_byte
         pp = int(batch.pp[i])
         layers = batch.stage_layers[i, :pp].astype(float)
         per = 1.0 / pricing["graph_layers"]
-        steady, fill = _pipeline_change(e.stage_micro_batch_s[i, :pp], pricing["delta_step_s"] * per * layers,
-                                        float(batch.num_micro_batches[i]), float(batch.virtual_pipeline_stages[i]))
+        m = float(batch.num_micro_batches[i])
+        steady, fill = _pipeline_change(stage_s[i, :pp], pricing["delta_step_s"] * per * layers, m,
+                                        float(batch.virtual_pipeline_stages[i]))
+        stage_s[i, :pp] += pricing["delta_step_s"] * per * layers / m
+        slowest[i] = int(np.argmax(stage_s[i, :pp]))
         total = pricing["delta_step_s"]
         share = pricing.get("delta_communication_s", 0.0) / total if total else 0.0
         d_parts["tp_comm"][i] = steady * share
         d_parts["compute"][i] = steady - d_parts["tp_comm"][i]
         d_parts["bubble"][i] = fill
         grow = pricing["delta_memory_bytes"]
-        layers_i = batch.stage_layers[i, :pp]
-        d_mem[i] = grow * per * int(layers_i.max() if grow > 0 else layers_i.min())
+        d_mem[i] = grow * per * (layers.max() if grow > 0 else layers.min())
     d_step = sum(d_parts.values())
     if not d_step.any() and not d_mem.any():
         return e
@@ -319,9 +324,11 @@ def price_layouts(e: EstimateBatch, batch: StrategyBatch, records, capacity_byte
     time_s["bubble"] = np.maximum(time_s["bubble"] + d_parts["bubble"], 0.0)
     total = e.memory.total + d_mem
     memory = replace(e.memory, total=total, activations=np.maximum(e.memory.activations + d_mem, 0.0))
+    # stage_parts_s stays the operators' split as the cost model priced it (stage_micro_batch_s is current)
     return replace(e, fits=total <= capacity_bytes, memory=memory, time_s=time_s, step_time_s=step,
                    tokens_per_s=e.tokens_per_s * ratio, tflops_per_device=e.tflops_per_device * ratio,
-                   hfu_tflops_per_device=e.hfu_tflops_per_device * ratio, mfu=e.mfu * ratio, hfu=e.hfu * ratio)
+                   hfu_tflops_per_device=e.hfu_tflops_per_device * ratio, mfu=e.mfu * ratio, hfu=e.hfu * ratio,
+                   stage_micro_batch_s=stage_s, slowest_stage=slowest)
 
 
 def _pipeline_change(stage_s: np.ndarray, delta_step_s: np.ndarray, m: float, v: float) -> tuple[float, float]:
