@@ -26,7 +26,9 @@ from advisor.executor.matrix import MATRIX, llama3_8b_plan, matrix_plans, tiny_p
 from advisor.validation.execute_report import verdict  # noqa: E402
 from _procs import processes_naming  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# one worker runs the whole module under pytest -n (pyproject's --dist loadgroup): its fixture launches every
+# plan of the matrix once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("executor_matrix")]
 
 LOSS_GOAL = 1e-4
 GRAD_NORM_GOAL = 1e-3      # the gradient norm amplifies fp32 reduction-order noise more than the loss
