@@ -275,6 +275,11 @@ NOT_RUN_TRAINING = {
 }
 
 
+def _is_default(value: Any, default: Any) -> bool:
+    """Whether a plan value is the setting's default (None, equal, or a JSON list of a tuple default)."""
+    return value is None or value == default or (isinstance(default, tuple) and list(default) == value)
+
+
 def unrun_training(train: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(refusals, notes) for the plan's training settings the executor does not read (see above)."""
     from dataclasses import fields as dc_fields
@@ -290,8 +295,8 @@ def unrun_training(train: dict[str, Any]) -> tuple[list[str], list[str]]:
     for fl in dc_fields(TrainingJob):
         if fl.name not in train or fl.name in RUN_TRAINING or fl.name in PLANNING_ONLY or fl.name == "framework":
             continue
-        value, default = train[fl.name], EXECUTOR_TIME.get(fl.name, field_default(fl))
-        if value is None or value == default or (isinstance(default, tuple) and list(default) == value):
+        value = train[fl.name]
+        if _is_default(value, EXECUTOR_TIME.get(fl.name, field_default(fl))):
             continue
         if fl.name == "recompute_modules" and list(value) == ["core_attn"]:
             continue
@@ -319,8 +324,8 @@ def unrun_settings(par: dict[str, Any], plan: dict[str, Any]) -> tuple[list[str]
     for fl in dc_fields(Strategy):
         if fl.name in own or fl.name not in par:
             continue
-        value, default = par[fl.name], field_default(fl)
-        if value is None or value == default or (isinstance(default, tuple) and list(default) == value):
+        value = par[fl.name]
+        if _is_default(value, field_default(fl)):
             continue
         if fl.name in RUN_WITHOUT_FIELD:
             if RUN_WITHOUT_FIELD[fl.name]:

@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from advisor.cost.estimate import EstimateBatch
-from advisor.cost.memory import GIB, in_flight
+from advisor.cost.bubble import pipeline_time_s
+from advisor.cost.memory import GIB, in_flight, stage_masks
 from advisor.graph.transformer import transformer_graph
 from advisor.search.drec import drec_search
 from advisor.search.ilp import ilp_search
@@ -230,7 +231,7 @@ def record(layout: Layout, key: LayoutKey, strategy: Strategy, searcher: str) ->
         rec.update(final.to_json(problem))
         rec["searcher"] = searcher
         for v, op in enumerate(rec["operators"].values()):
-            op["mesh_axes"] = [None if lab == REPLICATE else lab for lab in op["mesh_axes"]]
+            op["mesh_axes"] = _axes(op["mesh_axes"])
             info = problem.info[v]
             op["labels"] = ["".join(labs) for labs in info.op.labels[: info.n_in]]
             op["out_labels"] = ["".join(labs) for labs in info.op.labels[info.n_in: info.n_in + info.n_out]]
@@ -264,18 +265,20 @@ def record(layout: Layout, key: LayoutKey, strategy: Strategy, searcher: str) ->
     return rec
 
 
+def _axes(strat) -> list:
+    """What each mesh axis cuts, None where it replicates (the plan's form)."""
+    return [None if lab == REPLICATE else lab for lab in strat]
+
+
 def _changed_operators(problem: ShardingProblem, layout: Layout, chosen, reference) -> list[dict[str, Any]]:
     """The operators whose layout the search changed from Megatron's: the mesh axes' cuts before and after,
     and what the operator itself then costs per step and keeps per device (graph_layers layers; the
     redistribution between operators is in the pricing's communication part)."""
-    def axes(strat):
-        return [None if lab == REPLICATE else lab for lab in strat]
-
     out = []
     for v, (a, b) in enumerate(zip(layout.reference.assignment, layout.chosen.assignment)):
         if a == b:
             continue
-        out.append({"operator": problem.info[v].op.name, "megatron": axes(a), "searched": axes(b),
+        out.append({"operator": problem.info[v].op.name, "megatron": _axes(a), "searched": _axes(b),
                     "delta_s": chosen.per_operator_s[v] - reference.per_operator_s[v],
                     "delta_bytes": chosen.per_operator_bytes[v] - reference.per_operator_bytes[v]})
     return out
@@ -288,29 +291,31 @@ def price_layouts(e: EstimateBatch, batch: StrategyBatch, records, capacity_byte
     if records is None:
         return e
     n = len(batch)
-    d_mem = np.zeros(n)
-    d_parts = {"compute": np.zeros(n), "tp_comm": np.zeros(n), "bubble": np.zeros(n)}
-    stage_s = np.array(e.stage_micro_batch_s, dtype=float, copy=True)
-    slowest = np.array(e.slowest_stage, copy=True)
+    per_layer_s, layer_bytes, comm_share = np.zeros(n), np.zeros(n), np.zeros(n)
     for i, rec in enumerate(records):
         pricing = rec.get("pricing") if isinstance(rec, dict) else None
         if not pricing or (pricing["delta_step_s"] == 0.0 and pricing["delta_memory_bytes"] == 0.0):
             continue
-        pp = int(batch.pp[i])
-        layers = batch.stage_layers[i, :pp].astype(float)
-        per = 1.0 / pricing["graph_layers"]
-        m = float(batch.num_micro_batches[i])
-        steady, fill = _pipeline_change(stage_s[i, :pp], pricing["delta_step_s"] * per * layers, m,
-                                        float(batch.virtual_pipeline_stages[i]))
-        stage_s[i, :pp] += pricing["delta_step_s"] * per * layers / m
-        slowest[i] = int(np.argmax(stage_s[i, :pp]))
-        total = pricing["delta_step_s"]
-        share = pricing.get("delta_communication_s", 0.0) / total if total else 0.0
-        d_parts["tp_comm"][i] = steady * share
-        d_parts["compute"][i] = steady - d_parts["tp_comm"][i]
-        d_parts["bubble"][i] = fill
-        grow = pricing["delta_memory_bytes"]
-        d_mem[i] = grow * per * (layers.max() if grow > 0 else layers.min())
+        per_layer_s[i] = pricing["delta_step_s"] / pricing["graph_layers"]
+        layer_bytes[i] = pricing["delta_memory_bytes"] / pricing["graph_layers"]
+        if pricing["delta_step_s"]:
+            comm_share[i] = pricing.get("delta_communication_s", 0.0) / pricing["delta_step_s"]
+    active, _, _ = stage_masks(batch)
+    layers = np.where(active, batch.stage_layers, 0).astype(float)
+    m = batch.num_micro_batches.astype(float)
+    # every stage's micro-batch time changes by its layers' share, and the pipeline is re-timed as the cost
+    # model times it (advisor.cost.bubble): the slowest stage after the change sets the steady state
+    stage_s = e.stage_micro_batch_s + per_layer_s[:, None] * layers / m[:, None]
+    old_s, old_fill, _ = pipeline_time_s(e.stage_micro_batch_s, active, batch.num_micro_batches,
+                                         batch.virtual_pipeline_stages)
+    new_s, new_fill, slowest = pipeline_time_s(stage_s, active, batch.num_micro_batches,
+                                               batch.virtual_pipeline_stages)
+    steady = (new_s - new_fill) - (old_s - old_fill)
+    d_parts = {"compute": steady * (1.0 - comm_share), "tp_comm": steady * comm_share, "bubble": new_fill - old_fill}
+    # memory: the largest stage's layers when the layout grows, the smallest's when it shrinks
+    big = np.max(layers, axis=1)
+    small = np.min(np.where(active, layers, np.inf), axis=1)
+    d_mem = layer_bytes * np.where(layer_bytes > 0, big, small)
     d_step = sum(d_parts.values())
     if not d_step.any() and not d_mem.any():
         return e
@@ -329,17 +334,6 @@ def price_layouts(e: EstimateBatch, batch: StrategyBatch, records, capacity_byte
                    tokens_per_s=e.tokens_per_s * ratio, tflops_per_device=e.tflops_per_device * ratio,
                    hfu_tflops_per_device=e.hfu_tflops_per_device * ratio, mfu=e.mfu * ratio, hfu=e.hfu * ratio,
                    stage_micro_batch_s=stage_s, slowest_stage=slowest)
-
-
-def _pipeline_change(stage_s: np.ndarray, delta_step_s: np.ndarray, m: float, v: float) -> tuple[float, float]:
-    """(steady-state change, bubble change) of the pipeline's time (advisor.cost.bubble.pipeline_time_s: m x the
-    slowest stage's micro-batch time + the others' over v) when each stage's operators change by
-    ``delta_step_s`` per step, that is delta_step_s / m per micro-batch: the slowest stage, after the change,
-    sets the step."""
-    new = stage_s + delta_step_s / m
-    steady = m * (new.max() - stage_s.max())
-    fill = ((new.sum() - new.max()) - (stage_s.sum() - stage_s.max())) / v
-    return float(steady), float(fill)
 
 
 def usable_bytes(job: TrainingJob, hw: HardwareProfile) -> float:
