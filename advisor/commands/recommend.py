@@ -89,16 +89,21 @@ def recommend(model: ModelSpec, hardware: HardwareProfile, cluster: Cluster, job
         search = partial(_semi_auto, searcher=searcher, fixed=operator_strategies)
     check_top_k(top_k)
     check_pins(cluster, pins)
-    result = _at_depths(model, hardware, cluster, job, top_k, search, progress, suggest, searcher, objective, pins)
-    if not (result.best.strategy.offload_optimizer and pins.offload_optimizer is None and pins.offload_params is None):
-        return result
+    if pins.offload_optimizer is not None or pins.offload_params is not None:    # offload pinned: kept as asked
+        return _at_depths(model, hardware, cluster, job, top_k, search, progress, suggest, searcher, objective, pins)
     # CPU optimizer offload only where nothing fits without it: no measured run uses it, so its price is the one the
     # model knows least (a host CPU's Adam and PCIe traffic stand for a part no calibration run checks; issue 30).
-    # Plans without it rank first; offloaded ones follow where fewer fit.
+    # Plans without it rank first; offloaded ones follow where fewer fit. The search without offload runs first, and
+    # the one with it only where that leaves fewer than top_k plans (one search, not two, in the common case).
     try:          # (no suggestions: where nothing fits without offload, the offloaded plans stand)
         kept = _at_depths(model, hardware, cluster, job, top_k, search, progress, False, searcher, objective,
                           replace(pins, offload_optimizer=False))
     except AdvisorError:          # nothing fits, or nothing is legal, without offload
+        kept = None
+    if kept is not None and len(kept.plans) >= top_k:
+        return kept
+    result = _at_depths(model, hardware, cluster, job, top_k, search, progress, suggest, searcher, objective, pins)
+    if kept is None:
         return result
     rows = list(zip(kept.plans, kept.estimates))
     rows += [(p, e) for p, e in zip(result.plans, result.estimates) if p.strategy.offload_optimizer][:top_k - len(rows)]

@@ -15,7 +15,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from advisor.cost.estimate import Estimate, estimate
 from advisor.errors import AdvisorError
@@ -25,6 +24,7 @@ from advisor.space.strategy import Strategy
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec, load_model
+from advisor import bundled_yaml
 
 RECIPES_FILE = Path(__file__).resolve().parents[1] / "specs" / "recipes.yaml"
 TOP_DIFFERENCES = 2         # time parts named where the #1 and the recipe differ beyond the band
@@ -79,7 +79,7 @@ class Recipe:
 def _entries() -> tuple[dict[str, Any], ...]:
     if not RECIPES_FILE.is_file():
         return ()
-    return tuple(yaml.safe_load(RECIPES_FILE.read_text())["recipes"])
+    return tuple(bundled_yaml.load(RECIPES_FILE)["recipes"])
 
 
 @lru_cache(maxsize=64)

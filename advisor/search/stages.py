@@ -44,6 +44,7 @@ STAGE_TIME_PARTS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm")
 PROBE_LAYERS = 1 << 14
 CACHE_LIMIT = 50_000
 _CACHE: dict[tuple, "StagePlan"] = {}
+_SM_CACHE: dict[tuple, "StageModel"] = {}
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,12 @@ def balanced_stage_layers_batch(model: ModelSpec, hw: HardwareProfile, job: Trai
     """(N, max pp) layers per stage for every candidate of a batch, zero-padded (cached per candidate)."""
     width = int(batch.pp.max()) if len(batch) else 1
     out = np.zeros((len(batch), width), dtype=np.int64)
-    for i in range(len(batch)):
-        layers = balanced_stage_layers(model, hw, job, batch.strategy(i))
+    strategies = [batch.strategy(i) for i in range(len(batch))]
+    # the stage models of every candidate to partition, priced in one batch (stage_plan then finds them cached)
+    stage_cost_models(model, hw, job, [s for s in (replace(t, stage_layers=None) for t in strategies)
+                                       if _partitioned(model, s) and (model, _hw_key(hw), job, s) not in _CACHE])
+    for i, strategy in enumerate(strategies):
+        layers = balanced_stage_layers(model, hw, job, strategy)
         out[i, : len(layers)] = layers
     return out
 
@@ -119,27 +124,55 @@ def stage_imbalance(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, str
 
 def stage_cost_model(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strategy: Strategy) -> StageModel:
     """Step 1: per-stage intercepts and per-layer slopes, from probes priced by the cost model."""
-    p = strategy.pp
+    return stage_cost_models(model, hw, job, [strategy])[0]
+
+
+def stage_cost_models(model: ModelSpec, hw: HardwareProfile, job: TrainingJob,
+                      strategies: list[Strategy]) -> list[StageModel]:
+    """stage_cost_model of each strategy, their probes priced together (one ``estimate_batch`` and one
+    ``memory`` call per device count instead of one per strategy: most of the cost of pricing a few
+    dozen probes is the call), cached per (model, hardware, job, strategy)."""
+    hw_key = _hw_key(hw)
+    out: list[StageModel | None] = [_SM_CACHE.get((model, hw_key, job, s)) for s in strategies]
+    todo: dict[int, list[int]] = {}                  # devices -> positions still to price
+    for n, (s, hit) in enumerate(zip(strategies, out)):
+        if hit is None:
+            todo.setdefault(s.devices, []).append(n)
     freq = model.moe.layer_frequency if model.moe is not None else 1
     k = PROBE_LAYERS * freq                       # K layers hold K / freq MoE layers
     counts = [k, 2 * k] + ([k + 1] if model.moe is not None and freq > 1 else [])
-    probes = []
-    for i in range(p):
-        for c in counts:
-            layers = [0] * p
-            layers[i] = c
-            probes.append(replace(strategy, stage_layers=tuple(layers)))
-    batch = StrategyBatch.from_strategies(probes, model.num_layers)
-    cluster = Cluster(nodes=1, devices=strategy.devices)
-    est = estimate_batch(model, hw, cluster, job, batch)
-    mem = memory(model, job, batch)
-    m = float(strategy.num_micro_batches)
-    t = sum(est.time_s[part] for part in STAGE_TIME_PARTS) / m
-    b = mem.total
-    n = len(counts)
+    for devices, positions in todo.items():
+        probes = []
+        for n in positions:
+            p = strategies[n].pp
+            for i in range(p):
+                for c in counts:
+                    layers = [0] * p
+                    layers[i] = c
+                    probes.append(replace(strategies[n], stage_layers=tuple(layers)))
+        batch = StrategyBatch.from_strategies(probes, model.num_layers)
+        est = estimate_batch(model, hw, Cluster(nodes=1, devices=devices), job, batch)
+        mem = memory(model, job, batch)
+        t_all = sum(est.time_s[part] for part in STAGE_TIME_PARTS)
+        row = 0
+        for n in positions:
+            s = strategies[n]
+            rows = slice(row, row + s.pp * len(counts))
+            row = rows.stop
+            if len(_SM_CACHE) >= CACHE_LIMIT:
+                _SM_CACHE.clear()
+            out[n] = _SM_CACHE[(model, hw_key, job, s)] = _stage_model(
+                model, hw, job, s, k, freq, len(counts), t_all[rows] / float(s.num_micro_batches), mem.total[rows],
+                est.slowest_stage[rows], mem.worst_stage[rows])
+    return out
+
+
+def _stage_model(model, hw, job, strategy, k, freq, n, t, b, slowest, fullest) -> StageModel:
+    """The intercepts and slopes of one strategy from its probes' per-micro-batch times ``t`` and bytes ``b``."""
+    p = strategy.pp
     t, b = t.reshape(p, n), b.reshape(p, n)
-    assert np.all(est.slowest_stage.reshape(p, n) == np.arange(p)[:, None]), "probe stage is not the slowest"
-    assert np.all(mem.worst_stage.reshape(p, n) == np.arange(p)[:, None]), "probe stage is not the fullest"
+    assert np.all(slowest.reshape(p, n) == np.arange(p)[:, None]), "probe stage is not the slowest"
+    assert np.all(fullest.reshape(p, n) == np.arange(p)[:, None]), "probe stage is not the fullest"
     # per block of `freq` layers (freq - 1 dense + 1 MoE, or freq = 1 layer of the model's one kind)
     t_block = (t[:, 1] - t[:, 0]) / (k / freq)
     b_block = (b[:, 1] - b[:, 0]) / (k / freq)
@@ -174,7 +207,7 @@ def _kinds_per_stage(model: ModelSpec, stage_layers) -> tuple[np.ndarray, np.nda
 def _plan(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, s: Strategy) -> StagePlan:
     p, v, n_layers = s.pp, s.virtual_pipeline_stages, model.num_layers
     uniform = even_stage_layers(n_layers, p) if p <= n_layers else tuple([1] * p)
-    if p == 1 or n_layers % v or n_layers // v < p:
+    if not _partitioned(model, s):
         return StagePlan(uniform, uniform, 1.0, 1.0, 0.0, 0.0, True)
     sm = stage_cost_model(model, hw, job, s)
     balanced = _partition(model, sm, p, v)
@@ -190,6 +223,12 @@ def _plan(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, s: Strategy) 
         balanced_slowest_s=float(b_times.max()), uniform_slowest_s=float(u_times.max()),
         fits=_fits(model, job, s, balanced, sm.capacity_bytes),
     )
+
+
+def _partitioned(model: ModelSpec, s: Strategy) -> bool:
+    """Whether the strategy's stages can be sized other than evenly (pp > 1, whole virtual chunks per stage)."""
+    v = s.virtual_pipeline_stages
+    return s.pp > 1 and model.num_layers % v == 0 and model.num_layers // v >= s.pp
 
 
 def _fits(model: ModelSpec, job: TrainingJob, s: Strategy, layers, capacity_bytes: float) -> bool:

@@ -31,7 +31,7 @@ import numpy as np
 from advisor.cost.estimate import estimate_batch
 from advisor.cost.memory import memory
 from advisor.search import Pins
-from advisor.search.stages import _min_max, _min_sum, stage_cost_model
+from advisor.search.stages import _min_max, _min_sum, stage_cost_models
 from advisor.space.rules import legal_mask
 from advisor.space.strategy import RECOMPUTE, Strategy, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
@@ -59,11 +59,9 @@ def memory_aware_strategy(model: ModelSpec, hw: HardwareProfile, job: TrainingJo
     (framework megatron); the PyTorch stacks recompute all layers or none (advisor.search.stages)."""
     p, v = strategy.pp, strategy.virtual_pipeline_stages
     policy = job.framework_record.recompute_layer_counts
-    if p == 1 or model.num_layers % v or model.num_layers // v < p or policy is None:
+    if not _partitionable(model, job, strategy):
         return None
-    base = replace(strategy, stage_layers=None, recompute_layers=None)
-    keep = stage_cost_model(model, hw, job, replace(base, recompute="none"))
-    replay = stage_cost_model(model, hw, job, replace(base, recompute="full"))
+    keep, replay = stage_cost_models(model, hw, job, _probed(strategy))
     dense, moe, span = _span_counts(model, v)
     layers = np.maximum(dense + moe, 1.0)
     capacity = keep.capacity_bytes
@@ -88,6 +86,19 @@ def memory_aware_strategy(model: ModelSpec, hw: HardwareProfile, job: TrainingJo
     _, stage_layers, counts = best
     return _fit(model, job, replace(strategy, recompute="full", stage_layers=stage_layers), counts, capacity,
                 per_stage=policy == "per_stage", step=v)
+
+
+def _partitionable(model: ModelSpec, job: TrainingJob, strategy: Strategy) -> bool:
+    """pp > 1 in whole virtual chunks, and a framework that takes recomputation counts."""
+    p, v = strategy.pp, strategy.virtual_pipeline_stages
+    return (p > 1 and model.num_layers % v == 0 and model.num_layers // v >= p
+            and job.framework_record.recompute_layer_counts is not None)
+
+
+def _probed(strategy: Strategy) -> list[Strategy]:
+    """The strategies whose stage models memory_aware_strategy reads: without and with full recomputation."""
+    base = replace(strategy, stage_layers=None, recompute_layers=None)
+    return [replace(base, recompute="none"), replace(base, recompute="full")]
 
 
 def _partition(stages, layers, p: int, units: int, v: int, count: float | None):
@@ -167,16 +178,20 @@ def repartition(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tr
         return batch
     current = estimate_batch(model, hw, cluster, job, batch)
     strategies = [batch.strategy(i) for i in range(len(batch))]
+    starts = [(int(i), start) for i in rows for start in
+              [strategies[i]] + ([replace(strategies[i], offload_optimizer=False, offload_params=False,
+                                          offload_fraction=1.0)] if strategies[i].offload_optimizer else [])]
+    # every start's stage models priced in one batch (memory_aware_strategy then finds them cached)
+    stage_cost_models(model, hw, job, [p for i, start in starts if strategies[i].recompute != "selective"
+                                       and _partitionable(model, job, start) for p in _probed(start)])
     tried, owner = [], []
-    for i in rows:
+    for i, start in starts:
         s = strategies[i]
-        for start in [s] + ([replace(s, offload_optimizer=False, offload_params=False, offload_fraction=1.0)]
-                             if s.offload_optimizer else []):
-            repartitioned = memory_aware_strategy(model, hw, job, start) if s.recompute != "selective" else None
-            for alt in (repartitioned, swap_strategy(model, hw, job, start)):
-                if alt is not None and alt != s and pins.admits(alt):
-                    tried.append(alt)
-                    owner.append(int(i))
+        repartitioned = memory_aware_strategy(model, hw, job, start) if s.recompute != "selective" else None
+        for alt in (repartitioned, swap_strategy(model, hw, job, start)):
+            if alt is not None and alt != s and pins.admits(alt):
+                tried.append(alt)
+                owner.append(i)
     if not tried:
         return batch
     alternatives = StrategyBatch.from_strategies(tried, model.num_layers)

@@ -39,6 +39,7 @@ import yaml
 from scipy.optimize import least_squares
 
 from advisor.specs.hardware import HardwareProfile, hardware_from_dict, load_hardware
+from advisor import bundled_yaml
 
 SHAPES_FILE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "starting_curves.yaml"
 # Method choices (not physical constants): the prior's weight against one run's log error (a run
@@ -101,7 +102,7 @@ def resolve_fixed(target: Target) -> dict[str, float]:
 
 @lru_cache(maxsize=1)
 def shapes() -> dict[str, list[list[float]]]:
-    return yaml.safe_load(SHAPES_FILE.read_text())["shapes"]
+    return bundled_yaml.load(SHAPES_FILE)["shapes"]
 
 
 def _curve(points, scale: float, size_factor: float = 1.0) -> list[list[float]]:

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from advisor.cost.estimate import estimate
 from advisor.space.strategy import Strategy
 from advisor.specs.hardware import HardwareProfile, load_hardware
 from advisor.specs.job import Cluster, TrainingJob
 from advisor.specs.model import ModelSpec, model_from_dict
+from advisor import bundled_yaml
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
 HARDWARE_FOR = {"selene-a100-80g": "dgx-a100-80g"}
@@ -55,7 +55,7 @@ def _gpt(raw: dict[str, Any], seq: int, name: str) -> ModelSpec:
 
 
 def load_published_runs(path: Path | None = None) -> list[PublishedRun]:
-    data = yaml.safe_load((path or DATA_DIR / "published_runs.yaml").read_text())
+    data = bundled_yaml.load(path or DATA_DIR / "published_runs.yaml")
     runs = []
     for r in data["runs"]:
         tr = r["training"]

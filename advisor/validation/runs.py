@@ -47,6 +47,7 @@ from advisor.space.strategy import Strategy
 from advisor.specs.hardware import HardwareProfile, load_hardware
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec, model_from_dict
+from advisor import bundled_yaml
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
 RUNS_FILE = DATA_DIR / "calibration_runs.yaml"
@@ -381,6 +382,6 @@ def _check_ids(ids: set[str]) -> None:
 @lru_cache(maxsize=1)
 def load_runs() -> tuple[CalibrationRun, ...]:
     """Every run of the calibration set, in file order."""
-    data = yaml.safe_load(RUNS_FILE.read_text())
+    data = bundled_yaml.load(RUNS_FILE)
     _check_ids({r["id"] for r in data["runs"]})
     return _implausible(tuple(_run(r) for r in data["runs"]))

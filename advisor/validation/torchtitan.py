@@ -20,12 +20,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from advisor.space.strategy import Strategy
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import load_model
 from advisor.validation.runs import DATA_DIR, CalibrationRun
+from advisor import bundled_yaml
 
 RUNS_FILE = DATA_DIR / "torchtitan_runs.yaml"
 
@@ -71,5 +71,5 @@ def _run(row: dict[str, Any], hardware: dict[str, Any]) -> CalibrationRun:
 
 @lru_cache(maxsize=1)
 def load_torchtitan_runs(path: Path | None = None) -> tuple[CalibrationRun, ...]:
-    data = yaml.safe_load((path or RUNS_FILE).read_text())
+    data = bundled_yaml.load(path or RUNS_FILE)
     return tuple(_run(row, data["hardware"]) for row in data["runs"])
