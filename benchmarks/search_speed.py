@@ -19,6 +19,8 @@ Figures per case (best and median of --repeat runs):
                                                          # --all-candidates): rows, seconds, peak memory
     python benchmarks/search_speed.py --scale            # how the search grows with the cluster: 1k to 100k
                                                          # devices, and the same model on mixed clusters
+    python benchmarks/search_speed.py --recommend        # the issue's commands end to end: `advisor recommend` as a
+                                                         # fresh process (imports, search, refinement, rendering)
 
 --scale runs each size in a process of its own (so that its peak memory is its own): `advisor recommend` of
 SCALE_MODEL on dgx-h100 at 1,024 to 98,304 devices (the command line's default batch, whose data-parallel
@@ -72,9 +74,12 @@ def main() -> None:
                         help="time writing every fitting candidate as CSV instead (advisor.search.all_candidates)")
     parser.add_argument("--scale", action="store_true", help="the search at 1k-100k devices and on mixed clusters")
     parser.add_argument("--timeout", type=float, default=600.0, help="--scale: seconds allowed per case")
+    parser.add_argument("--recommend", action="store_true", help="whole `advisor recommend` processes, median of --repeat")
     args = parser.parse_args()
     if args.scale:
         return scale_table(args.timeout)
+    if args.recommend:
+        return recommend_table(args.repeat)
     search(*_warm_up())   # imports and first-call costs out of the figures
     if args.all_candidates:
         return all_candidates_table()
@@ -174,6 +179,35 @@ def scale_table(timeout_s: float) -> None:
         scored = f"{r['scored']:,}" if r.get("scored") is not None else "-"
         print(f"{label:<44} {space:>11} {scored:>8} {r['search_s']:>9.2f} {r['process_s']:>10.2f} "
               f"{r['peak_mib']:>9.0f}")
+
+
+RECOMMEND_CASES = [
+    ("1T dense on 4,096 A100", ["--model", "megatron-1t", "--hardware", "dgx-a100-80g", "--nodes", "512"]),
+    ("GPT-3 175B on 64 A100, --searcher drec",
+     ["--model", "gpt3-175b", "--hardware", "dgx-a100-80g", "--nodes", "8", "--searcher", "drec"]),
+    ("GPT-3 175B on 64 A100, --searcher ilp",
+     ["--model", "gpt3-175b", "--hardware", "dgx-a100-80g", "--nodes", "8", "--searcher", "ilp"]),
+]
+
+
+def recommend_table(repeat: int) -> None:
+    """`advisor recommend` end to end, each run a fresh process: wall and CPU seconds (this process's children)."""
+    import os
+    import subprocess
+
+    print(f"{'command':<44} {'wall s':>13} {'cpu s':>13}")
+    print(f"{'':<44} {'best/median':>13} {'best/median':>13}")
+    for label, argv in RECOMMEND_CASES:
+        walls, cpus = [], []
+        for _ in range(repeat):
+            before, wall = os.times(), time.perf_counter()
+            subprocess.run([sys.executable, "-m", "advisor.cli", "recommend", *argv], check=True,
+                           stdout=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
+            after = os.times()
+            walls.append(time.perf_counter() - wall)
+            cpus.append(after.children_user + after.children_system - before.children_user - before.children_system)
+        print(f"{label:<44} {min(walls):>6.2f}/{statistics.median(walls):<6.2f} "
+              f"{min(cpus):>6.2f}/{statistics.median(cpus):<6.2f}")
 
 
 def _warm_up():
