@@ -1,6 +1,7 @@
 """Fit each device's physical constants to its measured runs (prints the fit; --write stores it).
 
     python benchmarks/fit_profiles.py [--device H100 ...] [--write] [--leave-one-out] [--per-machine]
+    python benchmarks/fit_profiles.py --calibration-only     # rewrite only the profiles' calibration: mappings
 
 For every device (advisor/validation/targets.py: A100, H100, Blackwell = B200 and GB200 together,
 Blackwell-Ultra = B300 and GB300 together, 910B) the constants (GEMM efficiency scale per dtype and
@@ -14,7 +15,9 @@ first: the default order does). --leave-one-out refits each device once per sour
 source and prints the source's error under the refit: how well the model predicts a source it was
 not fitted on (for Blackwell: each system from the other's runs, its own launch overhead then at the
 starting value). --per-machine fits each machine a device's runs name (910B: Atlas 800T A2 and Atlas
-900 A2 PoDc) on its own runs and prints its error and constants.
+900 A2 PoDc) on its own runs and prints its error and constants. --calibration-only refits nothing: it
+rewrites each profile's calibrated region (advisor.cost.confidence.summarize of the runs the device is fitted
+on), for when what the region records changes and the constants do not.
 """
 
 from __future__ import annotations
@@ -57,7 +60,17 @@ def main() -> None:
     parser.add_argument("--per-machine", action="store_true",
                         help="refit on each machine's runs alone where a device's runs come from several")
     parser.add_argument("--evaluations", type=int, default=60, help="least-squares function evaluations per fit")
+    parser.add_argument("--calibration-only", action="store_true",
+                        help="rewrite the profiles' calibration: mappings only (no refit)")
     args = parser.parse_args()
+    if args.calibration_only:
+        for device in args.device:
+            target = TARGETS[device]
+            for name in target.profiles:
+                path = PROFILES_DIR / f"{name}.yaml"
+                write_atomic(path, with_calibration(path.read_text(), summarize(fitted_runs(target))))
+                print(f"   wrote the calibration of {path}")
+        return
     for device in args.device:
         target = TARGETS[device]
         obs = observations(target)

@@ -78,15 +78,18 @@ def test_zero3_over_more_ranks_than_any_run_is_outside_the_region():
     # its data-parallel traffic is most of its compute: beyond what the A100 runs hide
     assert e.dp_traffic_share > bands.coverage_of("dgx-a100-80g")["dp_traffic_share"]
     batch = StrategyBatch.from_strategies([s], i.model.num_layers)
-    assert plan_parts(i.model, i.hardware, i.job, batch, np.array([e.dp_traffic_share]))[0] == 2
+    # ... and ZeRO-3 under Megatron-LM at all: the A100 runs shard it only under PyTorch (llm-foundry's FSDP)
+    assert "zero3 under megatron on dgx-a100-80g: calibration runs use it only under other frameworks" \
+        in e.confidence.extrapolated
+    assert plan_parts(i.model, i.hardware, i.job, batch, np.array([e.dp_traffic_share]))[0] == 3
     # the 3-D layout SC'21 ran is inside
     three_d = Strategy(dp=24, tp=8, pp=8, virtual_pipeline_stages=12, micro_batch_size=1, num_micro_batches=64,
                        sequence_parallel=True)
     batch = StrategyBatch.from_strategies([s, three_d], i.model.num_layers)
     e2 = estimate_batch(i.model, i.hardware, i.cluster, i.job, batch)
-    assert list(plan_parts(i.model, i.hardware, i.job, batch, e2.dp_traffic_share)) == [2, 0]
+    assert list(plan_parts(i.model, i.hardware, i.job, batch, e2.dp_traffic_share)) == [3, 0]
     ranked = pessimistic_tokens_per_s(i.model, i.hardware, i.job, batch, e2)
-    factor = bands.pessimistic_factor("dgx-a100-80g", np.array([2, 0]))
+    factor = bands.pessimistic_factor("dgx-a100-80g", np.array([3, 0]))
     assert np.allclose(ranked, e2.tokens_per_s * factor)
     assert factor[0] < factor[1]
 
@@ -164,3 +167,28 @@ def test_recommend_fits_plans_at_the_upper_end_of_their_memory_band(tmp_path):
     assert banded["prediction"]["memory_gib"]["total"] <= 80.0 * (1.0 - headroom)
     assert banded["prediction"]["band"]["memory_gib"][1] <= 80.0 * (1.0 + 1e-9)
     assert point["prediction"]["band"]["memory_gib"][1] > 80.0          # the point-figure #1 would not
+
+
+def test_a_parallelism_measured_under_another_framework_is_outside_the_region():
+    """The A100 runs use tensor and pipeline parallelism under Megatron-LM only (Korthikanti, SC'21) and FSDP under
+    PyTorch only (llm-foundry): a PyTorch plan with tp and pp has both parts outside, the same plan priced for
+    Megatron none; PyTorch's FSDP plan none, Megatron's ZeRO-3 one."""
+    a100 = "dgx-a100-40g"
+    three_d = Strategy(dp=1, tp=4, pp=2, sequence_parallel=True, micro_batch_size=2, num_micro_batches=64)
+    fsdp = Strategy(dp=8, zero_stage=3, micro_batch_size=2, num_micro_batches=16)
+    for framework, expected in (("pytorch", [2, 0]), ("megatron", [0, 1])):
+        i = resolve_inputs("llama3-8b", a100, devices=8, framework=framework, global_batch_size=256, seq_length=2048)
+        batch = StrategyBatch.from_strategies([three_d, fsdp], i.model.num_layers)
+        e = estimate_batch(i.model, i.hardware, i.cluster, i.job, batch)
+        assert list(plan_parts(i.model, i.hardware, i.job, batch, e.dp_traffic_share)) == expected, framework
+    i = resolve_inputs("llama3-8b", a100, devices=8, framework="pytorch", global_batch_size=256, seq_length=2048)
+    conf = estimate(i.model, i.hardware, i.cluster, i.job, three_d).confidence
+    assert f"pp, tp under pytorch on {a100}: calibration runs use it only under other frameworks" in conf.extrapolated
+    # the profile records which framework each parallelism was measured under
+    assert i.hardware.raw["calibration"]["framework_parallelism"] == ["megatron:pp", "megatron:tp", "pytorch:zero3"]
+    # a mapping written before that was recorded, or a framework with no run on the profile: no such part
+    batch = StrategyBatch.from_strategies([three_d], i.model.num_layers)
+    old = {k: v for k, v in i.hardware.raw["calibration"].items() if k != "framework_parallelism"}
+    assert list(plan_parts(i.model, i.hardware, i.job, batch, None, cal=old, cov={})) == [0]
+    ds = resolve_inputs("llama3-8b", a100, devices=8, framework="deepspeed", global_batch_size=256, seq_length=2048)
+    assert list(plan_parts(ds.model, ds.hardware, ds.job, batch, None, cov={})) == [0]

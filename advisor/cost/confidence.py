@@ -95,8 +95,11 @@ def plan_parts(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: Strat
     if cal is None:
         return n
     calibrated = set(cal.get("parallelism", ()))
+    with_framework = _framework_parallelism(cal, job)
     for name, on in feature_masks(b, job, model.moe is not None).items():
-        if name not in calibrated and name not in ("cuda-graphs", "token-drop"):
+        if name in ("cuda-graphs", "token-drop"):
+            continue
+        if name not in calibrated or (with_framework is not None and name not in with_framework):
             n += on
     for beyond, _ in _coverage_masks(model, job, b, dp_share, cov):
         n += beyond
@@ -109,6 +112,19 @@ def pessimistic_tokens_per_s(model: ModelSpec, hw: HardwareProfile, job: Trainin
     EstimateBatch."""
     parts = plan_parts(model, hw, job, b, e.dp_traffic_share)
     return e.tokens_per_s * pessimistic_factor(hw.name, parts)
+
+
+def _framework_parallelism(cal: dict[str, Any], job: TrainingJob) -> set[str] | None:
+    """The parallelisms and knobs the profile's runs used under the job's framework, or None where that is not
+    known (a mapping written before it was recorded) or the framework has no run on the profile (then the
+    framework itself is the part outside, alike for every plan). A parallelism measured under one framework is
+    not known under another: Megatron's tensor parallelism (fused kernels, its own overlap) says little of how
+    PyTorch's DTensor runs it, so a plan using it there is priced outside the region."""
+    pairs = cal.get("framework_parallelism")
+    if pairs is None or job.framework not in cal.get("frameworks", ()):
+        return None
+    prefix = f"{job.framework}:"
+    return {p[len(prefix):] for p in pairs if p.startswith(prefix)}
 
 
 def _calibration(hw: HardwareProfile):
@@ -165,6 +181,11 @@ def confidence(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tra
     missing = sorted(used - set(cal.get("parallelism", ())))
     if missing:
         out.append(f"{', '.join(missing)} on {hw.name}: no calibration run uses it")
+    with_framework = _framework_parallelism(cal, job)
+    unmeasured = sorted(used & set(cal.get("parallelism", ())) - (with_framework if with_framework is not None else used))
+    if unmeasured:
+        out.append(f"{', '.join(unmeasured)} under {job.framework} on {hw.name}: calibration runs use it only "
+                   f"under other frameworks")
     share = None if dp_share is None else np.array([dp_share])
     out.extend(part(0) for beyond, part in _coverage_masks(model, job, batch, share, cov) if bool(beyond[0]))
     kind = "moe" if model.moe is not None else "dense"
@@ -177,17 +198,21 @@ def summarize(runs) -> dict[str, Any]:
     """A calibration mapping from the runs a profile was fitted on (CalibrationRun-like objects:
     model, job, strategy, devices, group)."""
     dtypes, frameworks, kernels, parallelism, models, sources = set(), set(), set(), set(), set(), set()
+    pairs = set()
     seqs, devices = [], []
     for r in runs:
         dtypes.add(dtype_label(r.job))
         frameworks.add(r.job.framework)
         if r.job.attention == "flash":
             kernels.add(r.job.kernel)
-        parallelism |= features(r.strategy, r.job, r.model.moe is not None)
+        used = features(r.strategy, r.job, r.model.moe is not None)
+        parallelism |= used
+        pairs |= {f"{r.job.framework}:{name}" for name in used}
         models.add("moe" if r.model.moe is not None else "dense")
         sources.add(r.group)
         seqs.append(r.job.seq_length)
         devices.append(r.devices)
     return {"runs": len(seqs), "sources": sorted(sources), "dtypes": sorted(dtypes), "frameworks": sorted(frameworks),
             "attention_kernels": sorted(kernels), "seq_length": [min(seqs), max(seqs)],
-            "devices": [min(devices), max(devices)], "parallelism": sorted(parallelism), "models": sorted(models)}
+            "devices": [min(devices), max(devices)], "parallelism": sorted(parallelism), "framework_parallelism": sorted(pairs),
+            "models": sorted(models)}

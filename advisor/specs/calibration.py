@@ -8,7 +8,7 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 
-LISTS = ("sources", "dtypes", "frameworks", "attention_kernels", "parallelism", "models")
+LISTS = ("sources", "dtypes", "frameworks", "attention_kernels", "parallelism", "framework_parallelism", "models")
 RANGES = ("seq_length", "devices")
 KEYS = ("runs",) + LISTS + RANGES
 
