@@ -70,6 +70,8 @@ MEGATRON_FLAGS: dict[str, tuple] = {
     "--fp8-format": (str, ("e4m3", "hybrid")),
     "--fp8-recipe": (str, ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")),
     "--fp8-param-gather": (None, None),
+    "--fp4-format": (str, ("e2m1",)),                   # Megatron-Core 0.15 (dest fp4)
+    "--fp4-recipe": (str, ("nvfp4",)),
     "--tp-comm-overlap": (None, None),
     "--grad-reduce-in-bf16": (None, None),
     # _add_training_args (CUDA graphs)
@@ -380,3 +382,18 @@ def test_the_models_architecture_is_written_and_reads_back(tmp_path, model, devi
     # the 0.13 and 0.14 releases have no window attention flags: refused there, not dropped
     if m.sliding_window is not None:
         assert any("sliding_window" in u for u in export_plan(plan, "megatron", target_version="0.13").unsupported)
+
+
+def test_an_nvfp4_plan_launches_with_the_fp4_flags():
+    """NVFP4 is --fp4-format e2m1 --fp4-recipe nvfp4 beside --bf16, never with --fp8-format (Megatron-Core 0.15's
+    validate_args refuses both together)."""
+    from _export_plans import make_plan
+
+    plan = make_plan("llama3-8b", "dgx-b200", 2, {"dp": 8, "tp": 2, "pp": 1, "sequence_parallel": True,
+                                                   "micro_batch_size": 1, "num_micro_batches": 4, "zero_stage": 1},
+                     global_batch_size=32, seq_length=8192, dtype="fp8")
+    from dataclasses import replace
+    plan = replace(plan, training=replace(plan.training, fp8_recipe="nvfp4"))
+    args = megatron_launch(plan).args()
+    a = megatron_parser().parse_args(args)
+    assert (a.bf16, a.fp4_format, a.fp4_recipe, a.fp8_format) == (True, "e2m1", "nvfp4", None)

@@ -139,6 +139,20 @@ def test_an_override_file_and_named_precision(tmp_path):
     assert (r.inputs.job.dtype, r.inputs.job.grad_reduce_dtype) == ("bf16", "bf16")
 
 
+def test_the_nvfp4_named_precision_reads_as_the_nvfp4_recipe(tmp_path):
+    """Megatron-Bridge's bf16_with_nvfp4_mixed (fp4 e2m1, no FP8): the linear layers' GEMMs in NVFP4, priced so."""
+    doc = {"model": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
+                     "sequence_parallel": True, "attention_dropout": 0.0, "hidden_dropout": 0.0},
+           "train": {"micro_batch_size": 1, "global_batch_size": 256},
+           "ddp": {"use_distributed_optimizer": True}, "mixed_precision": "bf16_with_nvfp4_mixed"}
+    r = estimate_request("llama3-8b", "dgx-b200", None, 16, job={}, strategy={}, launch=_write(tmp_path, doc, "o.yaml"))
+    j = r.inputs.job
+    assert (j.dtype, j.recipe, j.fp8_param_gather) == ("fp8", "nvfp4", False)
+    doc["mixed_precision"] = {"bf16": True, "fp4": "e3m0"}
+    with pytest.raises(AdvisorError, match="fp4"):
+        estimate_request("llama3-8b", "dgx-b200", None, 16, job={}, strategy={}, launch=_write(tmp_path, doc, "o.yaml"))
+
+
 def test_experts_and_folding(tmp_path):
     doc = {"model": {"num_layers": 48, "hidden_size": 2048, "num_attention_heads": 32, "num_query_groups": 4,
                      "kv_channels": 128, "normalization": "RMSNorm", "gated_linear_unit": True,

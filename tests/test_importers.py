@@ -19,6 +19,7 @@ from advisor.space.strategy import Strategy
 SETTINGS = [
     ("llama3-70b", "dgx-h100", 64, {}),                                   # interleaved, ZeRO-1, offload
     ("llama3-8b", "dgx-h100", 16, {"dtype": "fp8"}),
+    ("llama3-8b", "dgx-b200", 16, {"dtype": "fp8", "fp8_recipe": "nvfp4"}),   # --fp4-format e2m1
     ("mixtral-8x7b", "dgx-h100", 32, {}),                                 # experts, dropless
     ("gpt3-175b", "dgx-a100-80g", 64, {"dropout": True}),
     ("llama3-8b", "dgx-h100", 8, {"grad_reduce_dtype": "bf16"}),

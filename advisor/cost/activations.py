@@ -80,7 +80,7 @@ def layer_activation_terms(model: ModelSpec, job: TrainingJob, b: StrategyBatch,
     sb = s_local * b.micro_batch_size
     h, a = model.hidden_size, model.num_attention_heads
     quantized = stored and job.recipe is not None and job.framework_record.quantized_saved_inputs   # TE keeps FP8 inputs
-    fp8_input = fp8.SAVED_INPUT_BYTES / 2.0 if quantized else 1.0
+    fp8_input = fp8.saved_input_bytes(job) / 2.0 if quantized else 1.0
     mask = 1.0 if job.dropout else 0.0          # 1-byte dropout masks (sbh each)
     rep = {
         "norm_inputs": 2 * (2 * sb * h),        # the two norms' inputs

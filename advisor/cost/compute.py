@@ -30,6 +30,7 @@ from advisor.cost import fp8, kernels, optimizer_step
 from advisor.cost.attention import attention_core
 from advisor.cost.activations import layer_activation_terms
 from advisor.space.strategy import StrategyBatch
+from advisor.specs.architectures import ARCHITECTURES
 from advisor.specs.hardware import HardwareProfile, interpolate_efficiency
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
@@ -66,7 +67,13 @@ def gemm_time_s(hw: HardwareProfile, dtype: str, flops):
 def linear_gemm_time_s(hw: HardwareProfile, job: TrainingJob, dtype: str, flops):
     """A linear layer's GEMM calls: gemm_time_s, at the FP8 recipe's rate when they run in FP8
     (advisor.cost.fp8.gemm_time_factor: MXFP8's block-scaled GEMMs are slower)."""
-    return gemm_time_s(hw, dtype, flops) * (fp8.gemm_time_factor(job) if dtype == "fp8" else 1.0)
+    return gemm_time_s(hw, dtype, flops) * (fp8.gemm_time_factor(job, fp4_per_fp8_peak(hw)) if dtype == "fp8" else 1.0)
+
+
+def fp4_per_fp8_peak(hw: HardwareProfile) -> float | None:
+    """The device's dense FP4 over FP8 peak (advisor.specs.architectures; None without FP4 tensor cores)."""
+    arch = ARCHITECTURES.get(hw.device.architecture or "")
+    return arch.fp4_per_fp8_peak if arch is not None else None
 
 
 def memory_time_s(hw: HardwareProfile, nbytes):

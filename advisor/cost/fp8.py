@@ -1,4 +1,4 @@
-"""FP8 training as frameworks run it: only the linear layers' GEMMs run in FP8.
+"""FP8 (and NVFP4) training as frameworks run it: only the linear layers' GEMMs run in the low precision.
 
 Transformer Engine (te.Linear / LayerNormLinear / LayerNormMLP under fp8_autocast) and torchao's
 float8 training quantize the inputs of each linear layer's forward GEMM (activations and weights,
@@ -42,6 +42,18 @@ norms, softmax, the loss, the LM head and the optimizer stay in BF16/FP32 (Micik
   Pre-quantized", 5B model, hidden 4096, 15,872 tokens): MXFP8_GEMM_TIME. The profiles' FP8 curve is
   the per-tensor one. Hopper's blockwise recipe has no kernel-only figure there (its inputs cannot
   be pre-quantized for Hopper's cuBLAS) and keeps the per-tensor rate.
+* NVFP4 (Blackwell's FP4 tensor cores: E2M1 values, an E4M3 scale per 16 elements and an FP32 scale
+  per tensor; Transformer Engine's NVFP4BlockScaling, Megatron-LM --fp4-format e2m1 --fp4-recipe
+  nvfp4 from Megatron-Core 0.15, Megatron-Bridge's bf16_with_nvfp4_mixed: every linear layer's fprop,
+  dgrad and wgrad GEMM in FP4, a random Hadamard transform on the wgrad inputs and stochastic rounding of
+  the gradients inside the casting kernels). The same guide measures 3.764 ms per layer of NVFP4 GEMMs
+  against 6.812 ms per-tensor FP8 on the B300 (NVFP4_GEMM_TIME, 0.553): 1.81x, far short of the 3x
+  between its dense FP4 and FP8 peaks (advisor.specs.architectures.fp4_per_fp8_peak), so what bounds
+  the FP4 kernels there is not the tensor cores' rate (the guide: "well short of the theoretical 2-3x")
+  and the same kernels keep that ratio on Blackwell, whose 2x peak ratio bounds it only below 0.5:
+  the GEMM time is max(0.553, 1 / r) of the per-tensor FP8 time on a device with peak ratio r. Casts: the per-tensor amax pass (2 bytes read), then 2 read, 0.5 + 0.5 written (row- and
+  column-wise copies) and two E4M3 scales per 16 elements; the cached weights 1 + 2/16 bytes, the saved
+  inputs 0.5 + 1/16 bytes per element.
 * Memory: the cached FP8 weights (both copies, 2 bytes per linear-layer parameter) beside the
   BF16 weights and FP32 master copy, and the linear layers' saved inputs in FP8 (1 byte per
   element: TE saves the quantized input for the weight-gradient GEMM instead of the BF16 one).
@@ -56,22 +68,27 @@ from advisor.specs.job import TrainingJob
 MX_SCALE = 2.0 / 32.0                  # two E8M0 scales per 32 elements (row- and column-wise copies)
 BLOCK_SCALE = 2.0 * 4.0 / 128.0        # two FP32 scales per 128 elements
 # Bytes moved per element quantized, beyond the producing kernel's own traffic (module docstring).
+NV_SCALE = 2.0 / 16.0                  # two E4M3 scales per 16 elements (NVFP4's row- and column-wise copies)
 NORM_FUSED_CAST_BYTES = {
     "delayed": 1.0 + 1.0 + 1.0,
     "tensorwise": 2.0 + 1.0 + 1.0,
     "mxfp8": 2.0 + 1.0 + 1.0 + MX_SCALE,
     "blockwise": 2.0 + 1.0 + 1.0 + BLOCK_SCALE,
+    "nvfp4": 2.0 + 2.0 + 0.5 + 0.5 + NV_SCALE,      # not fused with the norm: the amax pass, then the cast
 }
 SEPARATE_CAST_BYTES = {
     "delayed": 2.0 + 1.0 + 1.0,
     "tensorwise": 2.0 + 2.0 + 1.0 + 1.0,
     "mxfp8": 2.0 + 1.0 + 1.0 + MX_SCALE,
     "blockwise": 2.0 + 1.0 + 1.0 + BLOCK_SCALE,
+    "nvfp4": 2.0 + 2.0 + 0.5 + 0.5 + NV_SCALE,
 }
 UNFUSED_EXTRA_BYTES = 2.0
 MXFP8_GEMM_TIME = 7.161 / 6.812        # block-scaled over per-tensor GEMM time (module docstring)
-WEIGHT_COPY_BYTES = {"delayed": 2.0, "tensorwise": 2.0, "mxfp8": 2.0 + MX_SCALE, "blockwise": 2.0 + BLOCK_SCALE}
-SAVED_INPUT_BYTES = 1.0
+NVFP4_GEMM_TIME = 3.764 / 6.812        # NVFP4 over per-tensor FP8 GEMM time on the B300 (module docstring)
+WEIGHT_COPY_BYTES = {"delayed": 2.0, "tensorwise": 2.0, "mxfp8": 2.0 + MX_SCALE, "blockwise": 2.0 + BLOCK_SCALE,
+                     "nvfp4": 1.0 + NV_SCALE}
+SAVED_INPUT_BYTES = {"nvfp4": 0.5 + NV_SCALE / 2.0}      # the rest: 1 byte per element
 
 
 def cast_bytes(job: TrainingJob, elements, fused: bool = True, norm_fused_elements=0.0) -> np.ndarray:
@@ -88,9 +105,19 @@ def cast_bytes(job: TrainingJob, elements, fused: bool = True, norm_fused_elemen
     return separate * (elements - norm) + NORM_FUSED_CAST_BYTES[job.recipe] * norm
 
 
-def gemm_time_factor(job: TrainingJob) -> float:
-    """FP8 GEMM time relative to the per-tensor-scaled rate of the profile's FP8 curve."""
+def gemm_time_factor(job: TrainingJob, fp4_per_fp8_peak: float | None = None) -> float:
+    """The recipe's GEMM time relative to the per-tensor-scaled rate of the profile's FP8 curve;
+    ``fp4_per_fp8_peak``: the device's dense FP4 over FP8 peak (advisor.specs.architectures), which NVFP4 needs."""
+    if job.recipe == "nvfp4":
+        if not fp4_per_fp8_peak:
+            raise ValueError("NVFP4 GEMMs need a device with FP4 tensor cores")
+        return max(NVFP4_GEMM_TIME, 1.0 / fp4_per_fp8_peak)
     return MXFP8_GEMM_TIME if job.recipe == "mxfp8" else 1.0
+
+
+def saved_input_bytes(job: TrainingJob) -> float:
+    """Bytes per element of a linear layer's quantized input kept for its weight-gradient GEMM."""
+    return SAVED_INPUT_BYTES.get(job.recipe, 1.0)
 
 
 def weight_copy_bytes_per_param(job: TrainingJob) -> float:

@@ -255,6 +255,10 @@ def megatron_launch(plan: Plan, target_version: str | None = None) -> MegatronLa
         train.append("--bf16")
     elif j.dtype == "fp16":
         train.append("--fp16")
+    elif j.recipe == "nvfp4":
+        # NVFP4 replaces FP8 (Megatron-Core 0.15 refuses --fp4-format with --fp8-format; Megatron-Bridge's
+        # bf16_with_nvfp4_mixed)
+        train += ["--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
     elif j.dtype == "fp8":
         # MXFP8 is E4M3 throughout (Megatron-Bridge's bf16_with_mxfp8_mixed); the per-tensor recipes
         # use the hybrid format (E4M3 forward, E5M2 gradients)

@@ -176,8 +176,8 @@ FP8_CONVERTERS = {"tensorwise": ("quantize.linear.float8", "tensorwise"), "mxfp8
 def _fp8_sections(plan: Plan) -> dict[str, dict]:
     """[model] converters and the converter's recipe for an FP8 plan (the recipes the torchtitan record runs)."""
     recipe = plan.training.recipe
-    if recipe is None:
-        return {}
+    if recipe not in FP8_CONVERTERS:     # none, or one torchtitan does not run (delayed, blockwise, nvfp4): the
+        return {}                        # job's own check names it among what keeps the launch from the price
     converter, name = FP8_CONVERTERS[recipe]
     return {"model": {"converters": [converter]}, converter: {"recipe_name": name}}
 

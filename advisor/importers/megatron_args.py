@@ -219,6 +219,12 @@ def _fp8(values, job, strategy, model, seen, source):
     job["fp8_recipe"] = recipe
 
 
+def _fp4(values, job, strategy, model, seen, source):
+    """--fp4-format e2m1 (--fp4-recipe nvfp4, its only choice): the linear layers' GEMMs in NVFP4."""
+    job["dtype"] = "fp8"
+    job["fp8_recipe"] = "nvfp4"
+
+
 def _distributed_optimizer(values, job, strategy, model, seen, source):
     strategy.setdefault("zero_stage", 1)          # ZeRO-1, unless Megatron FSDP's sharding strategy says more
 
@@ -386,6 +392,8 @@ READ: dict[str, Reader] = {
     "--fp16": _dtype,
     "--fp8-format": _fp8,
     "--fp8-recipe": _read_elsewhere,              # read with --fp8-format
+    "--fp4-format": _fp4,
+    "--fp4-recipe": _read_elsewhere,              # nvfp4, its only choice (Megatron-Core 0.15 arguments.py)
     "--grad-reduce-in-bf16": _on("job", "grad_reduce_dtype", "bf16"),
     "--accumulate-allreduce-grads-in-fp32": _on("job", "grad_reduce_dtype", "fp32"),
     "--tp-comm-overlap": _on("job", "tp_comm_overlap", True),

@@ -104,7 +104,8 @@ SPECIAL = {"model.activation_func", "model.gated_linear_unit", "model.attention_
            "model.cuda_graph_impl", "model.cuda_graph_scope"}
 # precision: the model's, optimizer's and DDP's copies of the mixed_precision section (Bridge writes one onto the
 # others, training/mixed_precision.py update_config_with_precision_overrides), read together
-PRECISION = ("bf16", "fp16", "fp8", "fp8_recipe", "fp8_param", "fp8_param_gather", "params_dtype", "grad_reduce_in_fp32")
+PRECISION = ("bf16", "fp16", "fp8", "fp8_recipe", "fp8_param", "fp8_param_gather", "fp4", "params_dtype",
+             "grad_reduce_in_fp32")
 # the precision-aware optimizer's state dtypes (optimizer_config.py @core_v0.15.0, torch.float32 by default): what
 # advisor prices, so only float32 is read
 FP32_STATES = {f"optimizer.{k}" for k in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")}
@@ -204,6 +205,7 @@ NAMED_PRECISION = {
                                             "fp8_param_gather": True},
     "bf16_with_fp8_subchannel_scaling_mixed": {**_BF16, "fp8": "hybrid", "fp8_recipe": "blockwise",
                                                "fp8_param_gather": False},
+    "bf16_with_nvfp4_mixed": {**_BF16, "fp4": "e2m1", "fp8_param_gather": False},
 }
 # Megatron-Core's attention backends (transformer/enums.py AttnBackend) -> --attention-backend
 # (transformer/enums.py @core_v0.15.0: Bridge serialises an enum as {_target_: its class, _args_: [its value]})
@@ -469,3 +471,8 @@ def _precision(flat: dict, give, source: str) -> None:
     elif get.get("fp8_param_gather") or get.get("fp8_param"):
         raise refuse(source, (seen.get("fp8_param_gather") or seen["fp8_param"])[1], True, "FP8 parameters without "
                      "an FP8 format (mixed_precision.fp8)")
+    fp4 = get.get("fp4")
+    if fp4 is not None and fp4 is not False:
+        if fp4 != "e2m1":
+            raise refuse(source, seen["fp4"][1], fp4, "advisor prices NVFP4 (fp4 e2m1)")
+        give("--fp4-format", ["e2m1"], seen["fp4"][1])

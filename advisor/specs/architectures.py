@@ -30,7 +30,12 @@ class Architecture:
     """A fused (FlashAttention-style) attention kernel runs on it."""
     block_scaled_fp8: bool
     """MXFP8 (block-scaled FP8 with E8M0 scales) runs on its tensor cores."""
-    title: str
+    fp4_per_fp8_peak: float | None = None
+    """Dense NVFP4 over dense FP8 tensor-core peak (None: no FP4 tensor cores): 2 on Blackwell (B200 and GB200:
+    9 and 4.5 PFLOPS per GPU), 3 on Blackwell Ultra (GB300 15 and 5, B300 14 and 4.5): NVIDIA's technical blog
+    "Inside NVIDIA Blackwell Ultra" (2025: 15 PFLOPS dense NVFP4) and the per-GPU table of verda.com's "GB300 NVL72
+    architecture" (dense figures of NVIDIA's datasheets)."""
+    title: str = ""
     """The generation as messages name it ("NVIDIA Volta")."""
 
 
@@ -40,8 +45,10 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("ampere", flash_attention=True, block_scaled_fp8=False, title="NVIDIA Ampere"),
     Architecture("ada", flash_attention=True, block_scaled_fp8=False, title="NVIDIA Ada"),
     Architecture("hopper", flash_attention=True, block_scaled_fp8=False, title="NVIDIA Hopper"),
-    Architecture("blackwell", flash_attention=True, block_scaled_fp8=True, title="NVIDIA Blackwell"),
-    Architecture("blackwell-ultra", flash_attention=True, block_scaled_fp8=True, title="NVIDIA Blackwell Ultra"),
+    Architecture("blackwell", flash_attention=True, block_scaled_fp8=True, fp4_per_fp8_peak=2.0,
+                 title="NVIDIA Blackwell"),
+    Architecture("blackwell-ultra", flash_attention=True, block_scaled_fp8=True, fp4_per_fp8_peak=3.0,
+                 title="NVIDIA Blackwell Ultra"),
     Architecture("davinci", flash_attention=True, block_scaled_fp8=False, title="Huawei Ascend (Da Vinci)"),
     Architecture("cpu", flash_attention=False, block_scaled_fp8=False, title="a CPU"),
 )}

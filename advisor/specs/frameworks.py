@@ -275,15 +275,17 @@ MEGATRON = Framework(
     schedules=("1f1b", "interleaved-1f1b"), uneven_stages=True, uneven_chunks=True, cp_kinds=("p2p", "a2a"),
     cp_unfused_attention=(), cp_under_pipeline=True,
     sequence_parallel=(False, True), dtypes=("fp32", "tf32", "fp16", "bf16", "fp8"),
-    fp8_recipes=("delayed", "tensorwise", "mxfp8", "blockwise"),
+    fp8_recipes=("delayed", "tensorwise", "mxfp8", "blockwise", "nvfp4"),
     mesh_orders=(("pp", "dp", "cp", "tp"), ("dp", "pp", "cp", "tp")), experts_from_sharded_dp=False,
     # Megatron-Core releases (NVIDIA/Megatron-LM tags core_v0.13.0, core_v0.14.0, core_v0.15.0, megatron/training/
     # arguments.py; the same tables advisor.export.megatron writes flags from): Megatron FSDP (--use-megatron-fsdp with
-    # the fsdp_dtensor checkpoint format, which ZeRO-2/3 plans launch with) first appears in 0.14, --window-size in 0.15
+    # the fsdp_dtensor checkpoint format, which ZeRO-2/3 plans launch with) first appears in 0.14, --window-size and
+    # --fp4-format (NVFP4) in 0.15
     releases=("0.13", "0.14", "0.15"), release="0.15",
     release_changes=(
-        ("0.13", (("zero_stages", (0, 1)), ("sliding_window", False))),
-        ("0.14", (("sliding_window", False),)),
+        ("0.13", (("zero_stages", (0, 1)), ("sliding_window", False),
+                  ("fp8_recipes", ("delayed", "tensorwise", "mxfp8", "blockwise")))),
+        ("0.14", (("sliding_window", False), ("fp8_recipes", ("delayed", "tensorwise", "mxfp8", "blockwise")))),
     ),
 )
 

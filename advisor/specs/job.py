@@ -36,8 +36,10 @@ FRAMEWORKS = tuple(FRAMEWORK_RECORDS)
 # FP8 scaling recipes, named as Megatron-LM's --fp8-recipe: delayed (amax history, Transformer
 # Engine's DelayedScaling), tensorwise (per-tensor current scaling, TE Float8CurrentScaling, torchao
 # tensorwise), mxfp8 (1x32 blocks with E8M0 scales, TE MXFP8BlockScaling; Blackwell), blockwise
-# (1x128 / 128x128 blocks, TE Float8BlockScaling, DeepSeek-V3's recipe).
-FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+# (1x128 / 128x128 blocks, TE Float8BlockScaling, DeepSeek-V3's recipe); and nvfp4, the low-precision GEMMs in
+# NVFP4 instead (E2M1 with E4M3 scales per 16 elements, TE NVFP4BlockScaling, Megatron-LM --fp4-format e2m1
+# --fp4-recipe nvfp4; Blackwell FP4 tensor cores; advisor.cost.fp8).
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "nvfp4")
 GRAD_DTYPES = ("fp32", "bf16", "fp16")
 # Megatron-Core's selective recomputation modules (--recompute-modules) that the cost model prices
 # (advisor.cost.recompute): the attention core (the default), the two norms, the MoE experts'
@@ -120,6 +122,9 @@ def check_job_relations(job, where: Callable[[str], str]) -> None:
                            f"{', '.join(record.fp8_recipes)}")
     if job.fp8_param_gather and job.dtype != "fp8":
         raise AdvisorError(f"{where('fp8_param_gather')} needs dtype fp8")
+    if job.fp8_param_gather and job.fp8_recipe == "nvfp4":
+        raise AdvisorError(f"{where('fp8_param_gather')} gathers FP8 weights; with fp8_recipe nvfp4 the weights are "
+                           "gathered in BF16 (Megatron-Bridge's bf16_with_nvfp4_mixed)")
     if job.recompute_modules is not None:
         check_recompute_modules(job.recompute_modules, job.framework, where("recompute_modules"))
     if job.cuda_graphs:
@@ -196,9 +201,10 @@ class Runtime:
             "Megatron-Core --overlap-grad-reduce, DeepSpeed overlap_comm); false reduces after the backward.")
     fp8_recipe: str | None = setting(
         None, kind="choice", choices=FP8_RECIPES, optional=True, flags=("--fp8-recipe",),
-        help="with --dtype fp8: delayed | tensorwise | mxfp8 | blockwise (default: the framework's, Megatron-LM's "
-             "delayed, torchtitan's tensorwise)",
-        doc="The FP8 scaling recipe (dtype fp8 only; None: the framework's default, the first of its fp8_recipes).")
+        help="with --dtype fp8: delayed | tensorwise | mxfp8 | blockwise, or nvfp4 (the linear layers' GEMMs in NVFP4 "
+             "instead, Blackwell) (default: the framework's, Megatron-LM's delayed, torchtitan's tensorwise)",
+        doc="The FP8 scaling recipe (dtype fp8 only; None: the framework's default, the first of its fp8_recipes); "
+            "nvfp4 runs the linear layers' GEMMs in NVFP4 instead (Blackwell FP4 tensor cores).")
     tp_comm_overlap: bool = setting(
         False, kind="boolean", flags=("--tp-comm-overlap",),
         help="overlap tensor-parallel collectives with the GEMMs (Megatron --tp-comm-overlap, needs sequence "

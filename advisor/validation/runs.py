@@ -81,7 +81,8 @@ IMPLAUSIBLE_FRACTION = 1.0 / 5.0
 # Megatron-Bridge rows whose published layout matches no preset of their release (mbridge_settings.yaml
 # preset_conflicts): left out, as the set's own CONFLICT rows are, under this reason
 PRESET_CONFLICT = "preset conflict"
-FP8_RECIPES = {"fp8": None, "fp8_cs": "tensorwise", "mxfp8": "mxfp8", "fp8_blockwise": "blockwise"}
+FP8_RECIPES = {"fp8": None, "fp8_cs": "tensorwise", "mxfp8": "mxfp8", "fp8_blockwise": "blockwise",
+               "nvfp4": "nvfp4"}     # NVFP4: Megatron-Bridge's bf16_with_nvfp4_mixed (advisor.cost.fp8)
 
 # Architecture details the transcription keeps in free-text notes, per model name (values from
 # those notes: DeepSeek-V2/V3 MLA ranks, gpt-oss head width, biases and alternating 128-token
@@ -297,8 +298,6 @@ def _run(raw: dict[str, Any]) -> CalibrationRun:
         excluded = f"{PRESET_CONFLICT}: {conflict}"
     elif PROFILES.get(raw["hardware"]) is None:
         excluded = f"no bundled profile for {raw['hardware']}"
-    elif dtype == "nvfp4":
-        excluded = "NVFP4: the cost model has no FP4 GEMMs"
     elif settings.get("activation_offload_layers") and PROFILES.get(raw["hardware"]) == "gb200-nvl72":
         # Priced as activation swapping (advisor.cost.swap) these rows come within -8% to +5% of the
         # measured throughput, but the 70B rows' memory is predicted at 195.5 GiB on the 186 GiB
@@ -311,7 +310,7 @@ def _run(raw: dict[str, Any]) -> CalibrationRun:
     recipe = settings.get("fp8_recipe") or FP8_RECIPES.get(dtype)
     job = TrainingJob(
         global_batch_size=t["gbs"], seq_length=t["seq"],
-        dtype="fp8" if dtype in FP8_RECIPES else ("bf16" if dtype == "nvfp4" else dtype),
+        dtype="fp8" if dtype in FP8_RECIPES else dtype,
         fp8_recipe=recipe if dtype in FP8_RECIPES else None,
         framework=FRAMEWORK[kind], **{"attention": "flash", "dropout": False, **_job_settings(raw, kind, settings)},
     )
