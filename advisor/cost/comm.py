@@ -123,13 +123,15 @@ def fanout_time_s(hw: HardwareProfile, op: str, message_bytes, g0, g1, g2):
         + _tier_time(op, message_bytes / g0, g1, l1)
         + _tier_time(op, message_bytes / (g0 * g1), g2, l2)
     )
-    # Flat ring over every member at the slowest tier spanned.
-    slow = np.where(g2 > 1, 2, np.where(g1 > 1, 1, 0))
-    flat = np.select(
-        [slow == 2, slow == 1],
-        [_tier_time(op, message_bytes, n, l2), _tier_time(op, message_bytes, n, l1)],
-        _tier_time(op, message_bytes, n, l0),
-    )
+    # Flat ring over every member at the slowest tier spanned (that tier's bandwidth and latency chosen per
+    # candidate, then one ring formula: the same arithmetic as pricing each tier and selecting).
+    f0, f1, f2 = (link.for_op(op) for link in (l0, l1, l2))
+    across, inside = g2 > 1, g1 > 1
+    bandwidth = np.where(across, f2.effective_bandwidth_bytes_per_s,
+                         np.where(inside, f1.effective_bandwidth_bytes_per_s, f0.effective_bandwidth_bytes_per_s))
+    latency = np.where(across, f2.latency_s, np.where(inside, f1.latency_s, f0.latency_s))
+    bw_factor, steps = _ring_factor(op, n)
+    flat = bw_factor * message_bytes / bandwidth + steps * latency
     return np.where(n > MORE_THAN_ONE, np.minimum(t, flat), 0.0)
 
 

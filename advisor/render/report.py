@@ -55,7 +55,8 @@ def plans_table(result: RecommendResult) -> Table:
     first = result.best
     moe = first.model.moe is not None
     title = (f"{first.model.name} on {first.cluster.devices} x {first.hardware.device.name} ({first.hardware.name}), "
-             f"batch {first.training.global_batch_size} x {first.training.seq_length}, {first.training.dtype}")
+             f"batch {first.training.global_batch_size} x {first.training.seq_length}, {first.training.dtype}"
+             + (f" ({first.training.recipe})" if first.training.recipe else ""))
     # one space between columns (the box's divider), so that the table fits an 80-column terminal
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
     degrees = "dp.tp.pp.cp" + (".ep" if moe else "")
