@@ -130,9 +130,10 @@ def job_from_values(spec, hw: HardwareProfile, cluster: Cluster, values: dict[st
         raise AdvisorError(f"{flag_or_key('fp8_recipe')} mxfp8: block-scaled FP8 runs on NVIDIA Blackwell tensor cores, not "
                            f"on the {hw.device.name} of profile '{hw.name}' ({arch.title}; advisor/specs/architectures.py): "
                            "use --fp8-recipe tensorwise, delayed or blockwise")
-    if arch is not None and out.recipe == "nvfp4" and not arch.fp4_per_fp8_peak:
+    if out.recipe == "nvfp4" and (arch is None or not arch.fp4_per_fp8_peak):
         raise AdvisorError(f"{flag_or_key('fp8_recipe')} nvfp4: NVFP4 runs on NVIDIA Blackwell's FP4 tensor cores, not "
-                           f"on the {hw.device.name} of profile '{hw.name}' ({arch.title}; advisor/specs/architectures.py)")
+                           f"on the {hw.device.name} of profile '{hw.name}' "
+                           f"({arch.title if arch else 'no device.architecture given'}; advisor/specs/architectures.py)")
     return out
 
 

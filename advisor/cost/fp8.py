@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from advisor.errors import AdvisorError
 from advisor.specs.job import TrainingJob
 
 MX_SCALE = 2.0 / 32.0                  # two E8M0 scales per 32 elements (row- and column-wise copies)
@@ -109,8 +110,9 @@ def gemm_time_factor(job: TrainingJob, fp4_per_fp8_peak: float | None = None) ->
     """The recipe's GEMM time relative to the per-tensor-scaled rate of the profile's FP8 curve;
     ``fp4_per_fp8_peak``: the device's dense FP4 over FP8 peak (advisor.specs.architectures), which NVFP4 needs."""
     if job.recipe == "nvfp4":
-        if not fp4_per_fp8_peak:
-            raise ValueError("NVFP4 GEMMs need a device with FP4 tensor cores")
+        if not fp4_per_fp8_peak:       # refused at the input (advisor.commands.inputs); a hand-written plan lands here
+            raise AdvisorError("training.fp8_recipe = nvfp4: the profile's device has no FP4 tensor cores "
+                               "(device.architecture blackwell or blackwell-ultra; advisor/specs/architectures.py)")
         return max(NVFP4_GEMM_TIME, 1.0 / fp4_per_fp8_peak)
     return MXFP8_GEMM_TIME if job.recipe == "mxfp8" else 1.0
 

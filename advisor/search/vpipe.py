@@ -31,7 +31,7 @@ import numpy as np
 from advisor.cost.estimate import estimate_batch
 from advisor.cost.memory import memory
 from advisor.search import Pins
-from advisor.search.stages import _min_max, _min_sum, stage_cost_models
+from advisor.search.stages import _min_max, _min_sum, _partitioned, stage_cost_models
 from advisor.space.rules import legal_mask
 from advisor.space.strategy import RECOMPUTE, Strategy, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
@@ -89,10 +89,8 @@ def memory_aware_strategy(model: ModelSpec, hw: HardwareProfile, job: TrainingJo
 
 
 def _partitionable(model: ModelSpec, job: TrainingJob, strategy: Strategy) -> bool:
-    """pp > 1 in whole virtual chunks, and a framework that takes recomputation counts."""
-    p, v = strategy.pp, strategy.virtual_pipeline_stages
-    return (p > 1 and model.num_layers % v == 0 and model.num_layers // v >= p
-            and job.framework_record.recompute_layer_counts is not None)
+    """Stages that can be sized (advisor.search.stages), under a framework that takes recomputation counts."""
+    return _partitioned(model, strategy) and job.framework_record.recompute_layer_counts is not None
 
 
 def _probed(strategy: Strategy) -> list[Strategy]:
