@@ -159,3 +159,31 @@ def test_pricing_scales_with_the_stage_layers():
     step = priced.step_time_s[0]
     assert priced.tokens_per_s[0] == pytest.approx(e.tokens_per_s[0] * e.step_time_s[0] / step)
     assert priced.step_time_s[1] == e.step_time_s[1] and priced.tokens_per_s[1] == e.tokens_per_s[1]
+
+
+def test_drec_runs_once_per_group_shape_and_its_answer_is_reused_only_where_it_fits(monkeypatch):
+    """GPT-3 175B on 64 A100: the outer configurations share a few group shapes (tp, micro-batch, layers, ZeRO stage)
+    and differ in the micro-batches in flight and the memory left. D-Rec runs for a shape's first configuration and
+    again only where none of its answers fits; every searched layout is cheaper than Megatron's and fits the memory
+    its configuration leaves free."""
+    from advisor.search import intra_op
+
+    calls = []
+    real = intra_op.drec_search
+    monkeypatch.setattr(intra_op, "drec_search", lambda problem, *a, **k: calls.append(problem) or real(problem, *a, **k))
+    model, hw, cluster = load_model("gpt3-175b"), load_hardware("dgx-a100-80g"), Cluster.of(load_hardware("dgx-a100-80g"), devices=64)
+    outer = enumerator.search(model, hw, cluster, JOB, Pins(), OUTER_TOP_K, distinct_layouts=False)
+    shared = operator_plan(model, hw, cluster, JOB, "drec", outer=outer)
+    e = estimate_batch(model, hw, cluster, JOB, outer.finalists)
+    keys = {(intra_op.layout_key(model, JOB, outer.finalists, i),
+             intra_op.headroom_bytes(e, i, usable_bytes(JOB, hw))) for i in range(len(outer.finalists))}
+    meshes = len(intra_op.tensor_parallel_shapes(hw, 4))
+    assert len(calls) < len(keys) * meshes          # fewer runs than distinct problems ...
+    shapes = {intra_op.group_shape(k) for k, _ in keys}
+    assert len(calls) >= len(shapes)                # ... and at least one per group shape
+    for rec in shared.operator_strategies:
+        if rec["layout"] == "searched":
+            assert rec["pricing"]["delta_step_s"] < 0
+    # each configuration's searched layout fits the memory it leaves free
+    priced = price_layouts(e, outer.finalists, shared.operator_strategies, usable_bytes(JOB, hw))
+    assert np.all(priced.memory.total[priced.feasible] <= usable_bytes(JOB, hw) * (1 + 1e-4))

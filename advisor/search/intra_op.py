@@ -130,13 +130,13 @@ def build_problems(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, key:
 
 
 def choose_among(problems: list[ShardingProblem], key: LayoutKey, headroom_bytes: float, searcher: str,
-                 ilp_seconds: float = 0.0) -> Layout:
+                 ilp_seconds: float = 0.0, found: dict | None = None) -> Layout:
     """choose_layout on each mesh of the key; the layout with the cheapest result wins, the default
     mesh on ties (Megatron's layout costs the same on all). The ILP's time is shared evenly between
     the meshes: each answer is still at least its mesh's D-Rec answer (its warm start), so the ILP
     never loses to D-Rec, but an ILP that runs out of time may stop short on a mesh where it would
     have improved with all of it."""
-    layouts = [choose_layout(p, key, headroom_bytes, searcher, ilp_seconds / len(problems)) for p in problems]
+    layouts = [choose_layout(p, key, headroom_bytes, searcher, ilp_seconds / len(problems), found) for p in problems]
 
     def cost(layout: Layout) -> float:
         final = layout.chosen or layout.reference
@@ -167,10 +167,19 @@ def megatron_assignment(problem: ShardingProblem, sequence_parallel: bool, fill=
     return out
 
 
+def group_shape(key: LayoutKey) -> LayoutKey:
+    """What a layout's price depends on: the key without the micro-batches in flight, which move only its memory
+    (ShardingProblem prices activations x activations_in_flight; every time term is the same)."""
+    return replace(key, in_flight=0.0)
+
+
 def choose_layout(problem: ShardingProblem, key: LayoutKey, headroom_bytes: float, searcher: str,
-                  ilp_seconds: float = 0.0) -> Layout:
+                  ilp_seconds: float = 0.0, found: dict | None = None) -> Layout:
     """The reference layout and, when the group has more than one device, the searched one within
-    the memory the outer configuration leaves free (``headroom_bytes`` per device)."""
+    the memory the outer configuration leaves free (``headroom_bytes`` per device). ``found``: D-Rec's answers
+    by group shape and mesh, shared between the configurations of one search: an answer D-Rec gave for the same
+    shape under another memory allowance is taken where it fits this one (its price is the same), so D-Rec runs
+    once per group shape, as MindSpore's does, and again only where that answer does not fit."""
     forced = bool(problem.fixed)     # user-given strategies stand, whatever they cost
     ref_assignment = megatron_assignment(problem, key.sequence_parallel)
     if ref_assignment is None and forced:
@@ -182,8 +191,16 @@ def choose_layout(problem: ShardingProblem, key: LayoutKey, headroom_bytes: floa
         return Layout(problem, reference, None, False, "one device per tensor-parallel group")
     # room for the reference plus the free memory, less the tolerance with which searchers compare
     problem.memory_limit_bytes = (reference.memory_bytes + max(headroom_bytes, 0.0)) / (1.0 + MEMORY_TOLERANCE)
-    found = drec_search(problem)
-    best = found if forced or (found.fits and found.cost_s < reference.cost_s) else reference
+    shape = (group_shape(key), problem.mesh.shape)
+    earlier = found.setdefault(shape, []) if found is not None and not forced else []
+    fitting = [a for a in earlier if problem.evaluate(list(a.assignment)).fits]    # D-Rec's answers, cheapest first
+    if fitting:
+        drec = solution(problem, "drec", fitting[0].assignment, 0.0, **fitting[0].details, shared=True)
+    else:
+        drec = drec_search(problem)
+        earlier.append(drec)
+        earlier.sort(key=lambda a: a.cost_s)
+    best = drec if forced or (drec.fits and drec.cost_s < reference.cost_s) else reference
     info = None
     if searcher == "ilp" and ilp_seconds > 0:
         result = ilp_search(problem, time_limit_s=ilp_seconds, warm_start=best)

@@ -18,7 +18,9 @@ Composition:
    is one axis (tensor parallelism inside a node) is also searched split into two axes, so that an
    operator can cut two of its dimensions (2-D tensor parallelism; the cheapest mesh wins, the
    default on ties). Identical problems (same
-   group size, micro-batch, layers, micro-batches in flight, ZeRO stage, memory left) are solved once.
+   group size, micro-batch, layers, micro-batches in flight, ZeRO stage, memory left) are solved once, and D-Rec
+   runs once per group shape: its answer is reused by every configuration whose memory it fits (the micro-batches
+   in flight and the memory left change only whether it fits, not its price).
 3. Pricing. Each candidate is the cost model's estimate plus the difference between its chosen
    layout and Megatron's in the sharding model (intra_op.price_layouts; advisor.commands.recommend applies it
    to the finalists it ranks). A layout is only chosen when cheaper than Megatron's and within the
@@ -96,6 +98,7 @@ def operator_plan(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
     capacity = usable_bytes(job, hw)
     todo = len({(keys[i], headroom_bytes(e, i, capacity)) for i in order if keys[i].tp > 1})
     records: list = [None] * len(batch)
+    found: dict = {}        # D-Rec's answers per group shape and mesh (intra_op.choose_layout)
     ilp_spent = 0.0
     for i in order:
         key = keys[i]
@@ -110,7 +113,7 @@ def operator_plan(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
             if isinstance(problem, str):    # no operator graph for this model: Megatron's layout stands
                 layout = layouts[memo] = Layout(None, None, None, False, problem)
             else:
-                layout = layouts[memo] = choose_among(problem, key, memo[1], searcher, budget)
+                layout = layouts[memo] = choose_among(problem, key, memo[1], searcher, budget, found)
             if key.tp > 1:
                 todo -= 1
                 ilp_spent += time.perf_counter() - t0
