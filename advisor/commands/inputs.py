@@ -11,7 +11,7 @@ from typing import Any
 from advisor.errors import AdvisorError
 from advisor.families import RECOMMENDATION, SUPERNET, family_of_model
 from advisor.specs import limits
-from advisor.specs.architectures import ARCHITECTURES
+from advisor.specs.architectures import architecture_of
 from advisor.specs.hardware import HardwareProfile, load_hardware
 from advisor.specs.job import Cluster, TrainingJob, check_cuda_graphs, check_job_relations
 from advisor.specs.setting import field_default, settings_of
@@ -105,7 +105,7 @@ def job_from_values(spec, hw: HardwareProfile, cluster: Cluster, values: dict[st
         if "global_batch_size" not in v:   # the published batch, rounded up to a multiple of the devices
             gbs = -(-(spec.global_batch_size or cluster.devices) // cluster.devices) * cluster.devices
     v.update(global_batch_size=gbs, seq_length=seq, dtype=check_dtype(hw, v.get("dtype") or default_dtype(hw)))
-    arch = ARCHITECTURES.get(hw.device.architecture or "")
+    arch = architecture_of(hw.device.architecture)
     if arch is not None and not arch.flash_attention:
         if v.get("attention") == "flash":
             raise AdvisorError(f"{flag_or_key('attention')} flash: fused attention does not run on the {hw.device.name} "

@@ -30,7 +30,7 @@ from advisor.cost import fp8, kernels, optimizer_step
 from advisor.cost.attention import attention_core
 from advisor.cost.activations import layer_activation_terms
 from advisor.space.strategy import StrategyBatch
-from advisor.specs.architectures import ARCHITECTURES
+from advisor.specs.architectures import architecture_of
 from advisor.specs.hardware import HardwareProfile, interpolate_efficiency
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
@@ -72,7 +72,7 @@ def linear_gemm_time_s(hw: HardwareProfile, job: TrainingJob, dtype: str, flops)
 
 def fp4_per_fp8_peak(hw: HardwareProfile) -> float | None:
     """The device's dense FP4 over FP8 peak (advisor.specs.architectures; None without FP4 tensor cores)."""
-    arch = ARCHITECTURES.get(hw.device.architecture or "")
+    arch = architecture_of(hw.device.architecture)
     return arch.fp4_per_fp8_peak if arch is not None else None
 
 

@@ -178,11 +178,12 @@ def confidence(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: Tra
         out.append(f"{cluster.devices} devices outside the calibrated {low}-{high}")
     batch = StrategyBatch.from_strategies([strategy], model.num_layers)
     used = {name for name, on in feature_masks(batch, job, model.moe is not None).items() if bool(on[0])}
-    missing = sorted(used - set(cal.get("parallelism", ())))
+    measured = set(cal.get("parallelism", ()))
+    missing = sorted(used - measured)
     if missing:
         out.append(f"{', '.join(missing)} on {hw.name}: no calibration run uses it")
     with_framework = _framework_parallelism(cal, job)
-    unmeasured = sorted(used & set(cal.get("parallelism", ())) - (with_framework if with_framework is not None else used))
+    unmeasured = sorted(used & measured - (with_framework if with_framework is not None else used))
     if unmeasured:
         out.append(f"{', '.join(unmeasured)} under {job.framework} on {hw.name}: calibration runs use it only "
                    f"under other frameworks")
@@ -214,5 +215,5 @@ def summarize(runs) -> dict[str, Any]:
         devices.append(r.devices)
     return {"runs": len(seqs), "sources": sorted(sources), "dtypes": sorted(dtypes), "frameworks": sorted(frameworks),
             "attention_kernels": sorted(kernels), "seq_length": [min(seqs), max(seqs)],
-            "devices": [min(devices), max(devices)], "parallelism": sorted(parallelism), "framework_parallelism": sorted(pairs),
-            "models": sorted(models)}
+            "devices": [min(devices), max(devices)], "parallelism": sorted(parallelism),
+            "framework_parallelism": sorted(pairs), "models": sorted(models)}

@@ -51,9 +51,10 @@ norms, softmax, the loss, the LM head and the optimizer stay in BF16/FP32 (Micik
   between its dense FP4 and FP8 peaks (advisor.specs.architectures.fp4_per_fp8_peak), so what bounds
   the FP4 kernels there is not the tensor cores' rate (the guide: "well short of the theoretical 2-3x")
   and the same kernels keep that ratio on Blackwell, whose 2x peak ratio bounds it only below 0.5:
-  the GEMM time is max(0.553, 1 / r) of the per-tensor FP8 time on a device with peak ratio r. Casts: the per-tensor amax pass (2 bytes read), then 2 read, 0.5 + 0.5 written (row- and
-  column-wise copies) and two E4M3 scales per 16 elements; the cached weights 1 + 2/16 bytes, the saved
-  inputs 0.5 + 1/16 bytes per element.
+  the GEMM time is max(0.553, 1 / r) of the per-tensor FP8 time on a device with peak ratio r.
+  Casts: the per-tensor amax pass (2 bytes read), then 2 read, 0.5 + 0.5 written (row- and
+  column-wise copies) and two E4M3 scales per 16 elements; the cached weights 1 + 2/16 bytes, the
+  saved inputs 0.5 + 1/16 bytes per element.
 * Memory: the cached FP8 weights (both copies, 2 bytes per linear-layer parameter) beside the
   BF16 weights and FP32 master copy, and the linear layers' saved inputs in FP8 (1 byte per
   element: TE saves the quantized input for the weight-gradient GEMM instead of the BF16 one).

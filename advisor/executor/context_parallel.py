@@ -11,8 +11,9 @@ AttnFuncWithCPAndKVP2P).
   and merged by log-sum-exp. Each block is computed whole, its masked entries included: a causal
   ring kernel (TransformerEngine's) skips the half of an off-diagonal block the mask hides, so the
   executor's attention arithmetic on cp ranks is up to about twice a fused kernel's (a time-only
-  difference, which the step-time check of a context-parallel plan includes). Kept for backward, as a fused (flash) kernel keeps them: q, the local
-  k and v, the output and the fp32 log-sum-exp (4 bytes per head and token).
+  difference, which the step-time check of a context-parallel plan includes). Kept for backward, as
+  a fused (flash) kernel keeps them: q, the local k and v, the output and the fp32 log-sum-exp (4
+  bytes per head and token).
 * Backward: the K and V blocks go round the ring again, each carrying the fp32 gradient of its K and
   V accumulated by the ranks it has passed; after cp steps it is back with its owner.
 

@@ -177,9 +177,9 @@ def choose_layout(problem: ShardingProblem, key: LayoutKey, headroom_bytes: floa
                   ilp_seconds: float = 0.0, found: dict | None = None) -> Layout:
     """The reference layout and, when the group has more than one device, the searched one within
     the memory the outer configuration leaves free (``headroom_bytes`` per device). ``found``: D-Rec's answers
-    by group shape and mesh, shared between the configurations of one search: an answer D-Rec gave for the same
-    shape under another memory allowance is taken where it fits this one (its price is the same), so D-Rec runs
-    once per group shape, as MindSpore's does, and again only where that answer does not fit."""
+    by group shape and mesh, shared between the configurations of one search: the cheapest answer D-Rec gave for
+    the same shape under another memory allowance is taken where it fits this one (its price is the same), so
+    D-Rec runs once per group shape, as MindSpore's does, and again only where no earlier answer fits."""
     forced = bool(problem.fixed)     # user-given strategies stand, whatever they cost
     ref_assignment = megatron_assignment(problem, key.sequence_parallel)
     if ref_assignment is None and forced:

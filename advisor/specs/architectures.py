@@ -52,3 +52,8 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture("davinci", flash_attention=True, block_scaled_fp8=False, title="Huawei Ascend (Da Vinci)"),
     Architecture("cpu", flash_attention=False, block_scaled_fp8=False, title="a CPU"),
 )}
+
+
+def architecture_of(name: str | None) -> Architecture | None:
+    """The record a profile's ``device.architecture`` names (None where it names none; names are checked at load)."""
+    return ARCHITECTURES.get(name or "")
