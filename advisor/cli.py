@@ -248,6 +248,15 @@ def _output_failed(exc: OSError) -> None:
     os._exit(1)
 
 
+def _closed_pipe_seen_by_click() -> None:
+    """click (typer's, vendored or not) turns a closed standard output (EPIPE) into exit 1, after wrapping the
+    streams in its PacifyFlushWrapper; that wrapper is how a closed pipe is told from a command's own exit 1."""
+    import errno
+
+    if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+        _output_failed(BrokenPipeError(errno.EPIPE, "Broken pipe"))
+
+
 def main() -> None:
     from advisor.runtime import signals
 
@@ -280,6 +289,9 @@ def _main(interrupted: type[BaseException]) -> None:
         sys.exit(2)
     try:
         code = app(standalone_mode=False)
+    except SystemExit:
+        _closed_pipe_seen_by_click()
+        raise
     except interrupted as exc:
         err_console.print(f"advisor: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)

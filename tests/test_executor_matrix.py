@@ -55,6 +55,16 @@ OFFLOAD = {
                                training=dict(dtype="bf16")),
     "pp×dp×cp+offload": tiny_plan(dict(pp=2, num_micro_batches=4, dp=2, cp=2, zero_stage=3, offload_optimizer=True),
                                   "gpt", "flash", training=dict(dtype="bf16")),
+    # a share of it (Megatron's --optimizer-offload-fraction): the first 40% of each rank's elements on the host
+    "zero1+offload40%": tiny_plan(dict(dp=2, zero_stage=1, offload_optimizer=True, offload_fraction=0.4), "llama",
+                                  "flash", training=dict(dtype="bf16", framework="megatron")),
+}
+
+# swapped layers (advisor.executor.swap): the first layers of each stage keep their saved activations on the host
+SWAP = {
+    "dp+swap2": tiny_plan(dict(dp=2, swap_layers=[2]), "gpt", "math", training=dict(framework="mindspore")),
+    "pp×dp+zero3+swap": tiny_plan(dict(pp=2, num_micro_batches=4, dp=2, zero_stage=3, swap_layers=[1, 2]), "gpt",
+                                  "flash", training=dict(framework="mindspore")),
 }
 
 
@@ -72,10 +82,12 @@ def reports() -> dict[str, dict]:
     half = [prepare_plan(plans[n], n, replace(opts, dtype="bf16")) for n in BF16]
     half.append(prepare_plan(llama3_8b_plan(), "llama3-8b --tiny", replace(opts, tiny=True)))
     half += [prepare_plan(plan, name, opts) for name, plan in OFFLOAD.items()]
-    reps = run_prepared(prepared + exact + half, opts)
-    n = len(names)
+    swapped = [prepare_plan(plan, name, opts) for name, plan in SWAP.items()]
+    reps = run_prepared(prepared + exact + half + swapped, opts)
+    n, h = len(names), len(half)
     return {**dict(zip(names, reps)), **{f"{x} fp64": r for x, r in zip(names, reps[n:2 * n])},
-            **{f"{x} bf16": r for x, r in zip(list(BF16) + ["llama3-8b --tiny"] + list(OFFLOAD), reps[2 * n:])}}
+            **{f"{x} bf16": r for x, r in zip(list(BF16) + ["llama3-8b --tiny"] + list(OFFLOAD), reps[2 * n:2 * n + h])},
+            **dict(zip(SWAP, reps[2 * n + h:]))}
 
 
 @pytest.mark.parametrize("name", list(MATRIX) + list(ZERO_BUBBLE) + ["llama3-8b --tiny"])
@@ -283,7 +295,7 @@ def test_torchrun_workers_and_execute_results(tmp_path):
 def test_optimizer_offload_keeps_the_whole_optimizer_state_on_the_host(reports):
     """The offloaded runs train like the single-process run (above) and their fp32 masters and Adam
     moments (12 bytes per parameter over the ZeRO group) are in host memory, none on the device."""
-    for name in OFFLOAD:
+    for name in ("zero1+offload", "pp×dp×cp+offload"):
         rows = [r for r in reports[f"{name} bf16"]["memory"]["ranks"] if r["rel_error"] is not None]
         for row in rows:
             measured, predicted = row["measured_bytes"], row["predicted_bytes"]
@@ -293,3 +305,42 @@ def test_optimizer_offload_keeps_the_whole_optimizer_state_on_the_host(reports):
     # ZeRO-1 over 2 ranks, bf16 weights: host states = 12 / 2 bytes per parameter = 3x the weights' 2 bytes
     z1 = next(r for r in reports["zero1+offload bf16"]["memory"]["ranks"] if r["rank"] == 0)["measured_bytes"]
     assert z1["host_optimizer"] == pytest.approx(3 * z1["parameters"], rel=0.01)
+
+
+@pytest.mark.parametrize("name", list(SWAP))
+def test_swapped_layers_keep_their_activations_on_the_host_as_priced(reports, name):
+    """Swapping changes no value (the losses equal the single-process run's), moves the swapped layers' saved
+    activations to the host (their peak there within 10% of the prediction) and off the device: the device's
+    activations in flight are at most what one micro-batch's unswapped layers and the stage's ends hold."""
+    rep = reports[name]
+    assert rep["loss_max_rel_diff"] <= LOSS_GOAL and verdict(rep)["ok"], verdict(rep)["failures"]
+    for row in (r for r in rep["memory"]["ranks"] if r["rel_error"] is not None):
+        measured, predicted = row["measured_bytes"], row["predicted_bytes"]
+        assert predicted["host_activations"] > 0
+        assert measured["host_activations"] == pytest.approx(predicted["host_activations"], rel=MEMORY_GOAL)
+        assert measured["activations_per_microbatch"] == pytest.approx(predicted["activations_per_microbatch"],
+                                                                       rel=MEMORY_GOAL)
+        # what stayed on the device plus what went to the host is at least what one micro-batch saves
+        assert measured["activations_in_flight"] < measured["activations_per_microbatch"] * 4
+        assert measured["activations_in_flight"] + measured["host_activations"] >= measured["activations_per_microbatch"]
+    plain = reports["dp"] if name == "dp+swap2" else None
+    if plain is not None:       # 2 of 4 layers swapped: the device holds about half of the unswapped run's
+        swapped_row = next(r for r in rep["memory"]["ranks"] if r["rank"] == 0)["measured_bytes"]
+        plain_row = next(r for r in plain["memory"]["ranks"] if r["rank"] == 0)["measured_bytes"]
+        assert swapped_row["activations_in_flight"] < 0.7 * plain_row["activations_in_flight"]
+
+
+def test_a_share_of_the_optimizer_is_offloaded_as_priced(reports):
+    """offload_fraction 0.4: 40% of each rank's optimizer elements (masters and moments) on the host, 60% on the
+    device, each as predicted; the losses match the single-process run (the bf16 test above)."""
+    rep = reports["zero1+offload40% bf16"]
+    for row in (r for r in rep["memory"]["ranks"] if r["rel_error"] is not None):
+        measured, predicted = row["measured_bytes"], row["predicted_bytes"]
+        total = measured["optimizer"] + measured["host_optimizer"]
+        assert measured["host_optimizer"] == pytest.approx(0.4 * total, rel=1e-3)
+        for part in ("optimizer", "host_optimizer"):
+            assert measured[part] == pytest.approx(predicted[part], rel=MEMORY_GOAL)
+    whole = next(r for r in reports["zero1+offload bf16"]["memory"]["ranks"] if r["rank"] == 0)["measured_bytes"]
+    share = next(r for r in rep["memory"]["ranks"] if r["rank"] == 0)["measured_bytes"]
+    # the same states, split (the one tensor cut in two adds one 4-byte Adam step count)
+    assert share["optimizer"] + share["host_optimizer"] == pytest.approx(whole["host_optimizer"], abs=4)

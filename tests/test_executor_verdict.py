@@ -19,7 +19,6 @@ from advisor.validation.execute_report import LOSS_GOAL, MEMORY_GOAL, verdict
 
 @pytest.mark.parametrize("key, value, words", [
     ("micro_batch_copies", 2, "multi-copy parallelism"),
-    ("swap_layers", [1], "swapping activations to the host"),
     ("fold_experts", True, "expert parallelism"),
 ])
 def test_a_setting_the_executor_does_not_run_is_refused_by_name(key, value, words):
@@ -27,6 +26,27 @@ def test_a_setting_the_executor_does_not_run_is_refused_by_name(key, value, word
     plan["parallel"][key] = value
     with pytest.raises(AdvisorError, match=f"parallel.{key} = .*{words}"):
         run_config_from_plan(plan)
+
+
+@pytest.mark.parametrize("parallel, words", [
+    (dict(dp=2, recompute="full", swap_layers=[1]), "keeps, swaps or recomputes"),
+    (dict(tp=2, swap_layers=[1]), "tensor-parallel layers save DTensors"),
+    (dict(dp=2, swap_layers=[5]), "more layers than a stage has"),
+    (dict(pp=2, num_micro_batches=4, swap_layers=[1]), "must list 2 non-negative layer counts"),
+    (dict(dp=2, offload_fraction=0.5), "offload_fraction = 0.5 with offload_optimizer = false"),
+    (dict(dp=2, offload_optimizer=True, offload_fraction=1.5), r"offload_fraction must be a number in \(0, 1\]"),
+])
+def test_swapping_and_offload_shares_the_executor_cannot_run_as_priced_are_refused(parallel, words):
+    plan = tiny_plan(parallel, training=dict(dtype="bf16"))
+    with pytest.raises(AdvisorError, match=words):
+        run_config_from_plan(plan)
+
+
+def test_swapped_layers_and_an_offloaded_share_are_read():
+    cfg = run_config_from_plan(tiny_plan(dict(pp=2, num_micro_batches=4, swap_layers=[1, 0], offload_optimizer=True,
+                                              offload_fraction=0.25), training=dict(dtype="bf16")))
+    assert cfg.parallel.swap_layers == (1, 0) and cfg.parallel.offload_fraction == 0.25
+    assert run_config_from_plan(tiny_plan(dict(dp=2, swap_layers=[0]))).parallel.swap_layers is None
 
 
 def test_operator_layouts_are_refused():

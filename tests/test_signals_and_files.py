@@ -422,6 +422,22 @@ def test_a_full_stdout_is_one_sentence_not_a_traceback(args):
     assert r.returncode == 1 and _lines(r.stderr) == ["error: cannot write the output: No space left on device"]
 
 
+@pytest.mark.parametrize("args", [["list", "models"], ["recommend", "--model", "llama3-8b", "--hardware", "dgx-h100",
+                                                        "--nodes", "1", "--top", "1", "--json"]])
+def test_a_closed_pipe_ends_quietly_as_the_shell_would(args):
+    """#33: `advisor list models | head -1` used to exit 1 silently; a reader that has gone is the shell's
+    128 + SIGPIPE = 141, with nothing on stderr. The pipe's read end is closed before the command starts, so
+    its first write fails whatever the machine's speed."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        r = subprocess.run([sys.executable, "-m", "advisor", *args], stdout=write_end, stderr=subprocess.PIPE,
+                           text=True, timeout=120, env=_env())
+    finally:
+        os.close(write_end)
+    assert (r.returncode, r.stderr) == (141, "")
+
+
 def test_an_ascii_terminal_gets_escapes_not_a_traceback():
     r = subprocess.run([sys.executable, "-m", "advisor", "list", "models"], capture_output=True, timeout=120,
                        env=_env(PYTHONIOENCODING="ascii"))

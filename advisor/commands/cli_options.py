@@ -10,16 +10,17 @@ import sys
 from rich.console import Console
 
 from advisor.errors import AdvisorError
+from advisor.runtime.terminal import OutputConsole
 
-console = Console()
-err_console = Console(stderr=True)
+console = OutputConsole()
+err_console = OutputConsole(stderr=True)
 
 
 def wide_console(width: int = 120) -> Console:
     """The console, or one ``width`` wide where output is piped (not squeezed to 80 columns)."""
     if console.is_terminal or console.width >= width:
         return console
-    return Console(file=console.file, width=width, no_color=console.no_color, highlight=False)
+    return OutputConsole(file=console.file, width=width, no_color=console.no_color, highlight=False)
 
 
 def print_warnings(warnings: list[str]) -> None:

@@ -96,6 +96,7 @@ def _strategy(cfg: RunConfig):
                     num_micro_batches=p.num_micro_batches, zero_stage=p.zero_stage, recompute=p.recompute,
                     recompute_layers=p.recompute_layers, pipeline_schedule=p.pipeline_schedule,
                     stage_layers=tuple(p.stage_layers), offload_optimizer=p.offload_optimizer,
+                    offload_fraction=p.offload_fraction, swap_layers=p.swap_layers,
                     mesh_order=tuple(p.mesh_order), grad_bucket_mb=p.grad_bucket_mb)
 
 
@@ -158,6 +159,7 @@ def memory_prediction(est) -> dict[str, float] | None:
     out = {k: getattr(m, k) * GIB for k in ("parameters", "gradients", "optimizer", "activations", "buffers", "total")}
     out["activations_per_microbatch"] = est.activation_gib_per_microbatch * GIB
     out["host_optimizer"] = est.host_optimizer_gib * GIB
+    out["host_activations"] = est.host_activations_gib * GIB
     out["stage"] = est.worst_memory_stage
     return out
 

@@ -68,6 +68,7 @@ class Estimate:
     input_read_gb_per_step: float | None = None   # the cluster's reads of training samples (advisor.cost.dataset)
     host_params_gib: float = 0.0                  # offloaded weight and gradient shards per device (offload_params)
     host_embedding_gib: float = 0.0               # the word-embedding slice, its states and gradient (host_embedding)
+    host_activations_gib: float = 0.0             # activations swapped to the host per device (swap_layers)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,6 +143,8 @@ def from_batch(e: EstimateBatch, i: int, model: ModelSpec, hw: HardwareProfile, 
         host_optimizer_gib=float(e.memory.host_optimizer[i]) / GIB,
         host_params_gib=float(e.memory.host_params[i]) / GIB if e.memory.host_params is not None else 0.0,
         host_embedding_gib=float(e.memory.host_embedding[i]) / GIB if e.memory.host_embedding is not None else 0.0,
+        host_activations_gib=(float(e.memory.host_activations[i]) / GIB if e.memory.host_activations is not None
+                              else 0.0),
         time_s=times,
         step_time_s=step,
         tokens_per_s=tps,

@@ -133,8 +133,9 @@ class MemoryArrays:
     host_activations: np.ndarray | None = None  # (N,): activations swapped to the host per device (advisor.cost.swap)
     host_params: np.ndarray | None = None       # (N,): offloaded weight and gradient shards per device
     host_embedding: np.ndarray | None = None    # (N,): the word-embedding slice on the host (cost.host_embedding)
-    # (N, P) per stage: parameters, gradients, optimizer and activations per micro-batch on one device of each
-    # stage (meaningful on active stages; advisor execute compares every rank with its own stage's)
+    # (N, P) per stage: parameters, gradients, optimizer, activations per micro-batch, and the optimizer states
+    # and activations on the host, of one device of each stage (meaningful on active stages; advisor execute
+    # compares every rank with its own stage's)
     stage_parts: dict[str, np.ndarray] | None = None
 
     @property
@@ -254,11 +255,12 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     per_mb = per_mb + np.where(first, col(first_x), 0.0) + np.where(last, col(last_x), 0.0)
     # the last stage's fp32 logits gradient is live once, during its backward (not per micro-batch in flight)
     acts = per_mb * in_flight(b) + replay + np.where(last, col(logits_gradient_bytes(model, job, b)), 0.0)
-    host_acts = np.zeros(len(b))
+    host_stage_acts, host_acts = np.zeros(1), np.zeros(len(b))
     if b.swap_layers.any():       # activations swapped to the host (advisor.cost.swap)
         per_layer = swapped_layer_bytes(model, job, b)
         acts = acts - swap.saved_bytes(b, per_layer, in_flight(b))
-        host_acts = np.max(b.swap_layers * per_layer * in_flight(b), axis=1)
+        host_stage_acts = b.swap_layers * per_layer * in_flight(b)
+        host_acts = np.max(host_stage_acts, axis=1)
 
     n_layers = dense_n + moe_n
     layer_local = largest_local_layer(model, b)
@@ -316,5 +318,5 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
         host_params=host_params,
         stage_parts={name: np.broadcast_to(x, total.shape) for name, x in (
             ("parameters", params), ("gradients", grads), ("optimizer", optim), ("activations_per_microbatch", per_mb),
-            ("host_optimizer", host_share * optim_all))},
+            ("host_optimizer", host_share * optim_all), ("host_activations", host_stage_acts))},
     )

@@ -46,7 +46,9 @@ class ParallelConfig:
     stage_layers: tuple[int, ...] = (1,)
     mesh_order: tuple[str, ...] = ("pp", "dp", "cp", "tp")
     offload_optimizer: bool = False
+    offload_fraction: float = 1.0           # the share of the optimizer state offloaded (with offload_optimizer)
     offload_params: bool = False
+    swap_layers: tuple[int, ...] | None = None   # per stage, its first layers whose saved activations go to the host
     host_embedding: bool = False
     grad_bucket_mb: float | None = None     # ZeRO-0: the gradients all-reduced in buckets of this size
 
@@ -116,6 +118,8 @@ def run_config_from_dict(d: dict[str, Any]) -> RunConfig:
     par = dict(d["parallel"])
     par["stage_layers"] = tuple(par["stage_layers"])
     par["mesh_order"] = tuple(par["mesh_order"])
+    if par.get("swap_layers") is not None:
+        par["swap_layers"] = tuple(par["swap_layers"])
     fail = d.get("inject_failure")
     return RunConfig(
         name=d["name"], model=ModelConfig(**d["model"]), parallel=ParallelConfig(**par),
@@ -219,10 +223,32 @@ def parallel_config_from_plan(par: dict[str, Any], num_layers: int) -> ParallelC
         stage_layers=tuple(stage_layers),
         mesh_order=tuple(mesh_order),
         offload_optimizer=_bool(par, "offload_optimizer", w, False),
+        offload_fraction=_fraction(par, "offload_fraction", w, 1.0),
         offload_params=_bool(par, "offload_params", w, False),
+        swap_layers=_swap_layers(par, pp),
         host_embedding=_bool(par, "host_embedding", w, False),
         grad_bucket_mb=_bucket_mb(par),
     )
+
+
+def _swap_layers(par: dict[str, Any], pp: int) -> tuple[int, ...] | None:
+    value = par.get("swap_layers")
+    if value is None:
+        return None
+    if (not isinstance(value, (list, tuple)) or len(value) != pp
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value)):
+        raise AdvisorError(f"plan: parallel.swap_layers must list {pp} non-negative layer counts (one per pipeline "
+                           f"stage), got {value!r}")
+    return tuple(value) if any(value) else None
+
+
+def _fraction(d: dict[str, Any], key: str, where: str, default: float) -> float:
+    value = d.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 < value <= 1:
+        raise AdvisorError(f"plan: {where}.{key} must be a number in (0, 1], got {value!r}")
+    return float(value)
 
 
 def _bucket_mb(par: dict[str, Any]) -> float | None:
@@ -243,13 +269,9 @@ RUN_WITHOUT_FIELD = {
 }
 # Why the others are not run, by setting (a sentence after the value)
 NOT_RUN = {
-    "offload_fraction": "the executor offloads the whole optimizer state, not a share of it (Megatron's "
-                        "--optimizer-offload-fraction)",
     "cp_comm": "the executor runs context parallelism as ring attention (p2p) only, not as Ulysses all-to-alls",
     "micro_batch_copies": "multi-copy parallelism (copies whose collectives overlap another copy's compute) is not "
                           "run by the executor",
-    "swap_layers": "the executor runs every process on the CPU already, so swapping activations to the host would "
-                   "not differ from keeping them",
     "fold_experts": "expert parallelism needs MoE layers, which the executor does not run",
 }
 
@@ -418,6 +440,10 @@ def refusals(cfg: RunConfig, global_batch_size: int | None = None, devices: int 
     if p.offload_optimizer and cfg.dtype not in MIXED_PRECISION:
         out.append(f"parallel.offload_optimizer = true with training.dtype = {cfg.dtype}: the executor offloads "
                    "mixed precision's fp32 master weights and moments (ZeRO-Offload); run the plan in bf16")
+    if p.offload_fraction != 1.0 and not p.offload_optimizer:
+        out.append(f"parallel.offload_fraction = {p.offload_fraction:g} with offload_optimizer = false: a share of "
+                   "the optimizer is offloaded only when the optimizer is")
+    out += _swap_refusals(p)
     if p.offload_params:
         out.append("parallel.offload_params = true: parameter offload is not run by the executor")
     if p.host_embedding:
@@ -440,6 +466,26 @@ def refusals(cfg: RunConfig, global_batch_size: int | None = None, devices: int 
     if m.position_embedding == "learned" and cfg.seq_length > m.seq_length:
         out.append(f"training.seq_length = {cfg.seq_length} exceeds model.seq_length = {m.seq_length} "
                    "(the learned position table)")
+    return out
+
+
+def _swap_refusals(p: ParallelConfig) -> list[str]:
+    """Swapped layers (advisor.executor.swap) as the cost model prices them: full activations, one chunk per rank."""
+    if p.swap_layers is None:
+        return []
+    out = []
+    if any(k > n for k, n in zip(p.swap_layers, p.stage_layers)):
+        out.append(f"parallel.swap_layers = {list(p.swap_layers)} swaps more layers than a stage has "
+                   f"(stage_layers = {list(p.stage_layers)})")
+    if p.recompute != "none":
+        out.append(f"parallel.swap_layers with recompute = {p.recompute}: a layer keeps, swaps or recomputes its "
+                   "activations, not two of them")
+    if p.virtual_pipeline_stages > 1:
+        out.append("parallel.swap_layers with virtual_pipeline_stages > 1: swapping counts a stage's first layers, "
+                   "which interleaving splits over chunks")
+    if p.tp > 1:
+        out.append(f"parallel.swap_layers with tp = {p.tp}: the executor swaps plain tensors, and tensor-parallel "
+                   "layers save DTensors")
     return out
 
 

@@ -51,7 +51,7 @@ def tensor_bytes(tensors) -> int:
     return total
 
 
-def _is_parameter(t: torch.Tensor) -> bool:
+def is_parameter(t: torch.Tensor) -> bool:
     base = t._base if t._base is not None else t
     return isinstance(t, nn.Parameter) or isinstance(base, nn.Parameter)
 
@@ -78,6 +78,10 @@ class ActivationTracker:
         self.live_bytes = 0
         self.peak_bytes = 0
         self.enabled = False
+        # activations swapped to the host (advisor.executor.swap): their live bytes and peak over the step
+        self.host_refs: dict[tuple[int, int], int] = defaultdict(int)
+        self.host_live_bytes = 0
+        self.host_peak_bytes = 0
 
     # -- forward boundaries
     def begin(self, label: str) -> None:
@@ -108,14 +112,14 @@ class ActivationTracker:
     def _keys(self, t: torch.Tensor) -> list[tuple[tuple[int, int], int]]:
         out = []
         for inner in _inner_tensors(t):
-            if _is_parameter(inner):
+            if is_parameter(inner):
                 continue
             key = storage_key(inner)
             out.append((key, key[1]))
         return out
 
     def pack(self, t: torch.Tensor):
-        if not self.enabled or _is_parameter(t):
+        if not self.enabled or is_parameter(t):
             return t
         keys = self._keys(t)
         if self.bucket is not None:
@@ -123,6 +127,29 @@ class ActivationTracker:
                 self.bucket[key] = nbytes
         self._acquire(keys)
         return _Saved(t, keys, self)
+
+    # -- swapped to the host (advisor.executor.swap): counted in the micro-batch's bytes, live on the host
+    def swap_out(self, host: torch.Tensor) -> None:
+        """A storage copied to the host for one block's saved tensors."""
+        if self.enabled and self.bucket is not None:
+            self.bucket[storage_key(host)] = host.untyped_storage().nbytes()
+
+    def hold_host(self, packed, host: torch.Tensor) -> None:
+        """``packed`` (what autograd keeps) refers to ``host`` until it is collected."""
+        if not self.enabled:
+            return
+        key = storage_key(host)
+        if self.host_refs[key] == 0:
+            self.host_live_bytes += key[1]
+        self.host_refs[key] += 1
+        self.host_peak_bytes = max(self.host_peak_bytes, self.host_live_bytes)
+        weakref.finalize(packed, self._release_host, key)
+
+    def _release_host(self, key) -> None:
+        self.host_refs[key] -= 1
+        if self.host_refs[key] == 0:
+            self.host_live_bytes -= key[1]
+            del self.host_refs[key]
 
     @staticmethod
     def unpack(obj):

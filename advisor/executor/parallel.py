@@ -358,28 +358,53 @@ class MasterWeightOptimizer:
     Float16OptimizerWithFloat16Params, DeepSpeed's bf16 optimizer): an fp32 master copy of each
     (local) parameter, which torch's optimizer steps with the gradient upcast to fp32; the result
     is rounded back into the compute-dtype weights. Model states: 2 + 2 + 12 bytes per parameter
-    in bf16 (ZeRO section 3.1's K = 12: master, momentum, variance)."""
+    in bf16 (ZeRO section 3.1's K = 12: master, momentum, variance).
 
-    def __init__(self, params: list[nn.Parameter], make_optimizer, offload: bool = False):
+    Optimizer offload (ZeRO-Offload, Ren et al. 2021; Megatron-Core's HybridDeviceOptimizer): the
+    first ``host_fraction`` of the local elements, in parameter order, keep their masters and moments
+    in host memory and are stepped there by torch's optimizer on the CPU (gradients copied to the
+    host, updated weights copied back); the rest stay on the device. Megatron's
+    --optimizer-offload-fraction and DeepSpeed's offload_optimizer.ratio: the split falls inside a
+    tensor where it must (the update is element-wise, so where it falls changes no value)."""
+
+    def __init__(self, params: list[nn.Parameter], make_optimizer, host_fraction: float = 0.0):
         self.params = list(params)
-        # optimizer offload (ZeRO-Offload, Ren et al. 2021; Megatron-Core's HybridDeviceOptimizer): the
-        # masters and moments in host memory, stepped there by torch's AdamW on the CPU; gradients copied
-        # to the host, updated weights copied back
-        self.offload = offload
-        where = torch.device("cpu") if offload else None
+        self.host_fraction = host_fraction
+        total = sum(_local(p).numel() for p in self.params)
+        boundary = round(host_fraction * total)
+        # (parameter, start, end, master): the masters cover each local parameter's flat elements once
+        self.pieces: list[tuple[nn.Parameter, int, int, nn.Parameter]] = []
+        self.host: set[int] = set()           # ids of the masters kept in host memory
+        offset = 0
         with torch.no_grad():
-            self.masters = [nn.Parameter(_local(p).detach().to(device=where, dtype=torch.float32, copy=True))
-                            for p in self.params]
+            for p in self.params:
+                flat = _local(p).detach().reshape(-1)
+                n = flat.numel()
+                cuts = sorted({0, n, min(max(boundary - offset, 0), n)})
+                for a, b in zip(cuts, cuts[1:]):
+                    on_host = offset + a < boundary
+                    where = torch.device("cpu") if on_host else None
+                    m = nn.Parameter(flat[a:b].to(device=where, dtype=torch.float32, copy=True))
+                    self.pieces.append((p, a, b, m))
+                    if on_host:
+                        self.host.add(id(m))
+                offset += n
+        self.masters = [m for _, _, _, m in self.pieces]
         self.inner = make_optimizer(self.masters)
 
+    @property
+    def offload(self) -> bool:
+        return bool(self.host)
+
     def step(self) -> None:
-        for p, m in zip(self.params, self.masters):
-            m.grad = _local(p.grad).to(device=m.device, dtype=torch.float32) if p.grad is not None else None
+        for p, a, b, m in self.pieces:
+            m.grad = (_local(p.grad).reshape(-1)[a:b].to(device=m.device, dtype=torch.float32)
+                      if p.grad is not None else None)
         self.inner.step()
         with torch.no_grad():
-            for p, m in zip(self.params, self.masters):
+            for p, a, b, m in self.pieces:
                 m.grad = None    # the fp32 gradient copies live only during the step
-                _local(p).copy_(m)
+                _local(p).view(-1)[a:b].copy_(m)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
@@ -387,6 +412,14 @@ class MasterWeightOptimizer:
 
     def state_tensors(self) -> list[torch.Tensor]:
         return list(self.masters) + optimizer_state_tensors(self.inner)
+
+    def host_state_tensors(self) -> list[torch.Tensor]:
+        """The masters and moments kept in host memory."""
+        host = [m for m in self.masters if id(m) in self.host]
+        out = list(host)
+        for m in host:
+            out += [v for v in self.inner.state.get(m, {}).values() if isinstance(v, torch.Tensor)]
+        return out
 
 
 def optimizer_state_tensors(opt) -> list[torch.Tensor]:
@@ -399,20 +432,20 @@ def optimizer_state_tensors(opt) -> list[torch.Tensor]:
     return out
 
 
-def offloaded(opt) -> bool:
-    """Whether the optimizer keeps its state in host memory (optimizer offload)."""
+def host_state_tensors(opt) -> list[torch.Tensor]:
+    """The optimizer state kept in host memory (optimizer offload; none without it)."""
     if isinstance(opt, ZeroOneOptimizer):
-        return offloaded(opt.inner) if opt.inner is not None else False
-    return isinstance(opt, MasterWeightOptimizer) and opt.offload
+        return host_state_tensors(opt.inner) if opt.inner is not None else []
+    return opt.host_state_tensors() if isinstance(opt, MasterWeightOptimizer) else []
 
 
-def make_torch_optimizer(name: str, lr: float, master_weights: bool = False, offload: bool = False):
+def make_torch_optimizer(name: str, lr: float, master_weights: bool = False, host_fraction: float = 0.0):
     """torch's optimizer with its multi-tensor (foreach) kernels, one parameter group per kind of
     tensor (plain, or DTensor on one mesh): foreach ops cannot mix them. ``master_weights``: behind
-    a MasterWeightOptimizer (mixed precision), its state on the host with ``offload``."""
+    a MasterWeightOptimizer (mixed precision), ``host_fraction`` of its state on the host."""
     def build(params):
         if master_weights:
-            return MasterWeightOptimizer(params, make_torch_optimizer(name, lr), offload)
+            return MasterWeightOptimizer(params, make_torch_optimizer(name, lr), host_fraction)
         groups = [{"params": g} for g in _homogeneous_groups(params)]
         if name == "sgd":
             return torch.optim.SGD(groups, lr=lr, momentum=0.9, foreach=True)

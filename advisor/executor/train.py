@@ -16,10 +16,11 @@ from advisor.executor.data import dp_slice, global_batch
 from advisor.executor.measure import (ActivationTracker, ParameterProbe, gradient_bytes, parameter_bytes,
                                       tensor_bytes)
 from advisor.executor.context_parallel import CPGroup
+from advisor.executor.swap import LayerSwap, swapped_blocks
 from advisor.executor.model import GPT, VocabParallelLoss, apply_context_parallel, cross_entropy
 from advisor.executor.parallel import (GradientAverager, ZeroOneOptimizer, apply_fsdp, apply_recompute,
                                        apply_tensor_parallel, build_chunks, build_mesh, chunk_layout,
-                                       make_torch_optimizer, offloaded, optimizer_state_tensors, replica_mesh,
+                                       host_state_tensors, make_torch_optimizer, optimizer_state_tensors, replica_mesh,
                                        resolve_partial_gradients)
 
 
@@ -81,6 +82,7 @@ class _Setup:
         self.replica_mesh = replica_mesh(self.mesh, cfg) if self.replicas > 1 else None
         self.ring = CPGroup(self.mesh["cp"].get_group(), p.cp, self.coords.cp, cfg.seq_length) if p.cp > 1 else None
         self.tracker = ActivationTracker()
+        self.swap = LayerSwap(self.tracker)
         self.probe = ParameterProbe()
         self.chunks = build_chunks(cfg, self.coords.pp)
         self.n_stages = p.pp * p.virtual_pipeline_stages
@@ -96,6 +98,9 @@ class _Setup:
                 apply_fsdp(chunk, self.replica_mesh, reshard_after_forward=p.zero_stage == 3,
                            reduce_dtype=self.reduce_dtype)
             self.tracker.watch_chunk(f"chunk{stage}", chunk)
+            if p.swap_layers is not None:      # one chunk per rank: its stage is this rank's pp coordinate
+                for block in swapped_blocks(chunk, p.swap_layers[stage]):
+                    self.swap.attach(block)
         self.modules = [c for _, c in self.chunks]
         self.loss_fn = (VocabParallelLoss(self.mesh["tp"].get_group(), self.coords.tp, cfg.model.vocab_size, p.tp)
                         if p.tp > 1 else cross_entropy)
@@ -106,7 +111,8 @@ class _Setup:
                                           self.reduce_dtype)
                          if self.replicas > 1 and p.zero_stage == 0 else None)
         self.tied = _TiedEmbedding(cfg, self) if cfg.model.tie_embeddings and self.n_stages > 1 else None
-        build = make_torch_optimizer(cfg.optimizer, cfg.learning_rate, self.mixed, p.offload_optimizer)
+        build = make_torch_optimizer(cfg.optimizer, cfg.learning_rate, self.mixed,
+                                     p.offload_fraction if p.offload_optimizer else 0.0)
         if p.zero_stage == 1 and self.replicas > 1:
             self.optimizer = ZeroOneOptimizer(self.params, build, self.dp_group, self.replicas,
                                               self.replica_mesh.get_local_rank(), self.reduce_dtype)
@@ -368,15 +374,16 @@ def run_distributed(cfg: RunConfig, device: torch.device, on_step=None) -> dict:
             on_step(step)
         if step == 0:
             memory["gradients"] = gradient_bytes(s.modules)
-            states = tensor_bytes(optimizer_state_tensors(s.optimizer))
-            host = offloaded(s.optimizer)
-            memory["optimizer"], memory["host_optimizer"] = (0, states) if host else (states, 0)
+            host = tensor_bytes(host_state_tensors(s.optimizer))
+            memory["optimizer"] = tensor_bytes(optimizer_state_tensors(s.optimizer)) - host
+            memory["host_optimizer"] = host
         s.optimizer.zero_grad(set_to_none=True)
     probes.append(_host_probe_us(device))
     memory["parameters"] = s.probe.compute_bytes if s.probe.compute_bytes is not None else sharded_at_rest
     memory["fsdp_sharded_copy"] = sharded_at_rest if (p.zero_stage == 2 and s.replicas > 1) else 0
     memory["activations_per_microbatch"] = s.tracker.first_microbatch_bytes()
     memory["activations_in_flight"] = s.tracker.peak_bytes
+    memory["host_activations"] = s.tracker.host_peak_bytes
     memory["cuda_max_allocated"] = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return {
         "name": cfg.name, "rank": rank,

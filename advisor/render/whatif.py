@@ -77,9 +77,9 @@ def whatif_tables(result: Any) -> list:
 def render_whatif(console, result: Any, plot_path: str | None = None) -> None:
     if not console.is_terminal and console.width < 140:
         # piped output (a file, a pager): don't squeeze the columns to 80 characters
-        from rich.console import Console
+        from advisor.runtime.terminal import OutputConsole
 
-        console = Console(file=console.file, width=140, no_color=console.no_color, highlight=False)
+        console = OutputConsole(file=console.file, width=140, no_color=console.no_color, highlight=False)
     for table in whatif_tables(result):
         console.print(table)
     for p in result.points:

@@ -30,11 +30,11 @@ def bar(show: bool, label: str) -> Iterator[Update]:
     if not show:
         yield lambda *args, **kwargs: None
         return
-    from rich.console import Console
+    from advisor.runtime.terminal import OutputConsole
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=Console(stderr=True), transient=True)
+                        console=OutputConsole(stderr=True), transient=True)
     task = progress.add_task(label, total=None)
 
     def update(done: float, total: float | None, label: str | None = None) -> None:

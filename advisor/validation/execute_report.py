@@ -27,7 +27,9 @@ COMPARED_PARTS = {
     "optimizer": "optimizer",
     "activations_per_microbatch": "activations_per_microbatch",
     "host_optimizer": "host_optimizer",     # optimizer offload: the states the host keeps and steps
+    "host_activations": "host_activations",     # swapped layers: their saved activations on the host, at the peak
 }
+HOST_PARTS = ("host_optimizer", "host_activations")     # shown only where a run or its prediction has them
 
 
 # ---- comparison --------------------------------------------------------------------------------
@@ -188,9 +190,9 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     mem = report["memory"]
     stage_rows = [r for r in mem["ranks"] if r["rel_error"] is not None]
     for part in COMPARED_PARTS:
-        if part == "host_optimizer" and not any(
+        if part in HOST_PARTS and not any(
                 r["measured_bytes"].get(part) or (r["predicted_bytes"] or {}).get(part) for r in mem["ranks"]):
-            continue    # no optimizer offload: nothing on the host either way
+            continue    # no offload or swapping: nothing on the host either way
         if stage_rows:
             worst_row = max(stage_rows, key=lambda r: r["rel_error"][part])
             rows.append((f"{part} (rank {worst_row['rank']})", _mib(worst_row["measured_bytes"][part]),
