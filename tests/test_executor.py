@@ -426,3 +426,48 @@ def test_the_readme_headline_plan_is_accepted_at_tiny_scale(tmp_path, monkeypatc
     assert prep.cfg.seq_length % (2 * p.cp * p.tp) == 0
     stages = prep.memory_prediction["stages"]
     assert len(stages) == 4 and all(st["optimizer"] > 0 and st["host_optimizer"] == 0 for st in stages)
+
+
+def test_a_block_in_copies_computes_the_whole_micro_batch_and_launches_each_copys_kernels():
+    """Multi-copy (Block.copies): the same output and gradients as the uncut micro-batch (fp64), and every copy
+    dispatches the block's operators itself (advisor.cost.multi_copy.launch_scale): the cut, the join and the
+    gradients' accumulation over copies add a few, the rotary tables built once per block save a few."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from advisor.executor.model import Block, ModelConfig
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    cfg = ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=2, num_kv_heads=2, ffn_hidden_size=64,
+                      ffn_activation="swiglu", vocab_size=64, seq_length=8, norm="rmsnorm", use_bias=False,
+                      position_embedding="rotary", attention="flash")
+    torch.manual_seed(0)
+    block = Block(cfg).double()
+    x = torch.randn(4, 8, 32, dtype=torch.float64)
+    results, ops = {}, {}
+    for copies in (1, 2, 4):
+        block.copies = copies
+        block.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        block(xi).sum().backward()                 # warm-up
+        block.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        count = Count()
+        with count:
+            out = block(xi)
+            out.sum().backward()
+        results[copies] = (out.detach(), xi.grad, [p.grad.clone() for p in block.parameters()])
+        ops[copies] = count.n
+    for copies in (2, 4):
+        out, gx, gp = results[copies]
+        assert torch.allclose(out, results[1][0], rtol=1e-12, atol=1e-12)
+        assert torch.allclose(gx, results[1][1], rtol=1e-12, atol=1e-12)
+        assert all(torch.allclose(a, b, rtol=1e-10, atol=1e-12) for a, b in zip(gp, results[1][2]))
+        assert ops[copies] == pytest.approx(copies * ops[1], rel=0.02), ops     # 197, 395, 783 operators

@@ -67,6 +67,15 @@ SWAP = {
                                   "flash", training=dict(framework="mindspore")),
 }
 
+# multi-copy (MindSpore's MicroBatchInterleaved): each micro-batch cut into interleaved copies
+MULTI_COPY = {
+    "tp+copies2": tiny_plan(dict(tp=2, micro_batch_size=2, micro_batch_copies=2), "llama", "flash",
+                            training=dict(framework="mindspore")),
+    "pp×tp+sp+full+copies2": tiny_plan(dict(pp=2, num_micro_batches=4, tp=2, sequence_parallel=True, micro_batch_size=4,
+                                            micro_batch_copies=2, recompute="full"), "gpt", "math",
+                                       training=dict(framework="mindspore")),
+}
+
 
 @pytest.fixture(scope="module")
 def reports() -> dict[str, dict]:
@@ -82,12 +91,12 @@ def reports() -> dict[str, dict]:
     half = [prepare_plan(plans[n], n, replace(opts, dtype="bf16")) for n in BF16]
     half.append(prepare_plan(llama3_8b_plan(), "llama3-8b --tiny", replace(opts, tiny=True)))
     half += [prepare_plan(plan, name, opts) for name, plan in OFFLOAD.items()]
-    swapped = [prepare_plan(plan, name, opts) for name, plan in SWAP.items()]
+    swapped = [prepare_plan(plan, name, opts) for name, plan in {**SWAP, **MULTI_COPY}.items()]
     reps = run_prepared(prepared + exact + half + swapped, opts)
     n, h = len(names), len(half)
     return {**dict(zip(names, reps)), **{f"{x} fp64": r for x, r in zip(names, reps[n:2 * n])},
             **{f"{x} bf16": r for x, r in zip(list(BF16) + ["llama3-8b --tiny"] + list(OFFLOAD), reps[2 * n:2 * n + h])},
-            **dict(zip(SWAP, reps[2 * n + h:]))}
+            **dict(zip(list(SWAP) + list(MULTI_COPY), reps[2 * n + h:]))}
 
 
 @pytest.mark.parametrize("name", list(MATRIX) + list(ZERO_BUBBLE) + ["llama3-8b --tiny"])
@@ -328,6 +337,15 @@ def test_swapped_layers_keep_their_activations_on_the_host_as_priced(reports, na
         swapped_row = next(r for r in rep["memory"]["ranks"] if r["rank"] == 0)["measured_bytes"]
         plain_row = next(r for r in plain["memory"]["ranks"] if r["rank"] == 0)["measured_bytes"]
         assert swapped_row["activations_in_flight"] < 0.7 * plain_row["activations_in_flight"]
+
+
+@pytest.mark.parametrize("name", list(MULTI_COPY))
+def test_multi_copy_trains_like_one_process_and_keeps_the_memory_priced(reports, name):
+    """The copies change the order of the work, not the arithmetic, nor (as priced) the activations kept."""
+    rep = reports[name]
+    assert rep["executed"]["parallel"]["micro_batch_copies"] == 2
+    assert rep["loss_max_rel_diff"] <= LOSS_GOAL and rep["grad_norm_max_rel_diff"] <= GRAD_NORM_GOAL
+    assert verdict(rep)["ok"], verdict(rep)["failures"]
 
 
 def test_a_share_of_the_optimizer_is_offloaded_as_priced(reports):

@@ -18,7 +18,7 @@ from advisor.validation.execute_report import LOSS_GOAL, MEMORY_GOAL, verdict
 
 
 @pytest.mark.parametrize("key, value, words", [
-    ("micro_batch_copies", 2, "multi-copy parallelism"),
+    ("cp_comm", "a2a", "ring attention"),
     ("fold_experts", True, "expert parallelism"),
 ])
 def test_a_setting_the_executor_does_not_run_is_refused_by_name(key, value, words):
@@ -34,6 +34,7 @@ def test_a_setting_the_executor_does_not_run_is_refused_by_name(key, value, word
     (dict(dp=2, swap_layers=[5]), "more layers than a stage has"),
     (dict(pp=2, num_micro_batches=4, swap_layers=[1]), "must list 2 non-negative layer counts"),
     (dict(dp=2, offload_fraction=0.5), "offload_fraction = 0.5 with offload_optimizer = false"),
+    (dict(tp=2, micro_batch_size=3, micro_batch_copies=2), "copies .*divide"),
     (dict(dp=2, offload_optimizer=True, offload_fraction=1.5), r"offload_fraction must be a number in \(0, 1\]"),
 ])
 def test_swapping_and_offload_shares_the_executor_cannot_run_as_priced_are_refused(parallel, words):
@@ -66,9 +67,9 @@ def test_every_plan_setting_is_read_run_as_is_or_refused():
 
     own = {f.name for f in fields(ParallelConfig)}
     assert [f.name for f in fields(Strategy) if f.name not in own | set(RUN_WITHOUT_FIELD) | set(NOT_RUN)] == []
-    refused, _ = unrun_settings({"dp": 2, "micro_batch_copies": 2}, {})
-    assert refused == [f"parallel.micro_batch_copies = 2: {NOT_RUN['micro_batch_copies']}"]
-    assert unrun_settings({"dp": 2, "micro_batch_copies": 1, "swap_layers": None}, {}) == ([], [])
+    refused, _ = unrun_settings({"dp": 2, "fold_experts": True}, {})
+    assert refused == [f"parallel.fold_experts = True: {NOT_RUN['fold_experts']}"]
+    assert unrun_settings({"dp": 2, "fold_experts": False, "cp_comm": "p2p", "swap_layers": None}, {}) == ([], [])
 
 
 def test_full_batch_runs_with_a_note_and_buckets_only_with_zero0():

@@ -39,6 +39,7 @@ class ParallelConfig:
     virtual_pipeline_stages: int = 1
     micro_batch_size: int = 1
     num_micro_batches: int = 1
+    micro_batch_copies: int = 1             # multi-copy: each micro-batch cut into this many interleaved copies
     zero_stage: int = 0
     recompute: str = "none"
     recompute_layers: int | None = None
@@ -216,6 +217,7 @@ def parallel_config_from_plan(par: dict[str, Any], num_layers: int) -> ParallelC
         virtual_pipeline_stages=_int(par, "virtual_pipeline_stages", w, 1),
         micro_batch_size=_int(par, "micro_batch_size", w, 1),
         num_micro_batches=_int(par, "num_micro_batches", w, 1),
+        micro_batch_copies=_int(par, "micro_batch_copies", w, 1),
         zero_stage=_int(par, "zero_stage", w, 0, minimum=0),
         recompute=_choice(par, "recompute", w, RECOMPUTE, "none"),
         recompute_layers=recompute_layers,
@@ -270,8 +272,6 @@ RUN_WITHOUT_FIELD = {
 # Why the others are not run, by setting (a sentence after the value)
 NOT_RUN = {
     "cp_comm": "the executor runs context parallelism as ring attention (p2p) only, not as Ulysses all-to-alls",
-    "micro_batch_copies": "multi-copy parallelism (copies whose collectives overlap another copy's compute) is not "
-                          "run by the executor",
     "fold_experts": "expert parallelism needs MoE layers, which the executor does not run",
 }
 
@@ -443,6 +443,9 @@ def refusals(cfg: RunConfig, global_batch_size: int | None = None, devices: int 
     if p.offload_fraction != 1.0 and not p.offload_optimizer:
         out.append(f"parallel.offload_fraction = {p.offload_fraction:g} with offload_optimizer = false: a share of "
                    "the optimizer is offloaded only when the optimizer is")
+    if p.micro_batch_size % p.micro_batch_copies:
+        out.append(f"parallel.micro_batch_copies = {p.micro_batch_copies} does not divide micro_batch_size = "
+                   f"{p.micro_batch_size}")
     out += _swap_refusals(p)
     if p.offload_params:
         out.append("parallel.offload_params = true: parameter offload is not run by the executor")

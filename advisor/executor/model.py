@@ -228,7 +228,16 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm1(x)), then + mlp(norm2(.))."""
+    """Pre-norm transformer block: x + attn(norm1(x)), then + mlp(norm2(.)).
+
+    Multi-copy (``copies`` > 1; MindSpore's MicroBatchInterleaved, MindFormers' micro_batch_interleave_num):
+    the micro-batch is cut along its batch into that many copies, and each sub-layer (attention, MLP) runs on
+    every copy before any copy's residual add needs its result. In the forward a tensor-parallel layer's
+    collective is issued asynchronously (DTensor's functional collectives hand back an AsyncCollectiveTensor)
+    and waited for only where its result is used, so one copy's collective runs while the next copy computes.
+    The arithmetic is the whole micro-batch's."""
+
+    copies = 1
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -238,8 +247,14 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        if self.copies == 1:
+            x = x + self.attn(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+        xs = x.chunk(self.copies, dim=0)
+        outs = [self.attn(self.norm1(c)) for c in xs]
+        xs = [c + o for c, o in zip(xs, outs)]
+        outs = [self.mlp(self.norm2(c)) for c in xs]
+        return torch.cat([c + o for c, o in zip(xs, outs)], dim=0)
 
 
 class LearnedPositions(nn.Module):

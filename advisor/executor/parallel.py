@@ -107,6 +107,12 @@ def build_chunks(cfg: RunConfig, pp_rank: int) -> list[tuple[int, GPT]]:
     return chunks
 
 
+def apply_multi_copy(model: GPT, copies: int) -> None:
+    """Multi-copy parallelism: every block cuts its micro-batch into ``copies`` interleaved copies (Block)."""
+    for block in model.layers.values():
+        block.copies = copies
+
+
 # ---- tensor / sequence parallel ----------------------------------------------------------------
 def apply_tensor_parallel(model: GPT, tp_mesh, sequence_parallel: bool) -> None:
     from torch.distributed.tensor import Replicate, Shard

@@ -18,8 +18,8 @@ from advisor.executor.measure import (ActivationTracker, ParameterProbe, gradien
 from advisor.executor.context_parallel import CPGroup
 from advisor.executor.swap import LayerSwap, swapped_blocks
 from advisor.executor.model import GPT, VocabParallelLoss, apply_context_parallel, cross_entropy
-from advisor.executor.parallel import (GradientAverager, ZeroOneOptimizer, apply_fsdp, apply_recompute,
-                                       apply_tensor_parallel, build_chunks, build_mesh, chunk_layout,
+from advisor.executor.parallel import (GradientAverager, ZeroOneOptimizer, apply_fsdp, apply_multi_copy,
+                                       apply_recompute, apply_tensor_parallel, build_chunks, build_mesh, chunk_layout,
                                        host_state_tensors, make_torch_optimizer, optimizer_state_tensors, replica_mesh,
                                        resolve_partial_gradients)
 
@@ -88,6 +88,7 @@ class _Setup:
         self.n_stages = p.pp * p.virtual_pipeline_stages
         for stage, chunk in self.chunks:
             chunk.to(device=device, dtype=torch_dtype(cfg))
+            apply_multi_copy(chunk, p.micro_batch_copies)
             if self.ring is not None:
                 apply_context_parallel(chunk, self.ring)
             if p.tp > 1:
