@@ -2,10 +2,13 @@
 
 ``parameter_server`` (DESIGN.md, second wave) is null for collective-only plans, else
 ``{"mode": "ps"|"hybrid", "synchronous": bool, "servers": N, "server_placement": "dedicated"|"colocated",
-"tensors": [...], "sharding": {tensor: [server, ...]}}``: ``tensors`` are the parameters the servers
+"tensors": [...], "sharding": {tensor: [server, ...]}, "replicas": 0|1}``: ``tensors`` are the parameters the servers
 hold (every one for ps; table names and tower layers ``bottom_mlp_i`` / ``top_mlp_i`` as
 advisor.specs.recommendation.RecModelSpec.tensor_params names them) and ``sharding`` lists the
-servers of each (a tensor on several servers is split evenly by rows, in that order).
+servers of each (a tensor on several servers is split evenly by rows, in that order). ``replicas`` 1 keeps a
+copy of each server's shard on the next server (Li et al. 2014, OSDI, section 4.3: chain replication of key
+ranges; the primary forwards each step's aggregated update), so a server that fails is taken over by its
+backup with no update lost; 0 (the default, and what an older plan without the key means): none.
 ``embedding_placement`` says where the tables live: "replicated" (data parallel), "sharded" (over
 the devices, all-to-all), "host" (each worker's host memory, looked up by its CPU: MindSpore's
 Host&Device heterogeneous training) or "servers" (ps/hybrid). Validation names the field; nothing here knows
@@ -26,6 +29,8 @@ PLACEMENTS = ("dedicated", "colocated")
 EMBEDDING_PLACEMENTS = ("replicated", "sharded", "host", "servers")
 MAX_SERVERS = 4096
 _KEYS = ("mode", "synchronous", "servers", "server_placement", "tensors", "sharding")
+_OPTIONAL_KEYS = ("replicas",)           # absent in plans written before it: 0
+REPLICAS = (0, 1)
 
 
 def parameter_server_from_dict(value: Any, origin: str, model, cluster: Cluster) -> dict[str, Any] | None:
@@ -35,7 +40,7 @@ def parameter_server_from_dict(value: Any, origin: str, model, cluster: Cluster)
     if not isinstance(model, RecModelSpec):
         raise AdvisorError(f"{o}: a parameter server needs a model with family: recommendation "
                            f"(model {str(getattr(model, 'name', ''))[:40]!r} is a transformer)")
-    f.check_keys(value, o, _KEYS)
+    f.check_keys(value, o, _KEYS, _OPTIONAL_KEYS)
     mode = f.choice(value, "mode", o, PS_MODES)
     servers = f.positive_int(value, "servers", o)
     if servers > MAX_SERVERS:
@@ -67,9 +72,16 @@ def parameter_server_from_dict(value: Any, origin: str, model, cluster: Cluster)
         if not ok:
             raise AdvisorError(f"{o}: sharding[{name[:40]!r}] must be a non-empty list of distinct server indices "
                                f"0..{servers - 1}, got {str(where)[:60]}")
+    replicas = value.get("replicas", 0)
+    if replicas not in REPLICAS or isinstance(replicas, bool):
+        raise AdvisorError(f"{o}: key 'replicas' must be 0 or 1 (a backup of each server's shard on the next server), "
+                           f"got {str(replicas)[:20]!r}")
+    if replicas and servers < 2:
+        raise AdvisorError(f"{o}: key 'replicas' = 1 needs at least 2 servers (each server's backup is the next one), "
+                           f"got {servers}")
     return {"mode": mode, "synchronous": f.boolean(value, "synchronous", o), "servers": servers,
             "server_placement": placement, "tensors": list(tensors),
-            "sharding": {k: list(v) for k, v in sharding.items()}}
+            "sharding": {k: list(v) for k, v in sharding.items()}, "replicas": replicas}
 
 
 def embedding_placement_from_dict(data: dict[str, Any], origin: str, model, parameter_server) -> str | None:

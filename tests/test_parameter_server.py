@@ -296,6 +296,53 @@ def test_an_asynchronous_plan_is_not_exported_as_a_synchronous_job():
     assert not any("synchronous" in u for u in export_plan(_plan("hybrid"), "mindspore").unsupported)
 
 
+def test_replicated_servers_forward_their_update_and_hold_a_copy_by_hand():
+    """replicas 1 (Li et al. 2014 section 4.3): each server forwards the update it applied to the next server,
+    which applies it to its copy of the shard: one aggregated update more out of and into every server, the
+    optimizer's memory work once more, and the weights and state of two shards on each."""
+    model = model_from_dict(tiny(), "t")
+    cluster, job = Cluster.of(A100, devices=2), TrainingJob(global_batch_size=8, seq_length=1, optimizer="sgd")
+    names = tuple(model.tensor_params())
+    sharding = (("items", (0,)), ("top_mlp_0", (1,)))
+    plain = estimate_recsys(model, A100, cluster, job, RecsysConfig("ps", 2, "dedicated", True, names, sharding))
+    copied = estimate_recsys(model, A100, cluster, job,
+                             RecsysConfig("ps", 2, "dedicated", True, names, sharding, replicas=1))
+    # server 0 holds the table: the batch of 8 touches 16 rows of 4 values, forwarded with their 8-byte keys
+    # to server 1, which sends server 0 the 5 dense values of its layer
+    forwarded_table, forwarded_dense = 16 * (4 * 4 + 8), 5 * 4
+    assert copied.traffic_bytes["server_in_bytes"] == plain.traffic_bytes["server_in_bytes"] + forwarded_dense
+    assert copied.traffic_bytes["server_out_bytes"] == plain.traffic_bytes["server_out_bytes"] + forwarded_table
+    # each server holds both shards: the table's 4000 and the layer's 5 parameters
+    assert copied.server_memory.parameters_gib == pytest.approx((4000 + 5) * 4 / 2 ** 30)
+    assert plain.server_memory.parameters_gib == pytest.approx(4000 * 4 / 2 ** 30)
+    # each repeats the other's optimizer update (SGD: 12 bytes a value) on its copy: server 0, the table's own
+    # work (16 rows x 4 values updated, 2 pushes read and 2 pulls gathered of 8 rows) and the layer's 5 values;
+    # server 1, the layer's own (5 updated, 2 + 2 x 5 read and gathered) and the table's 16 x 4
+    host = DEFAULT_HOST_MEMORY_GBPS * 1e9 * HOST_MEMORY_EFFICIENCY
+    table_work, layer_work = 16 * 4 * 12 + 2 * 2 * 8 * 4 * 4, 5 * 12 + 2 * 2 * 5 * 4
+    assert plain.time_s["server_update_s"] * host == pytest.approx(table_work, rel=1e-9)
+    assert copied.time_s["server_update_s"] * host == pytest.approx(
+        max(table_work + 5 * 12, layer_work + 16 * 4 * 12), rel=1e-9)
+    assert copied.step_time_s >= plain.step_time_s
+
+
+def test_replicated_plans_round_trip_and_are_not_exported_to_mindspore():
+    """The plan carries replicas; MindSpore's parameter server keeps no copy, so its exports say so (exit 2)."""
+    model, cluster = load_model("wide-deep-criteo"), Cluster.of(A100, nodes=2)
+    job = TrainingJob(global_batch_size=16000, seq_length=1)
+    plan = recommend_recsys(model, A100, cluster, job, PsPins(mode="ps", servers=2, replicas=1), top_k=1).best
+    data = json.loads(dumps_plan(plan))
+    assert data["parallel"]["parameter_server"]["replicas"] == 1
+    assert plan_from_dict(data, "p.json").parameter_server["replicas"] == 1
+    for target in ("mindspore", "k8s"):
+        assert any(u.startswith("parallel.parameter_server.replicas = 1") for u in export_plan(plan, target).unsupported)
+    data["parallel"]["parameter_server"]["replicas"] = 2
+    with pytest.raises(AdvisorError, match="replicas' must be 0 or 1"):
+        plan_from_dict(data, "p.json")
+    with pytest.raises(AdvisorError, match="at least 2 servers"):
+        PsPins(mode="ps", servers=1, replicas=1)
+
+
 def test_transformer_plan_refuses_a_parameter_server():
     plan = plan_to_dict(_plan("hybrid"))
     from tests._export_plans import plans   # the transformer plans of the export tests

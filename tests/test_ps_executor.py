@@ -171,6 +171,61 @@ def test_a_killed_server_stops_every_process_with_the_server_named(tmp_path, mon
     assert time.monotonic() - start < 60
 
 
+def _replicated(mode: str = "ps") -> dict:
+    """rec_plan over 3 servers with each shard copied on the next server (parameter_server.replicas 1)."""
+    plan = rec_plan(mode, servers=3)
+    plan["parallel"]["parameter_server"]["replicas"] = 1
+    return plan
+
+
+@pytest.mark.parametrize("mode, hook, at, copy_step, replayed_at", [
+    # killed as its round 2 begins: the copy has every update; the workers find out on the pull of step 2
+    ("ps", "ADVISOR_PS_TEST_KILL_SERVER", "1:2", 2, 2),
+    # killed after applying the last step but before forwarding it: the copy is one step behind, and the workers,
+    # done with their last push, replay that step to the backup (its answer must equal the lost server's)
+    ("hybrid", "ADVISOR_PS_TEST_KILL_SERVER_UNFORWARDED", "2:3", 3, 4),
+])
+def test_a_killed_replicated_server_is_taken_over_with_no_update_lost(tmp_path, monkeypatch, mode, hook, at,
+                                                                      copy_step, replayed_at):
+    """#32: with replicas 1 a killed server's backup serves its shard from its copy; the run finishes and trains
+    as one process does, step for step."""
+    monkeypatch.setenv(hook, at)
+    report = _run(_replicated(mode), tmp_path)
+    lost = int(at.split(":")[0])
+    (failover,) = report["parameter_server"]["failover"]
+    assert failover["server"] == lost and failover["backup"] == (lost + 1) % 3 and failover["signal"] == "SIGKILL"
+    assert failover["from_step"] == copy_step
+    assert failover["replays"] == [{"worker": w, "from_step": copy_step, "at_step": replayed_at} for w in (0, 1)]
+    assert report["loss_max_rel_diff"] <= 1e-4 and report["loss"]["ok"]
+    assert report["parameter_server"]["contributors"] == [[0, 1]] * 4
+    assert any(f"server {lost} was killed by SIGKILL" in n for n in report["notes"])
+    assert lost not in [r["index"] for r in report["ranks"] if r["role"] == "server"]
+
+
+def test_replicated_servers_hold_their_copy_and_train_as_without_it(tmp_path):
+    """Each server holds its shard and the copy of the previous server's: parameters and optimizer state are its
+    own plus its primary's, as the cost model prices them; the losses are those of the run without copies."""
+    plain = _run(rec_plan("ps", servers=3), tmp_path / "plain")
+    copied = _run(_replicated(), tmp_path / "copied")
+    assert copied["loss"]["parallel"] == plain["loss"]["parallel"]
+    own = {r["index"]: r["measured_bytes"] for r in plain["memory"]["ranks"] if r["role"] == "server"}
+    held = {r["index"]: r["measured_bytes"] for r in copied["memory"]["ranks"] if r["role"] == "server"}
+    for s in range(3):
+        for part in ("parameters", "optimizer"):
+            assert held[s][part] == own[s][part] + own[(s - 1) % 3][part]
+
+
+def test_replicas_need_two_synchronous_servers():
+    plan = _replicated()
+    plan["parallel"]["parameter_server"]["synchronous"] = False
+    with pytest.raises(AdvisorError, match="replicas.*synchronous servers only"):
+        ps_config_from_plan(plan, tiny=True, dtype="fp32")
+    plan = rec_plan("ps", servers=1)
+    plan["parallel"]["parameter_server"]["replicas"] = 1
+    with pytest.raises(AdvisorError, match="at least 2 servers"):
+        ps_config_from_plan(plan, tiny=True, dtype="fp32")
+
+
 def test_a_full_size_run_that_does_not_fit_is_refused_before_any_process(tmp_path):
     plan = rec_plan("ps")
     plan["model"]["embedding_tables"][0]["rows"] = 400_000_000     # 400M x 16 fp32 = 24 GiB per copy

@@ -83,6 +83,11 @@ class SearchOptions:
     ps_async: bool = setting(
         False, kind="boolean", flags=("--ps-async",), commands=BOTH,
         help="asynchronous parameter servers (staleness reported)", doc="Asynchronous parameter servers.")
+    ps_replicas: int | None = setting(
+        None, kind="non_negative_int", flags=("--ps-replicas",), commands=BOTH,
+        help="1: a backup of each server's shard on the next server, so a failed server is taken over (priced: "
+             "the forwarded updates and the copy); 0: none",
+        doc="Recommendation models: server replication (parallel.parameter_server.replicas, advisor.plan_ps).")
     objective: str = setting(
         "throughput", kind="text", flags=("--objective",), commands=("recommend",),
         help="throughput | time-to-target (the global batch chosen with the parallelism) | cost (the cluster size, "

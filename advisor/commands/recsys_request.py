@@ -38,7 +38,7 @@ def config_of(plan: Plan) -> RecsysConfig:
         return RecsysConfig("sharded" if placement == "sharded" else "replicated")
     sharding = tuple((name, tuple(ids)) for name, ids in sorted((ps.get("sharding") or {}).items()))
     return RecsysConfig(ps["mode"], ps["servers"], ps["server_placement"], ps["synchronous"], tuple(ps["tensors"]),
-                        sharding)
+                        sharding, replicas=ps.get("replicas", 0))
 
 
 def recsys_estimate_request(*, model: str | None, hardware: str | None, nodes: int | None, devices: int | None,
@@ -59,7 +59,8 @@ def recsys_estimate_request(*, model: str | None, hardware: str | None, nodes: i
 
 
 def ps_pins_of(request) -> PsPins:
-    return PsPins(request.get("ps_mode"), request.get("ps_servers"), not request.get("ps_async"))
+    return PsPins(request.get("ps_mode"), request.get("ps_servers"), not request.get("ps_async"),
+                  request.get("ps_replicas") or 0)
 
 
 def estimate_cmd(request) -> None:

@@ -29,6 +29,13 @@ aggregate the pushes of all workers, apply the optimizer and answer the pulls):
   its own previous update and the N - 1 other workers' concurrent updates have changed since it was
   pulled: staleness N updates, reported.
 
+Replication (``replicas`` 1; Li et al. 2014 section 4.3): server s keeps a copy of server s - 1's shard
+(the next server in the ring is each shard's backup), and after applying a step forwards the aggregated
+update it applied (a dense tensor whole, a table's rows touched by the whole batch with their keys) to its
+backup, which applies it to the copy. Each server thus sends and receives one aggregated update more per
+step, does the optimizer's memory work twice (its own shard and the copy) and holds two shards' weights
+and optimizer state. A failed server's backup takes its shard over at the step it was in.
+
 Sharding over S servers: by size (parameters and optimizer state) and by traffic: a table whose
 size or per-step traffic exceeds an even share of either is split by rows over as many servers as
 that takes (Li et al. 2014 section 4.2 partition keys into ranges; MindSpore's PS slices large
@@ -132,6 +139,25 @@ def _server_update_bytes(model: RecModelSpec, name: str, workers: int, samples: 
     return rows_all * table.dim * opt + 2.0 * workers * rows_w * table.dim * PARAM_BYTES
 
 
+def _aggregate_bytes(model: RecModelSpec, name: str, batch: int) -> float:
+    """One tensor's aggregated update of a step, as a primary forwards it to its backup: a dense tensor
+    whole, a table's rows touched by the whole batch with their keys."""
+    table = next((t for t in model.tables if t.name == name), None)
+    if table is None:
+        return model.tensor_params()[name] * PARAM_BYTES
+    rows = touched_rows(table.rows, table.lookups_per_sample, batch, model.unique_row_fraction)
+    return rows * (table.dim * PARAM_BYTES + INDEX_BYTES)
+
+
+def _optimizer_update_bytes(model: RecModelSpec, name: str, batch: int, optimizer: str) -> float:
+    """The optimizer's share of a tensor's host-memory work per step (what a backup repeats on its copy)."""
+    table = next((t for t in model.tables if t.name == name), None)
+    if table is None:
+        return model.tensor_params()[name] * OPTIMIZER_BYTES[optimizer]
+    rows = touched_rows(table.rows, table.lookups_per_sample, batch, model.unique_row_fraction)
+    return rows * table.dim * OPTIMIZER_BYTES[optimizer]
+
+
 def message_times(hw: HardwareProfile, workers: int, servers: int) -> tuple[float, float]:
     """(a server's, a worker's) seconds of message handling per step. With a per-message host time
     measured by `advisor calibrate` (inter_node.message_overhead_us): a server handles the pull request,
@@ -175,6 +201,14 @@ def estimate_parameter_server(model: RecModelSpec, hw: HardwareProfile, cluster:
             s_out[s] += n * in_b * share
             s_work[s] += work * share
             s_params[s] += sizes[name] * share
+            if config.replicas:       # forwarded to the backup, applied there to the copy
+                backup = (s + 1) % S
+                forwarded = _aggregate_bytes(model, name, job.global_batch_size) * share
+                s_out[s] += forwarded
+                s_in[backup] += forwarded
+                s_work[backup] += _optimizer_update_bytes(model, name, job.global_batch_size, job.optimizer) * share
+    # with replicas, each server also holds the copy of the shard before it
+    s_held = [s_params[s] + (s_params[(s - 1) % S] if config.replicas else 0.0) for s in range(S)]
     host_bw = host_memory_bytes_per_s(hw)
     nic = hw.inter.effective_bandwidth_bytes_per_s
     per_node = min(hw.node.devices_per_node, n)
@@ -224,10 +258,10 @@ def estimate_parameter_server(model: RecModelSpec, hw: HardwareProfile, cluster:
         activations_gib=activation_gib(model, job, b),
         buffers_gib=(w_out + w_in) / GIB,
     )
-    fullest = max(range(S), key=lambda s: s_params[s])
+    fullest = max(range(S), key=lambda s: s_held[s])
     server = ServerMemory(
-        parameters_gib=s_params[fullest] * PARAM_BYTES / GIB,
-        optimizer_gib=s_params[fullest] * state / GIB,
+        parameters_gib=s_held[fullest] * PARAM_BYTES / GIB,
+        optimizer_gib=s_held[fullest] * state / GIB,
         # the merged gradient plus the N pushes held until the barrier releases them (synchronous)
         buffers_gib=(n + 1) * s_in[fullest] / max(n, 1) / GIB,
     )

@@ -79,6 +79,8 @@ class RecsysConfig:
     # host mode: the tables kept in host memory (empty: every table); the others stay on the devices,
     # replicated (advisor.cost.recsys_host)
     host_tables: tuple[str, ...] = ()
+    # ps/hybrid: 1 keeps a backup of each server's shard on the next server (advisor.cost.parameter_server)
+    replicas: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ class RecEstimate:
         w = self.worker_memory
         out: dict[str, Any] = {
             "mode": c.mode, "servers": c.servers, "server_placement": c.server_placement if c.servers else None,
-            "synchronous": c.synchronous, "feasible": self.feasible, "reasons": list(self.reasons),
+            "synchronous": c.synchronous, "replicas": c.replicas, "feasible": self.feasible, "reasons": list(self.reasons),
             "step_time_s": self.step_time_s, "samples_per_s": self.samples_per_s, "bottleneck": self.bottleneck,
             "tflops_per_device": self.tflops_per_device, "mfu": self.mfu, "time_s": dict(self.time_s),
             "worker_memory_gib": {"parameters": w.parameters_gib, "gradients": w.gradients_gib,

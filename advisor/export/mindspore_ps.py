@@ -43,16 +43,23 @@ LAST_PS_VERSION = (2, 7)             # the last MindSpore release with Parameter
 
 
 def asynchronous_unsupported(plan: Plan) -> list[str]:
-    """The sentence for an asynchronous plan: MindSpore's parameter-server training has no asynchronous mode
-    (set_ps_context takes enable_ps, config_file_path, scheduler_manage_port, enable_ssl and the two passwords,
-    mindspore.set_ps_context API reference r1.8-r2.5; nothing selects asynchronous updates), so the job it
-    launches waits for every worker each step, as the synchronous plan, not the asynchronous one priced."""
+    """The sentences for what MindSpore's parameter-server training cannot run of a plan's servers. It has no
+    asynchronous mode and keeps no replica of a server's shard: set_ps_context takes enable_ps,
+    config_file_path, scheduler_manage_port, enable_ssl and the two passwords (mindspore.set_ps_context API
+    reference r1.8-r2.5; nothing selects asynchronous updates or replication), so the job it launches waits
+    for every worker each step, and a server it loses ends it."""
     ps = plan.parameter_server
-    if ps is None or ps["synchronous"]:
-        return []
-    return ["parallel.parameter_server.synchronous = false: MindSpore's parameter-server training has no "
-            "asynchronous mode (set_ps_context: enable_ps, config_file_path, scheduler_manage_port, enable_ssl); "
-            "the job would run synchronously, which is not the plan priced: re-plan without --ps-async"]
+    out = []
+    if ps is not None and not ps["synchronous"]:
+        out.append("parallel.parameter_server.synchronous = false: MindSpore's parameter-server training has no "
+                   "asynchronous mode (set_ps_context: enable_ps, config_file_path, scheduler_manage_port, "
+                   "enable_ssl); the job would run synchronously, which is not the plan priced: re-plan without "
+                   "--ps-async")
+    if ps is not None and ps.get("replicas", 0):
+        out.append("parallel.parameter_server.replicas = 1: MindSpore's parameter server keeps no copy of a server's "
+                   "shard (set_ps_context has no replication setting), so the job would run without the priced "
+                   "replication and end when a server fails: re-plan with --ps-replicas 0")
+    return out
 
 
 def _version(text: str) -> tuple[int, ...] | None:

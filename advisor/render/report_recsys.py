@@ -31,7 +31,7 @@ def servers_text(e: RecEstimate) -> str:
     where = "ded" if c.server_placement == "dedicated" else "col"
     tables = f", {len([t for t in c.server_tensors if not t.startswith(('bottom_mlp_', 'top_mlp_'))])} tables" \
         if c.mode == "hybrid" else ""
-    return f"{c.servers} {where}{tables}"
+    return f"{c.servers} {where}{' +copy' if c.replicas else ''}{tables}"
 
 
 def plans_table(result) -> Table:
@@ -56,7 +56,8 @@ def plans_table(result) -> Table:
 
 def render_recsys(console: Console, result, saved_to: str | None = None) -> None:
     console.print(plans_table(result))
-    console.print("servers: count, ded = dedicated hosts / col = co-located with workers, tables on servers (hybrid); "
+    console.print("servers: count, ded = dedicated hosts / col = co-located with workers, +copy = each shard copied on "
+                  "the next server (--ps-replicas 1), tables on servers (hybrid); "
                   "limit: the largest part of the step; staleness: updates a gradient misses (asynchronous PS); "
                   "ranked by samples/s per charged device: the cluster's devices plus one per dedicated server host",
                   highlight=False)

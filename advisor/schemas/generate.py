@@ -141,7 +141,7 @@ def _target() -> dict[str, Any]:
 def parallel_extra() -> dict[str, dict[str, Any]]:
     """The keys the model families add to the parallel block (advisor.plan._PARALLEL_EXTRA), loosely."""
     from advisor.plan import _PARALLEL_EXTRA
-    from advisor.plan_ps import EMBEDDING_PLACEMENTS, PLACEMENTS, PS_MODES
+    from advisor.plan_ps import EMBEDDING_PLACEMENTS, PLACEMENTS, PS_MODES, REPLICAS
 
     names = {"type": "array", "minItems": 1, "items": {"type": "string"}}
     extra = {
@@ -152,7 +152,8 @@ def parallel_extra() -> dict[str, dict[str, Any]]:
                            "servers": _int(1), "server_placement": {"enum": list(PLACEMENTS)},
                            "tensors": names,
                            "sharding": {"type": "object", "additionalProperties": {
-                               "type": "array", "minItems": 1, "items": _int(0)}}}},
+                               "type": "array", "minItems": 1, "items": _int(0)}},
+                           "replicas": {"enum": list(REPLICAS)}}},
         "embedding_placement": {
             "description": "Recommendation models (advisor.plan_ps): where the embedding tables live.",
             "enum": [*EMBEDDING_PLACEMENTS, None]},

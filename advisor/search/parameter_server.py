@@ -45,6 +45,7 @@ class PsPins:
     mode: str | None = None          # none | ps | hybrid (None: searched)
     servers: int | None = None
     synchronous: bool = True         # False: asynchronous PS (--ps-async)
+    replicas: int = 0                # 1: a backup of each server's shard on the next server (--ps-replicas)
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in PS_MODES:
@@ -56,10 +57,17 @@ class PsPins:
             raise AdvisorError(f"--ps-servers {self.servers} conflicts with --ps-mode none (no servers)")
         if not self.synchronous and self.mode == "none":
             raise AdvisorError("--ps-async conflicts with --ps-mode none (no servers)")
+        if self.replicas not in (0, 1):
+            raise AdvisorError(f"--ps-replicas must be 0 or 1, got {self.replicas!r}")
+        if self.replicas and self.mode == "none":
+            raise AdvisorError("--ps-replicas 1 conflicts with --ps-mode none (no servers)")
+        if self.replicas and self.servers == 1:
+            raise AdvisorError("--ps-replicas 1 needs at least 2 servers (each server's backup is the next one)")
 
     def given(self) -> bool:
         """Whether the pins ask for parameter servers at all."""
-        return self.mode not in (None, "none") or self.servers is not None or not self.synchronous
+        return (self.mode not in (None, "none") or self.servers is not None or not self.synchronous
+                or self.replicas > 0)
 
 
 @dataclass(frozen=True)
@@ -90,11 +98,11 @@ def server_counts(cluster: Cluster, placement: str) -> list[int]:
 
 def candidates(model: RecModelSpec, cluster: Cluster, pins: PsPins) -> list[RecsysConfig]:
     out: list[RecsysConfig] = []
-    if pins.mode in (None, "none") and pins.servers is None and pins.synchronous:
+    if not pins.given():
         out += [RecsysConfig("replicated"), RecsysConfig("sharded")]
     everything = tuple(model.tensor_params())
     by_size = [t.name for t in sorted(model.tables, key=lambda t: (-t.params, t.name))]
-    if pins.mode in (None, "none") and pins.servers is None and pins.synchronous:
+    if not pins.given():
         # the k largest tables in host memory
         out += [RecsysConfig("host", host_tables=tuple(by_size[:k])) for k in range(1, len(by_size) + 1)]
     for placement in ("dedicated", "colocated"):
@@ -102,11 +110,13 @@ def candidates(model: RecModelSpec, cluster: Cluster, pins: PsPins) -> list[Recs
         if placement == "colocated":
             counts = [c for c in counts if c <= cluster.nodes]
         for servers in counts:
+            if pins.replicas and servers < 2:
+                continue
             if pins.mode in (None, "ps"):
-                out.append(RecsysConfig("ps", servers, placement, pins.synchronous, everything))
+                out.append(RecsysConfig("ps", servers, placement, pins.synchronous, everything, replicas=pins.replicas))
             if pins.mode in (None, "hybrid"):
-                out += [RecsysConfig("hybrid", servers, placement, pins.synchronous, tuple(by_size[:k]))
-                        for k in range(1, len(by_size) + 1)]
+                out += [RecsysConfig("hybrid", servers, placement, pins.synchronous, tuple(by_size[:k]),
+                                     replicas=pins.replicas) for k in range(1, len(by_size) + 1)]
     return out
 
 
@@ -146,7 +156,7 @@ def build_plan(model: RecModelSpec, hardware: HardwareProfile, cluster: Cluster,
     if c.mode in ("ps", "hybrid"):
         ps = {"mode": c.mode, "synchronous": c.synchronous, "servers": c.servers,
               "server_placement": c.server_placement, "tensors": list(c.server_tensors),
-              "sharding": {k: list(v) for k, v in e.sharding.items()}}
+              "sharding": {k: list(v) for k, v in e.sharding.items()}, "replicas": c.replicas}
     placement = {"replicated": "replicated", "sharded": "sharded", "host": "host"}.get(c.mode, "servers")
     strategy = Strategy(dp=cluster.devices, tp=1, pp=1, micro_batch_size=job.global_batch_size // cluster.devices,
                         num_micro_batches=1)

@@ -124,6 +124,7 @@ class PsConfig:
     seed: int
     tiny: bool
     notes: tuple[str, ...] = ()
+    replicas: int = 0           # 1: each server's shard copied on the next server, taken over if it fails
 
     @property
     def local_batch_size(self) -> int:
@@ -271,6 +272,15 @@ def ps_config_from_plan(plan: dict[str, Any], *, steps: int = 5, tiny: bool = Fa
     if not isinstance(synchronous, bool):
         raise _err(f"{where}.synchronous", "must be true or false", synchronous)
     servers = _pos_int(ps, "servers", where)
+    replicas = ps.get("replicas", 0)
+    if replicas not in (0, 1) or isinstance(replicas, bool):
+        raise _err(f"{where}.replicas", "must be 0 or 1", replicas)
+    if replicas and servers < 2:
+        raise _err(f"{where}.replicas", "needs at least 2 servers (each server's backup is the next one)", replicas)
+    if replicas and not synchronous:
+        raise _err(f"{where}.replicas", "runs with synchronous servers only: the executor's takeover replays a "
+                   "synchronous round to the backup, and an asynchronous server's copy would need the order of "
+                   "every pull and push it served (plan synchronous servers, or replicas 0)", replicas)
     for key in ("tp", "pp", "cp", "ep"):
         if par.get(key, 1) != 1:
             raise _err(f"parallel.{key}", "must be 1 for a parameter-server run (workers are data parallel)", par[key])
@@ -314,7 +324,7 @@ def ps_config_from_plan(plan: dict[str, Any], *, steps: int = 5, tiny: bool = Fa
         servers=servers, workers=workers, server_placement=str(ps.get("server_placement", "dedicated")),
         server_tensors=tuple(server_tensors), pieces=tuple(place(model, server_tensors, sharding, servers, where)),
         optimizer=optimizer, learning_rate=float(lr), global_batch_size=batch, steps=steps, seed=seed, tiny=tiny,
-        notes=tuple(notes))
+        notes=tuple(notes), replicas=replicas)
 
 
 def default_learning_rate(optimizer: str) -> float:

@@ -10,7 +10,11 @@ launcher-gone watchdog of advisor.runtime.rank. While they run:
   it in; hybrid workers regroup without it. A worker that raises is a bug, not a lost node: the run
   fails with its error.
 * a server that ends for any reason stops the run: its shards are gone. Every process is stopped
-  (SIGTERM, then SIGKILL) at once and the error names the server and the step it was in.
+  (SIGTERM, then SIGKILL) at once and the error names the server and the step it was in. With
+  ``replicas`` 1 (synchronous) a server ended by a signal whose backup (the next server) still runs is
+  taken over instead: the scheduler writes ps/server_left/<server>, the backup serves the shard from its
+  copy and the workers replay to it (advisor.executor.ps.server, worker). A second server lost, or the
+  backup of a lost one, still stops the run.
 * when every role still in the run has written its result, the scheduler sets ps/exit and they leave.
 """
 
@@ -28,7 +32,7 @@ from pathlib import Path
 
 from advisor.executor.ps.config import PsConfig
 from advisor.executor.ps.node import EXIT_KEY, STORE_PORT
-from advisor.executor.ps.server import left_key
+from advisor.executor.ps.server import left_key, server_left_key
 from advisor.runtime.files import temporary_folder, write_json
 from advisor.runtime.launch import ExecutionFailed, process_state, stop
 
@@ -83,19 +87,29 @@ def launch_ps(spec: dict, cfg: PsConfig, opts: PsLaunchOptions) -> dict:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "advisor.executor.ps.node", "--spec", str(out / "spec.json"),
                      "--out-dir", str(out)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-            left = _watch(procs, store, cfg, out, opts, deadline)
+            left, servers_left = _watch(procs, store, cfg, out, opts, deadline)
         finally:
             stop(procs)
             for log in logs:
                 log.close()
             del store
-        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world) if r not in {x["rank"] for x in left}]
-    return {"ranks": ranks, "left": left}
+        gone = {x["rank"] for x in left + servers_left}
+        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world) if r not in gone]
+    return {"ranks": ranks, "left": left, "servers_left": servers_left}
 
 
-def _watch(procs, store, cfg: PsConfig, out: Path, opts: PsLaunchOptions, deadline: float) -> list[dict]:
+def _taken_over(cfg: PsConfig, rank: int, code: int, exits: dict[int, int], servers_left: list[dict]) -> bool:
+    """Whether a server's end is taken over by its backup: replicated and synchronous, ended by a signal
+    (a lost host, not a bug), its backup still running, and no server lost before it."""
+    backup = (rank + 1) % cfg.servers
+    return (cfg.replicas > 0 and cfg.synchronous and code < 0 and not servers_left and backup not in exits
+            and cfg.servers > 1)
+
+
+def _watch(procs, store, cfg: PsConfig, out: Path, opts: PsLaunchOptions, deadline: float):
     exits: dict[int, int] = {}
     left: list[dict] = []
+    servers_left: list[dict] = []
     exit_sent = failed_at = None
     while True:
         now = time.monotonic()
@@ -104,6 +118,13 @@ def _watch(procs, store, cfg: PsConfig, out: Path, opts: PsLaunchOptions, deadli
             if code is None or rank in exits:
                 continue
             exits[rank] = code
+            if rank < cfg.servers and exit_sent is None and _taken_over(cfg, rank, code, exits, servers_left):
+                key = f"ps/step/server{rank}"
+                step = int(store.get(key).decode()) if store.check([key]) else 0
+                servers_left.append({"server": rank, "rank": rank, "signal": _signal_name(code), "step": step,
+                                     "backup": (rank + 1) % cfg.servers})
+                store.set(server_left_key(rank), str(time.time()))
+                continue
             if rank < cfg.servers and (code != 0 or exit_sent is None):
                 raise ExecutionFailed(_server_message(store, rank, code, out), rank=rank)
             if rank >= cfg.servers and code < 0 and exit_sent is None:
@@ -113,17 +134,17 @@ def _watch(procs, store, cfg: PsConfig, out: Path, opts: PsLaunchOptions, deadli
             elif code != 0 and failed_at is None:
                 failed_at = now       # a worker's error: give a server's death the chance to explain it
         if failed_at is not None and now > failed_at + min(1.0, opts.grace_s):
-            rank = min(r for r, c in exits.items() if c != 0 and r not in {x["rank"] for x in left})
+            rank = min(r for r, c in exits.items() if c != 0 and r not in {x["rank"] for x in left + servers_left})
             raise ExecutionFailed(f"worker {rank - cfg.servers} (rank {rank}) failed: {_error(out, rank)}", rank=rank)
-        gone = {x["rank"] for x in left}
+        gone = {x["rank"] for x in left + servers_left}
         live = [r for r in range(len(procs)) if r not in gone]
-        if len(gone) == cfg.workers:
+        if len(left) == cfg.workers:
             raise ExecutionFailed("every worker is gone: " + ", ".join(f"worker {x['worker']} ({x['signal']})" for x in left))
         if exit_sent is None and all((out / f"rank{r}.json").exists() for r in live):
             store.set(EXIT_KEY, "1")
             exit_sent = now
         if all(r in exits for r in live) or (exit_sent is not None and now > exit_sent + opts.grace_s):
-            return left
+            return left, servers_left
         if time.time() > deadline:
             raise ExecutionFailed(f"the parameter-server run did not finish within {opts.timeout_s:g} s; "
                                   "every process was stopped" + _hung(procs, store, cfg, exits), timed_out=True)

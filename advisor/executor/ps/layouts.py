@@ -49,6 +49,21 @@ def push_layout(cfg: PsConfig, server: int, counts: list[int]) -> Layout:
     return Layout(values=(1,) + answer_layout(cfg, server, counts).values)
 
 
+def replica_layout(cfg: PsConfig, server: int) -> Layout:
+    """A primary's applied update to its backup (advisor.executor.ps.server): per sparse piece the row ids
+    of every worker's request (at most the workers x a request's capacity), per piece the gradient values."""
+    caps = iter(request_layout(cfg, server).ids)
+    ids, values = [], []
+    for p in cfg.server_pieces(server):
+        if p.sparse:
+            rows = cfg.workers * next(caps)
+            ids.append(rows)
+            values.append(rows * _row_width(cfg, p))
+        else:
+            values.append((p.end - p.start) * _row_width(cfg, p))
+    return Layout(ids=tuple(ids), values=tuple(values))
+
+
 def requested_counts(request: Message) -> list[int]:
     return [t.numel() for t in request.ids]
 

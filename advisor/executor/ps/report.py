@@ -85,7 +85,13 @@ def build_ps_report(cfg: PsConfig, result: dict, reference: dict, prediction: di
     step = max(_median_after_first(w["step_times_s"]) for w in workers)
     predicted_step = prediction.get("step_time_s") if compare else None
     ratio = step / predicted_step if predicted_step else None
+    failover = _failover(result, servers, workers)
+    for f in failover:
+        notes.append(f"server {f['server']} was killed by {f['signal']} in step {f['step']}; server {f['backup']} took "
+                     f"its shard over from its copy at step {f['from_step']}, and every worker replayed to it from "
+                     f"there (answers equal to the lost server's: no update lost)")
     ps = {"mode": cfg.mode, "synchronous": cfg.synchronous, "servers": cfg.servers, "workers": cfg.workers,
+          "replicas": cfg.replicas, "failover": failover,
           "server_placement": cfg.server_placement, "server_tensors": list(cfg.server_tensors),
           "pieces": [{"param": p.param, "server": p.server, "rows": [p.start, p.end]} for p in cfg.pieces],
           "replicated": cfg.replicated_params(), "left": left, "contributors": first["contributors"]}
@@ -111,6 +117,20 @@ def build_ps_report(cfg: PsConfig, result: dict, reference: dict, prediction: di
                  "per_step_s": {f"rank{r['rank']}": r["step_times_s"] for r in ranks}},
         "ranks": ranks,
     }
+
+
+def _failover(result: dict, servers: list[dict], workers: list[dict]) -> list[dict]:
+    """Each server lost and taken over: the scheduler's record, the step the backup's copy had reached, and the
+    steps each worker replayed (advisor.executor.ps.server, worker)."""
+    out = []
+    for lost in result.get("servers_left", []):
+        taken = next((a for s in servers for a in s.get("adopted", []) if a["server"] == lost["server"]), None)
+        if taken is None:
+            continue
+        replays = [{"worker": w["index"], "from_step": t["from_step"], "at_step": t["at_step"]}
+                   for w in workers for t in w.get("takeovers", []) if t["shard"] == lost["server"]]
+        out.append({**lost, "from_step": taken["from_step"], "replays": replays})
+    return out
 
 
 def _async_losses(workers: list[dict], replayed: dict | None, notes: list[str]):

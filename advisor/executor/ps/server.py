@@ -29,15 +29,37 @@ import torch
 from advisor.executor.ps import wire
 from advisor.runtime.rank import test_hook
 from advisor.executor.ps.config import PsConfig
-from advisor.executor.ps.layouts import answer_layout, async_next_kind, requested_counts, server_inbox_layouts
+from advisor.executor.ps.layouts import (answer_layout, async_next_kind, replica_layout, requested_counts,
+                                         server_inbox_layouts)
 from advisor.executor.ps.model import init_rows, make_optimizers, state_bytes
-from advisor.executor.ps.step_math import apply_update
+from advisor.executor.ps.step_math import apply_gradients, apply_update
 
 POLL_S = 0.05
 
 
 def left_key(worker: int) -> str:
     return f"ps/left/{worker}"
+
+
+def server_left_key(server: int) -> str:
+    """Set by the scheduler when a server is gone and its backup is to take its shard over."""
+    return f"ps/server_left/{server}"
+
+
+def adopted_key(shard: int) -> str:
+    """Set by the backup that took a shard over: "<its index>,<the step its copy had reached>"."""
+    return f"ps/adopted/{shard}"
+
+
+def done_key(shard: int) -> str:
+    """Set by whichever server holds a shard once it has applied every step."""
+    return f"ps/done/{shard}"
+
+
+def role_tag(shard: int, host: int) -> int:
+    """The tag of a shard's messages between a worker and the server holding it: the server's own shard on
+    wire.TAG, a shard taken over on a tag of its own (the pair of ranks already carries the host's own)."""
+    return wire.TAG if shard == host else 1 + shard
 
 
 class WorkerGone(Exception):
@@ -51,20 +73,50 @@ def kill_if_asked(env_var: str, index: int, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class Shard:
+    """One server's pieces of the server tensors, their optimizer, and how many steps it has applied."""
+
+    def __init__(self, cfg: PsConfig, index: int):
+        self.index = index
+        self.pieces = cfg.server_pieces(index)
+        self.data = [init_rows(cfg.model, p.param, p.start, p.end, cfg.seed).requires_grad_() for p in self.pieces]
+        self.optimizers = make_optimizers(cfg.optimizer, cfg.learning_rate,
+                                          [(d, p.sparse) for d, p in zip(self.data, self.pieces)])
+        self.applied = 0
+        self.gradient_bytes = 0
+
+    def parameter_bytes(self) -> int:
+        return sum(d.numel() * d.element_size() for d in self.data)
+
+
+class _Round:
+    """A synchronous round of one shard: the pulls still awaited, what each worker asked for, the pushes."""
+
+    def __init__(self, step: int, live: set[int]):
+        self.step = step
+        self.pulls = set(live)          # workers whose pull is awaited
+        self.awaited: set[int] = set()  # workers that pulled and whose push is awaited
+        self.requested: dict[int, list] = {}
+        self.pushed: dict[int, wire.Message] = {}
+        self.t0 = time.perf_counter()
+
+    def complete(self) -> bool:
+        return not self.pulls and not self.awaited
+
+
 class Server:
     def __init__(self, cfg: PsConfig, index: int, pg, store, timeout_s: float):
         self.cfg, self.index, self.pg, self.store, self.timeout_s = cfg, index, pg, store, timeout_s
-        self.pieces = cfg.server_pieces(index)
         torch.sparse.check_sparse_tensor_invariants.disable()   # said explicitly: no warning from torch.optim
-        self.data = [init_rows(cfg.model, p.param, p.start, p.end, cfg.seed).requires_grad_() for p in self.pieces]
-        self.optimizers = make_optimizers(cfg.optimizer, cfg.learning_rate, [(d, p.sparse) for d, p in zip(self.data, self.pieces)])
+        self.own = Shard(cfg, index)
+        self.pieces, self.data, self.optimizers = self.own.pieces, self.own.data, self.own.optimizers
         self.worker_ranks = [cfg.servers + w for w in range(cfg.workers)]   # worker w is rank servers + w
         self.live = set(range(cfg.workers))
         self.left: list[dict] = []
         self.gradient_bytes = 0
         self.receive_errors: dict[int, tuple[Exception, float]] = {}     # worker -> (error, when)
 
-    # ---- waiting for a worker, or for the news that it is gone
+    # ---- waiting for a worker, or for the news that it is gone (asynchronous runs)
     def _next(self, pending: set[int], inbox: wire.Inbox, kind: int, step: int) -> tuple[int, wire.Message] | None:
         ranks = {self.cfg.servers + w for w in pending}
         errors = self.receive_errors         # kept across calls: the asynchronous loop calls once per message
@@ -96,67 +148,208 @@ class Server:
             self.live.discard(w)
             self.left.append({"worker": w, "rank": self.cfg.servers + w, "step": step})
 
-    # ---- one round
+    # ---- synchronous rounds, one per step and shard
     def run(self) -> dict:
+        """Serve this server's shard (and, with replicas, keep the copy of the previous server's and take
+        it over if that server fails) until every shard it holds has applied every step. Each shard's
+        rounds run on their own: a message of a later step than its shard's round waits for it."""
         if not self.cfg.synchronous:
             return self.run_async()
         cfg = self.cfg
-        inbox = wire.Inbox(self.pg, self.worker_ranks, 2 * cfg.steps, server_inbox_layouts(cfg, self.index))
-        times, losses, contributors = [], [], []
-        for step in range(cfg.steps):
-            self.store.set(f"ps/step/server{self.index}", str(step))
-            kill_if_asked("ADVISOR_PS_TEST_KILL_SERVER", self.index, step)
-            t0 = time.perf_counter()
-            requested = self._serve_pulls(step, inbox)
-            pushed = self._take_pushes(step, inbox, requested)
-            if not pushed:
-                raise RuntimeError(f"server {self.index}: no worker is left at step {step}")
-            self._apply(pushed, requested, len(pushed))
-            contributors.append(sorted(pushed))
-            losses.append(sum(msg.values[0].item() for msg in pushed.values()) / len(pushed))
-            times.append(time.perf_counter() - t0)
-        return {"role": "server", "index": self.index, "pieces": len(self.pieces), "step_times_s": times,
-                "losses": losses, "contributors": contributors, "left": self.left,
-                "memory_bytes": {"parameters": sum(d.numel() * d.element_size() for d in self.data),
-                                 "optimizer": state_bytes(self.optimizers), "gradients": self.gradient_bytes}}
+        self.box = wire.Mailbox()
+        for rank in self.worker_ranks:
+            self.box.listen(self.pg, rank, wire.TAG, 2 * cfg.steps, server_inbox_layouts(cfg, self.index), self.index)
+        self.hosted: dict[int, Shard] = {self.index: self.own}
+        self.rounds: dict[int, _Round] = {}
+        self.held: dict[int, list] = {self.index: []}
+        self.times, self.losses, self.contributors = [], [], []
+        self.adopted: list[dict] = []
+        self.replication = []                  # sends of the applied updates to the backup, in flight
+        self.backup_gone = False
+        self.primary = self.copy = None
+        self.primary_closed = False
+        self.outgoing: list = []               # answers in flight (work, buffer)
+        if cfg.replicas:
+            self.primary = (self.index - 1) % cfg.servers
+            self.copy = Shard(cfg, self.primary)       # initialised as the primary initialises its shard
+            self.box.listen(self.pg, self.primary, wire.TAG, cfg.steps,
+                            lambda _peer, _previous: replica_layout(cfg, self.primary), "copy")
+        self._start_round(self.index)
+        while not self._finished():
+            self._poll()
+        try:
+            wire.wait_all(self.replication)
+        except RuntimeError:
+            self.backup_gone = True
+        for works in self.outgoing:
+            self._finish_answer([works])
+        held_bytes = [sh for sh in (self.own, self.copy) if sh is not None]
+        return {"role": "server", "index": self.index, "pieces": len(self.own.pieces), "step_times_s": self.times,
+                "losses": self.losses, "contributors": self.contributors, "left": self.left,
+                "adopted": self.adopted,
+                "memory_bytes": {"parameters": sum(sh.parameter_bytes() for sh in held_bytes),
+                                 "optimizer": sum(state_bytes(sh.optimizers) for sh in held_bytes),
+                                 "gradients": max(sh.gradient_bytes for sh in held_bytes)}}
 
-    def _each(self, pending: set[int], inbox: wire.Inbox, kind: int, step: int):
-        """(worker, message) of this step's kind from each pending worker as it arrives, until every
-        one has sent or is known to be gone."""
-        while pending:
-            got = self._next(pending, inbox, kind, step)
-            if got is None:
+    def _finished(self) -> bool:
+        """Every shard held has applied every step, and the primary whose copy this server keeps has too (until
+        then this server may have to take it over)."""
+        if any(sh.applied < self.cfg.steps for sh in self.hosted.values()):
+            return False
+        return self.primary is None or self.primary in self.hosted or self.store.check([done_key(self.primary)])
+
+    def _start_round(self, shard: int) -> None:
+        sh = self.hosted[shard]
+        if sh.applied >= self.cfg.steps:
+            self.store.set(done_key(shard), str(self.index))
+            return
+        if shard == self.index:
+            self.store.set(f"ps/step/server{self.index}", str(sh.applied))
+            kill_if_asked("ADVISOR_PS_TEST_KILL_SERVER", self.index, sh.applied)
+        self.rounds[shard] = _Round(sh.applied, self.live)
+        for key, peer, msg in self.held.pop(shard, []):     # messages of this step that came early
+            self._take(key, peer, msg)
+        self.held.setdefault(shard, [])
+        self._finish_if_complete(shard)
+
+    def _poll(self) -> None:
+        self.outgoing = [(work, buf) for work, buf in self.outgoing if not work.is_completed()]
+        got = self.box.get(POLL_S)
+        if got is not None:
+            self._take(*got)
+        for w in list(self.live):
+            if self.store.check([left_key(w)]):
+                self._drop_everywhere(w)
+            elif w in self.receive_errors and time.monotonic() - self.receive_errors[w][1] > self.timeout_s:
+                raise RuntimeError(f"server {self.index}: lost worker {w}: {self.receive_errors[w][0]}")
+        if (self.primary is not None and self.primary not in self.hosted and self.primary_closed
+                and self.store.check([server_left_key(self.primary)])):
+            self._take_over()
+
+    def _take(self, key, peer: int, item) -> None:
+        if key == "copy":
+            if isinstance(item, Exception):
+                self.primary_closed = True      # every update it sent is in the queue before this
                 return
-            pending.discard(got[0])
-            yield got
+            if item.step != self.copy.applied:
+                raise RuntimeError(f"server {self.index}: server {self.primary}'s update of step {item.step} "
+                                   f"came when its copy had applied {self.copy.applied} steps")
+            ids = iter(item.ids)
+            grads = [(next(ids) if p.sparse else None, v) for p, v in zip(self.copy.pieces, item.values)]
+            apply_gradients(self.copy.pieces, self.copy.data, self.copy.optimizers, grads)
+            self.copy.applied += 1
+            return
+        w = peer - self.cfg.servers
+        if isinstance(item, Exception):
+            self.receive_errors.setdefault(w, (item, time.monotonic()))
+            return
+        rnd = self.rounds.get(key)
+        if rnd is None or item.step > rnd.step:
+            self.held.setdefault(key, []).append((key, peer, item))
+            return
+        if item.step < rnd.step:
+            raise RuntimeError(f"server {self.index}: worker {w} sent a message of step {item.step} for shard {key}, "
+                               f"whose round is at step {rnd.step}")
+        if item.kind == wire.PULL and w in rnd.pulls:
+            rnd.pulls.discard(w)
+            rnd.awaited.add(w)
+            self._answer_pull(key, w, item)
+        elif item.kind == wire.PUSH and w in rnd.awaited:
+            rnd.awaited.discard(w)
+            rnd.pushed[w] = item
+        elif w in self.live:
+            raise RuntimeError(f"server {self.index}: worker {w} sent message kind {item.kind} of step {item.step} "
+                               f"for shard {key} out of turn")
+        self._finish_if_complete(key)
 
-    def _serve_pulls(self, step: int, inbox: wire.Inbox) -> dict[int, list[torch.Tensor]]:
-        requested, sends = {}, []
-        for w, msg in self._each(set(self.live), inbox, wire.PULL, step):
-            rows = iter(msg.ids)
-            requested[w] = [next(rows) if p.sparse else None for p in self.pieces]
-            values = [d.detach()[r] if r is not None else d.detach() for d, r in zip(self.data, requested[w])]
-            layout = answer_layout(self.cfg, self.index, requested_counts(msg))
-            sends.append((w, self._answer(w, wire.Message(wire.PULL, step, [], values), layout)))
-        for w, works in sends:
-            try:
-                wire.wait_all(works)
-            except RuntimeError:
-                pass                    # a worker gone mid-answer is dropped when its push is missed
-        return requested
+    def _answer_pull(self, shard: int, w: int, msg: wire.Message) -> None:
+        sh, rnd = self.hosted[shard], self.rounds[shard]
+        rows = iter(msg.ids)                # copied: the message's views hold its whole receive buffer
+        rnd.requested[w] = [next(rows).clone() if p.sparse else None for p in sh.pieces]
+        values = [d.detach()[r] if r is not None else d.detach() for d, r in zip(sh.data, rnd.requested[w])]
+        layout = answer_layout(self.cfg, shard, requested_counts(msg))
+        # not waited for here: a worker takes its answers one server after another, and one that waits for a
+        # failed server's shard to be taken over takes this answer only after that (which may be this server's)
+        self.outgoing += self._answer(w, wire.Message(wire.PULL, rnd.step, [], values), layout,
+                                      role_tag(shard, self.index))
 
-    def _take_pushes(self, step: int, inbox: wire.Inbox, requested) -> dict[int, wire.Message]:
-        pending = {w for w in self.live if w in requested}
-        for w in set(self.live) - pending:      # pulled nothing this step: gone before the round
-            self._drop(w, step, set())
-        return dict(self._each(pending, inbox, wire.PUSH, step))
+    def _drop_everywhere(self, w: int) -> None:
+        self.live.discard(w)
+        step = self.rounds[self.index].step if self.index in self.rounds else self.own.applied
+        self.left.append({"worker": w, "rank": self.cfg.servers + w, "step": step})
+        for shard, rnd in list(self.rounds.items()):
+            rnd.pulls.discard(w)
+            rnd.awaited.discard(w)
+            rnd.pushed.pop(w, None)
+            self._finish_if_complete(shard)
+
+    def _finish_if_complete(self, shard: int) -> None:
+        rnd = self.rounds.get(shard)
+        if rnd is None or not rnd.complete():
+            return
+        if not rnd.pushed:
+            raise RuntimeError(f"server {self.index}: no worker is left at step {rnd.step}")
+        sh = self.hosted[shard]
+        pushed = dict(sorted(rnd.pushed.items()))
+        grad_bytes, applied = apply_update(sh.pieces, sh.data, sh.optimizers, [m.values for m in pushed.values()],
+                                           [rnd.requested[w] for w in pushed], len(pushed))
+        sh.gradient_bytes = max(sh.gradient_bytes, grad_bytes)
+        if shard == self.index:
+            kill_if_asked("ADVISOR_PS_TEST_KILL_SERVER_UNFORWARDED", self.index, rnd.step)
+            self._replicate(rnd.step, applied)
+            self.contributors.append(sorted(pushed))
+            self.losses.append(sum(m.values[0].item() for m in pushed.values()) / len(pushed))
+            self.times.append(time.perf_counter() - rnd.t0)
+        else:
+            self.adopted[-1]["contributors"].append(sorted(pushed))
+        sh.applied += 1
+        del self.rounds[shard]
+        self._start_round(shard)
+
+    # ---- replication and takeover (Li et al. 2014, OSDI, section 4.3)
+    def _replicate(self, step: int, applied: list) -> None:
+        """Forward the update just applied to this server's backup, which applies it to its copy."""
+        if not self.cfg.replicas or self.backup_gone:
+            return
+        backup = (self.index + 1) % self.cfg.servers
+        if self.store.check([server_left_key(backup)]):
+            self.backup_gone = True
+            return
+        try:
+            wire.wait_all(self.replication)
+            ids = [i for i, _ in applied if i is not None]
+            self.replication = wire.send(self.pg, backup, wire.Message(wire.REPLICA, step, ids, [v for _, v in applied]),
+                                         replica_layout(self.cfg, self.index))
+        except RuntimeError:
+            self.backup_gone = True     # its copy is gone with it; this shard keeps training without one
+
+    def _take_over(self) -> None:
+        """The primary is gone (the scheduler says so) and every update it forwarded has been applied to the
+        copy: serve its shard from the copy, from the step the copy has reached; the workers replay that
+        step to this server (advisor.executor.ps.worker)."""
+        cfg, shard = self.cfg, self.primary
+        self.hosted[shard] = self.copy
+        for rank in sorted(self.cfg.servers + w for w in self.live):
+            self.box.listen(self.pg, rank, role_tag(shard, self.index), 2 * (cfg.steps - self.copy.applied),
+                            server_inbox_layouts(cfg, shard), shard)
+        self.adopted.append({"server": shard, "from_step": self.copy.applied, "contributors": []})
+        self.store.set(adopted_key(shard), f"{self.index},{self.copy.applied}")
+        self._start_round(shard)
 
     def _apply(self, pushed: dict, requested: dict, n: int) -> None:
         """Apply the optimizer once to the pushes' gradients summed and divided by n (a sparse
         piece's rows are those ``requested`` of the same key)."""
-        grad_bytes = apply_update(self.pieces, self.data, self.optimizers, [m.values for m in pushed.values()],
-                                  [requested[key] for key in pushed], n)
+        grad_bytes, _ = apply_update(self.pieces, self.data, self.optimizers, [m.values for m in pushed.values()],
+                                     [requested[key] for key in pushed], n)
         self.gradient_bytes = max(self.gradient_bytes, grad_bytes)
+
+    def _answer(self, w: int, msg: wire.Message, layout, tag: int = wire.TAG) -> list:
+        """Start sending an answer; a worker that died after asking gets none (the scheduler then
+        declares it gone and its push is not waited for)."""
+        try:
+            return wire.send(self.pg, self.cfg.servers + w, msg, layout, tag)
+        except RuntimeError:
+            return []
 
     # ---- asynchronous: no rounds
     def run_async(self) -> dict:
@@ -221,14 +414,6 @@ class Server:
                 "async": {"pulls": pulls, "applied": applied, "staleness": staleness},
                 "memory_bytes": {"parameters": sum(d.numel() * d.element_size() for d in self.data),
                                  "optimizer": state_bytes(self.optimizers), "gradients": self.gradient_bytes}}
-
-    def _answer(self, w: int, msg: wire.Message, layout) -> list:
-        """Start sending an answer; a worker that died after asking gets none (the scheduler then
-        declares it gone and its push is not waited for)."""
-        try:
-            return wire.send(self.pg, self.cfg.servers + w, msg, layout)
-        except RuntimeError:
-            return []
 
     @staticmethod
     def _finish_answer(works) -> None:

@@ -70,21 +70,35 @@ def push_values(loss: torch.Tensor, pulled, server_pieces: list[Piece], unique) 
 
 
 def apply_update(pieces: list[Piece], data: list[torch.Tensor], optimizers, pushes: list[list[torch.Tensor]],
-                 rows: list[list[torch.Tensor | None]], n: int) -> int:
+                 rows: list[list[torch.Tensor | None]], n: int) -> tuple[int, list]:
     """One optimizer step of a server on the pushes' gradients summed and divided by n (each push's
-    values after its loss; a sparse piece's rows from ``rows``); returns the gradient bytes built."""
-    grad_bytes = 0
+    values after its loss; a sparse piece's rows from ``rows``). Returns the gradient bytes built and
+    the gradients applied, per piece (row ids or None, values): what a backup applies to its copy."""
+    applied = []
     for i, (piece, d) in enumerate(zip(pieces, data)):
         grads = [values[1 + i] for values in pushes]
         if piece.sparse:
             ids = torch.cat([r[i] for r in rows])
             vals = torch.cat([g.reshape(-1, d.shape[1]) for g in grads]) / n
-            grad = torch.sparse_coo_tensor(ids.unsqueeze(0), vals, d.shape, check_invariants=False)
+        else:
+            ids, vals = None, (torch.stack(grads).sum(0) / n).reshape(d.shape)
+        applied.append((ids, vals))
+    return apply_gradients(pieces, data, optimizers, applied), applied
+
+
+def apply_gradients(pieces: list[Piece], data: list[torch.Tensor], optimizers, grads: list) -> int:
+    """One optimizer step with the given gradient of each piece ((row ids, values) of a sparse piece,
+    (None, the dense gradient) otherwise); the same inputs give the same weights bit for bit, which is
+    what keeps a backup's copy equal to its primary. Returns the gradient bytes built."""
+    grad_bytes = 0
+    for piece, d, (ids, vals) in zip(pieces, data, grads):
+        if piece.sparse:
+            d.grad = torch.sparse_coo_tensor(ids.unsqueeze(0), vals.reshape(-1, d.shape[1]), d.shape,
+                                             check_invariants=False)
             grad_bytes += vals.numel() * vals.element_size() + ids.numel() * ids.element_size()
         else:
-            grad = (torch.stack(grads).sum(0) / n).reshape(d.shape)
-            grad_bytes += grad.numel() * grad.element_size()
-        d.grad = grad
+            d.grad = vals.reshape(d.shape)
+            grad_bytes += vals.numel() * vals.element_size()
     for opt in optimizers:
         opt.step()
     for d in data:

@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-PULL, PUSH = 0, 1
+PULL, PUSH, REPLICA = 0, 1, 2
 TAG = 0
 ID_BYTES, VALUE_BYTES = 8, 4
 
@@ -103,10 +103,10 @@ def unpack(buf: torch.Tensor, layout: Layout) -> Message:
     return Message(kind, step, ids, values)
 
 
-def send(pg, dst: int, msg: Message, layout: Layout) -> list:
+def send(pg, dst: int, msg: Message, layout: Layout, tag: int = TAG) -> list:
     """Start sending; returns (work, buffer) pairs to wait on (the buffer must stay alive until then)."""
     buf = pack(msg, layout)
-    return [(pg.send([buf], dst, TAG), buf)]
+    return [(pg.send([buf], dst, tag), buf)]
 
 
 def wait_all(works: list) -> None:
@@ -114,10 +114,10 @@ def wait_all(works: list) -> None:
         work.wait()
 
 
-def receive(pg, src: int, layout: Layout) -> Message:
+def receive(pg, src: int, layout: Layout, tag: int = TAG) -> Message:
     """Block until the next message from ``src`` has arrived (gloo's process-group timeout bounds it)."""
     buf = torch.empty(layout.nbytes, dtype=torch.uint8)
-    pg.recv([buf], src, TAG).wait()
+    pg.recv([buf], src, tag).wait()
     return unpack(buf, layout)
 
 
@@ -153,3 +153,31 @@ class Inbox:
             return None
         self.held[peer].append(item)
         return self.next_from(peers, 0.0) if peer in peers else None
+
+
+class Mailbox:
+    """Messages of several streams in one queue: each stream (a peer and a tag, under a key of the
+    caller's) is received in order on a thread of its own; ``get`` returns (key, peer, Message or the
+    exception its receive ended with) from whichever stream delivered first, or None after ``timeout_s``."""
+
+    def __init__(self):
+        self.queue: queue.Queue = queue.Queue()
+
+    def listen(self, pg, peer: int, tag: int, count: int, layouts: Callable[[int, Message | None], Layout],
+               key) -> None:
+        threading.Thread(target=self._receive, args=(pg, peer, tag, count, layouts, key), daemon=True).start()
+
+    def _receive(self, pg, peer: int, tag: int, count: int, layouts, key) -> None:
+        previous = None
+        try:
+            for _ in range(count):
+                previous = receive(pg, peer, layouts(peer, previous), tag)
+                self.queue.put((key, peer, previous))
+        except Exception as exc:   # noqa: BLE001 - handed to the main thread, which decides
+            self.queue.put((key, peer, exc))
+
+    def get(self, timeout_s: float):
+        try:
+            return self.queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return None

@@ -15,6 +15,12 @@
   a gloo group of the workers only (averaged over the workers in it), then the same optimizer is
   applied locally. When a worker is gone (the scheduler's store says so) the others form a new group
   without it and redo that all-reduce from their own gradients.
+* a server that fails (``replicas`` 1, synchronous): its shard is served by its backup from the copy,
+  from the step the copy had reached (advisor.executor.ps.server). The worker keeps each server's last
+  two steps of messages; when a receive from a server fails it waits for the scheduler's word of the
+  takeover, replays to the backup every step from the copy's on (the answers must equal what the failed
+  server answered: the copy holds no other weights) and goes on with the backup. After its last push it
+  waits until every shard has applied the last step, replaying to a backup that took one over late.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from advisor.executor.ps.config import PsConfig
 from advisor.executor.ps.layouts import answer_layout, push_layout, request_layout
 from advisor.executor.ps.model import init_rows, make_optimizers, state_bytes
 from advisor.executor.ps.step_math import assemble, push_values, requested_rows, step_loss, worker_batch
-from advisor.executor.ps.server import POLL_S, kill_if_asked, left_key
+from advisor.executor.ps.server import (POLL_S, adopted_key, done_key, kill_if_asked, left_key, role_tag,
+                                        server_left_key)
 
 
 class SavedBytes:
@@ -74,6 +81,10 @@ class Worker:
                                           [(p, n in self.sparse_tables) for n, p in self.local.items()])
         self.members = list(range(cfg.workers))
         self.group = None
+        self.owner = {s: s for s in range(cfg.servers)}      # the server holding each shard (its rank)
+        # shard -> step -> [pull request, its answer's values, the push and its layout]: the last two steps
+        self.sent: dict[int, dict[int, list]] = {s: {} for s in range(cfg.servers)}
+        self.takeovers: list[dict] = []
         self.memory = {"parameters": 0, "gradients": 0, "optimizer": 0, "activations_per_microbatch": 0}
 
     def run(self) -> dict:
@@ -91,9 +102,12 @@ class Worker:
                 loss, ahead, in_flight = self._step_async(step, ahead, in_flight)
                 losses.append(loss)
             times.append(time.perf_counter() - t0)
-        wire.wait_all(in_flight)
+        self._wait(in_flight)
+        if self.cfg.replicas:
+            self._confirm_last_step()
         return {"role": "worker", "index": self.index, "step_times_s": times, "losses": losses,
-                "memory_bytes": self.memory, "allreduce_members": self.members if self.local else None}
+                "memory_bytes": self.memory, "allreduce_members": self.members if self.local else None,
+                "takeovers": self.takeovers}
 
     # ---- one step
     def _pull(self, step: int):
@@ -103,26 +117,103 @@ class Worker:
         for s, pieces in self.pieces.items():
             ids = [requested_rows(unique, p) for p in pieces if p.sparse]
             counts[s] = [t.numel() for t in ids]
-            sends += wire.send(self.pg, s, wire.Message(wire.PULL, step, ids, []), request_layout(self.cfg, s))
+            request = wire.Message(wire.PULL, step, ids, [])
+            if self.cfg.replicas:
+                self.sent[s][step] = [request, None, None, None]
+                self.sent[s].pop(step - 2, None)
+            sends += self._send(s, request, request_layout(self.cfg, s))
         return sends, counts, unique, batch
 
-    def _answers(self, counts, unique) -> dict[str, nn.Parameter]:
-        answers = {s: wire.receive(self.pg, s, answer_layout(self.cfg, s, counts[s])) for s in self.pieces}
+    def _send(self, s: int, msg: wire.Message, layout) -> list:
+        """Start sending to the server holding shard s; a server gone is found out by the next receive."""
+        try:
+            return wire.send(self.pg, self.owner[s], msg, layout, role_tag(s, self.owner[s]))
+        except RuntimeError:
+            if not self.cfg.replicas:
+                raise
+            return []
+
+    def _wait(self, works: list) -> None:
+        try:
+            wire.wait_all(works)
+        except RuntimeError:
+            if not self.cfg.replicas:
+                raise
+
+    def _answers(self, counts, unique, step: int = 0) -> dict[str, nn.Parameter]:
+        answers = {}
+        for s in self.pieces:
+            layout = answer_layout(self.cfg, s, counts[s])
+            try:
+                answers[s] = wire.receive(self.pg, self.owner[s], layout, role_tag(s, self.owner[s]))
+            except RuntimeError:
+                if not (self.cfg.replicas and self.cfg.synchronous):
+                    raise
+                answers[s] = self._take_over(s, step)
+            if self.cfg.replicas:
+                self.sent[s][step][1] = [v.clone() for v in answers[s].values]
         return assemble(self.cfg, self.pieces, {s: a.values for s, a in answers.items()}, unique)
+
+    # ---- a server gone: its backup serves the shard from its copy
+    def _take_over(self, s: int, step: int) -> wire.Message | None:
+        """Go on with shard s at the server that took it over: replay every step from the one its copy had
+        reached up to ``step`` (each answer checked against the one the failed server gave), then send
+        ``step``'s pull and return its answer (None when ``step`` is past the last step)."""
+        deadline = time.monotonic() + self.timeout_s
+        while not self.store.check([adopted_key(s)]):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker {self.index}: server {self.owner[s]} stopped answering and no server "
+                                   f"took shard {s} over within {self.timeout_s:g} s")
+            time.sleep(POLL_S)
+        host, copy_step = (int(x) for x in self.store.get(adopted_key(s)).decode().split(","))
+        self.takeovers.append({"shard": s, "server": host, "from_step": copy_step, "at_step": step})
+        self.owner[s] = host
+        for k in range(copy_step, step + 1):
+            if k >= self.cfg.steps:
+                return None
+            record = self.sent[s].get(k)
+            if record is None:
+                raise RuntimeError(f"worker {self.index}: server {host} took shard {s} over at step {copy_step}, "
+                                   f"but this worker kept its messages only from step {min(self.sent[s])}")
+            request, answered, push, push_layout_ = record
+            self._wait(self._send(s, request, request_layout(self.cfg, s)))
+            tag = role_tag(s, host)
+            answer = wire.receive(self.pg, host, answer_layout(self.cfg, s, [t.numel() for t in request.ids]), tag)
+            if k == step:
+                return answer
+            if any(not torch.equal(a, b) for a, b in zip(answer.values, answered)):
+                raise RuntimeError(f"worker {self.index}: server {host}'s copy of shard {s} answered step {k} with "
+                                   "other weights than the failed server: an update was lost")
+            self._wait(self._send(s, push, push_layout_))
+        return None
+
+    def _confirm_last_step(self) -> None:
+        """Wait until every shard has applied the last step; a shard whose server failed after this
+        worker's last push is replayed to its backup."""
+        deadline = time.monotonic() + self.timeout_s
+        for s in self.pieces:
+            while not self.store.check([done_key(s)]):
+                if self.owner[s] == s and self.store.check([server_left_key(s)]):
+                    self._take_over(s, self.cfg.steps)
+                    deadline = time.monotonic() + self.timeout_s
+                elif time.monotonic() > deadline:
+                    raise RuntimeError(f"worker {self.index}: shard {s} did not apply the last step within "
+                                       f"{self.timeout_s:g} s")
+                time.sleep(POLL_S)
 
     def _step(self, step: int) -> float:
         sends, counts, unique, batch = self._pull(step)
-        pulled = self._answers(counts, unique)
-        wire.wait_all(sends)
+        pulled = self._answers(counts, unique, step)
+        self._wait(sends)
         loss, pushes = self._compute_and_push(step, pulled, counts, unique, batch)
-        wire.wait_all(pushes)
+        self._wait(pushes)
         return loss
 
     def _step_async(self, step: int, ahead, in_flight: list):
         """Step k's weights arrive, step k + 1's pull goes out, step k is computed and pushed; the
         sends of step k - 1 are done by then (each server has answered the pull that followed them)."""
         sends, counts, unique, batch = ahead
-        pulled = self._answers(counts, unique)
+        pulled = self._answers(counts, unique, step)
         wire.wait_all(sends + in_flight)
         following = self._pull(step + 1) if step + 1 < self.cfg.steps else None
         loss, pushes = self._compute_and_push(step, pulled, counts, unique, batch)
@@ -140,7 +231,10 @@ class Worker:
         pushes = []
         for s, pieces in self.pieces.items():
             grads = push_values(loss, pulled, pieces, unique)
-            pushes += wire.send(self.pg, s, wire.Message(wire.PUSH, step, [], grads), push_layout(self.cfg, s, counts[s]))
+            push, layout = wire.Message(wire.PUSH, step, [], grads), push_layout(self.cfg, s, counts[s])
+            if self.cfg.replicas:
+                self.sent[s][step][2:] = [push, layout]
+            pushes += self._send(s, push, layout)
         if self.local:
             self._update_local(batch)
         self.memory["optimizer"] = max(self.memory["optimizer"], state_bytes(self.optimizers))
