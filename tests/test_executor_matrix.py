@@ -58,6 +58,9 @@ OFFLOAD = {
     # a share of it (Megatron's --optimizer-offload-fraction): the first 40% of each rank's elements on the host
     "zero1+offload40%": tiny_plan(dict(dp=2, zero_stage=1, offload_optimizer=True, offload_fraction=0.4), "llama",
                                   "flash", training=dict(dtype="bf16", framework="megatron")),
+    # and the parameters (FSDP2's CPUOffloadPolicy: the shards and their gradients on the host)
+    "zero3+offload_params": tiny_plan(dict(dp=2, zero_stage=3, offload_optimizer=True, offload_params=True), "llama",
+                                      "flash", training=dict(dtype="bf16", framework="pytorch")),
 }
 
 # swapped layers (advisor.executor.swap): the first layers of each stage keep their saved activations on the host
@@ -346,6 +349,22 @@ def test_multi_copy_trains_like_one_process_and_keeps_the_memory_priced(reports,
     assert rep["executed"]["parallel"]["micro_batch_copies"] == 2
     assert rep["loss_max_rel_diff"] <= LOSS_GOAL and rep["grad_norm_max_rel_diff"] <= GRAD_NORM_GOAL
     assert verdict(rep)["ok"], verdict(rep)["failures"]
+
+
+def test_offloaded_parameters_live_on_the_host_as_priced(reports):
+    """Parameter offload: the weight shards and their gradients are the host's (as predicted, within 10%), the
+    device keeps none between units; the same shards as ZeRO-3 without offload keeps on the device."""
+    rep = reports["zero3+offload_params bf16"]
+    rows = [r for r in rep["memory"]["ranks"] if r["rel_error"] is not None]
+    assert rows
+    for row in rows:
+        measured, predicted = row["measured_bytes"], row["predicted_bytes"]
+        assert measured["parameters"] == measured["gradients"] == predicted["parameters"] == predicted["gradients"] == 0
+        assert measured["host_params"] > 0
+        assert measured["host_params"] == pytest.approx(predicted["host_params"], rel=MEMORY_GOAL)
+        # bf16 shards over 2 ranks: weights and gradients of half the model at 2 bytes each, the fp32 masters and
+        # Adam moments (12 bytes each) on the host beside them
+        assert measured["host_optimizer"] == pytest.approx(3 * measured["host_params"], rel=0.01)
 
 
 def test_a_share_of_the_optimizer_is_offloaded_as_priced(reports):

@@ -35,6 +35,8 @@ def test_a_setting_the_executor_does_not_run_is_refused_by_name(key, value, word
     (dict(pp=2, num_micro_batches=4, swap_layers=[1]), "must list 2 non-negative layer counts"),
     (dict(dp=2, offload_fraction=0.5), "offload_fraction = 0.5 with offload_optimizer = false"),
     (dict(tp=2, micro_batch_size=3, micro_batch_copies=2), "copies .*divide"),
+    (dict(dp=2, zero_stage=1, offload_optimizer=True, offload_params=True), "needs ZeRO-3 over more than one rank"),
+    (dict(tp=2, zero_stage=3, offload_optimizer=True, offload_params=True), "needs ZeRO-3 over more than one rank"),
     (dict(dp=2, offload_optimizer=True, offload_fraction=1.5), r"offload_fraction must be a number in \(0, 1\]"),
 ])
 def test_swapping_and_offload_shares_the_executor_cannot_run_as_priced_are_refused(parallel, words):

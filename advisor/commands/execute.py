@@ -97,7 +97,7 @@ def _strategy(cfg: RunConfig):
                     recompute_layers=p.recompute_layers, pipeline_schedule=p.pipeline_schedule,
                     stage_layers=tuple(p.stage_layers), offload_optimizer=p.offload_optimizer,
                     offload_fraction=p.offload_fraction, swap_layers=p.swap_layers,
-                    micro_batch_copies=p.micro_batch_copies,
+                    micro_batch_copies=p.micro_batch_copies, offload_params=p.offload_params,
                     mesh_order=tuple(p.mesh_order), grad_bucket_mb=p.grad_bucket_mb)
 
 
@@ -161,6 +161,7 @@ def memory_prediction(est) -> dict[str, float] | None:
     out["activations_per_microbatch"] = est.activation_gib_per_microbatch * GIB
     out["host_optimizer"] = est.host_optimizer_gib * GIB
     out["host_activations"] = est.host_activations_gib * GIB
+    out["host_params"] = est.host_params_gib * GIB
     out["stage"] = est.worst_memory_stage
     return out
 

@@ -133,8 +133,8 @@ class MemoryArrays:
     host_activations: np.ndarray | None = None  # (N,): activations swapped to the host per device (advisor.cost.swap)
     host_params: np.ndarray | None = None       # (N,): offloaded weight and gradient shards per device
     host_embedding: np.ndarray | None = None    # (N,): the word-embedding slice on the host (cost.host_embedding)
-    # (N, P) per stage: parameters, gradients, optimizer, activations per micro-batch, and the optimizer states
-    # and activations on the host, of one device of each stage (meaningful on active stages; advisor execute
+    # (N, P) per stage: parameters, gradients, optimizer, activations per micro-batch, and the optimizer states,
+    # activations and weight and gradient shards on the host, of one device of each stage (meaningful on active stages; advisor execute
     # compares every rank with its own stage's)
     stage_parts: dict[str, np.ndarray] | None = None
 
@@ -296,7 +296,8 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     buffers = np.where(kept, buffers - 2.0 * layer_local * wb - unit_grads + unsharded, buffers)
     # parameter offload: the weight and gradient shards live in host memory (only the gathered units stay)
     offload_p = b.offload_params[:, None]
-    host_params = np.max(np.where(offload_p, params + grads, 0.0), axis=1)
+    host_stage_params = np.where(offload_p, params + grads, 0.0)
+    host_params = np.max(host_stage_params, axis=1)
     params, grads = np.where(offload_p, 0.0, params), np.where(offload_p, 0.0, grads)
     # without ZeRO-3's gather buffers (one replica: nothing to gather), the layer being fetched, the
     # prefetched one and the gradients on their way out still take device memory
@@ -318,5 +319,6 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
         host_params=host_params,
         stage_parts={name: np.broadcast_to(x, total.shape) for name, x in (
             ("parameters", params), ("gradients", grads), ("optimizer", optim), ("activations_per_microbatch", per_mb),
-            ("host_optimizer", host_share * optim_all), ("host_activations", host_stage_acts))},
+            ("host_optimizer", host_share * optim_all), ("host_activations", host_stage_acts),
+            ("host_params", host_stage_params))},
     )

@@ -7,9 +7,9 @@ parallelism with an element-wise sharded optimizer (ZeRO-0/1), ``parallelize_mod
 sequence parallelism with a vocabulary-parallel loss, ``torch.distributed.pipelining`` schedules
 with the plan's stage layers and virtual stages, and non-reentrant activation checkpointing. Gloo on
 CPU, NCCL on CUDA, one process per device; context parallelism as ring attention, bf16 mixed precision,
-the optimizer (or a share of it) offloaded, swapped layers (swap), multi-copy (model.Block). What it
-cannot run (expert parallelism and MoE, operator layouts, parameter offload; config.unrun_settings) is
-refused up front, by name.
+the optimizer (or a share of it) and the parameters offloaded, swapped layers (swap), multi-copy
+(model.Block). What it cannot run (expert parallelism and MoE, operator layouts; config.unrun_settings)
+is refused up front, by name.
 
 Modules: config (plan -> RunConfig, refusals, --tiny), model, data, parallel, measure (memory by
 part), swap (swapped layers), train (one run on one rank; the single-process reference), worker (the per-rank entry

@@ -447,8 +447,13 @@ def refusals(cfg: RunConfig, global_batch_size: int | None = None, devices: int 
         out.append(f"parallel.micro_batch_copies = {p.micro_batch_copies} does not divide micro_batch_size = "
                    f"{p.micro_batch_size}")
     out += _swap_refusals(p)
-    if p.offload_params:
-        out.append("parallel.offload_params = true: parameter offload is not run by the executor")
+    if p.offload_params and (p.zero_stage != 3 or p.dp * p.cp == 1):
+        out.append(f"parallel.offload_params = true with zero_stage = {p.zero_stage} over dp x cp = {p.dp * p.cp}: the "
+                   "executor offloads FSDP2's parameter shards (CPUOffloadPolicy), which needs ZeRO-3 over more than "
+                   "one rank")
+    if p.offload_params and not p.offload_optimizer:
+        out.append("parallel.offload_params = true with offload_optimizer = false: the offloaded shards are stepped "
+                   "on the host, so the optimizer is offloaded with them")
     if p.host_embedding:
         out.append("parallel.host_embedding = true: the executor runs every process on the CPU already, so a "
                    "host-placed embedding would not differ from the rest; give a plan without it")

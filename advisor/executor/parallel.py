@@ -185,16 +185,21 @@ def apply_recompute(model: GPT, recompute: str, recompute_layers: int | None) ->
 
 
 # ---- data parallel -----------------------------------------------------------------------------
-def apply_fsdp(model: GPT, dp_mesh, reshard_after_forward: bool, reduce_dtype: torch.dtype | None = None) -> None:
+def apply_fsdp(model: GPT, dp_mesh, reshard_after_forward: bool, reduce_dtype: torch.dtype | None = None,
+               offload: bool = False) -> None:
     """FSDP2 groups as torchtitan: one per block, the embedding, the final norm with the head, root.
     A tied embedding and head on one chunk share the root group. ``reduce_dtype``: the gradients'
     reduce-scatter dtype (MixedPrecisionPolicy.reduce_dtype; the reduced shard is cast back to the
-    parameters' dtype)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    parameters' dtype). ``offload``: parameter offload (ZeRO-Infinity's offload_param; FSDP2's
+    CPUOffloadPolicy): the parameter shards and their gradients live in host memory, each unit copied
+    to the device for its forward and backward, and the optimizer steps them there."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kw = dict(mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
     if reduce_dtype is not None:
         kw["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    if offload:
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=dp_mesh.device_type == "cuda")
     for block in model.layers.values():
         fully_shard(block, **kw)
     tied_here = model.cfg.tie_embeddings and model.embed is not None and model.head is not None

@@ -97,7 +97,7 @@ class _Setup:
                 self.tracker.watch_checkpoint(wrapper)
             if self.replicas > 1 and p.zero_stage >= 2:
                 apply_fsdp(chunk, self.replica_mesh, reshard_after_forward=p.zero_stage == 3,
-                           reduce_dtype=self.reduce_dtype)
+                           reduce_dtype=self.reduce_dtype, offload=p.offload_params)
             self.tracker.watch_chunk(f"chunk{stage}", chunk)
             if p.swap_layers is not None:      # one chunk per rank: its stage is this rank's pp coordinate
                 for block in swapped_blocks(chunk, p.swap_layers[stage]):
@@ -381,6 +381,10 @@ def run_distributed(cfg: RunConfig, device: torch.device, on_step=None) -> dict:
         s.optimizer.zero_grad(set_to_none=True)
     probes.append(_host_probe_us(device))
     memory["parameters"] = s.probe.compute_bytes if s.probe.compute_bytes is not None else sharded_at_rest
+    memory["host_params"] = 0
+    if p.offload_params:    # CPUOffloadPolicy keeps the shards and their gradients on the host: none at rest here
+        memory["host_params"] = sharded_at_rest + memory["gradients"]
+        memory["parameters"] = memory["gradients"] = 0
     memory["fsdp_sharded_copy"] = sharded_at_rest if (p.zero_stage == 2 and s.replicas > 1) else 0
     memory["activations_per_microbatch"] = s.tracker.first_microbatch_bytes()
     memory["activations_in_flight"] = s.tracker.peak_bytes
