@@ -346,11 +346,9 @@ def test_tiny_scale_needs_tiny(tmp_path, monkeypatch, capsys):
     assert "--tiny-scale 4 needs --tiny" in err and "Traceback" not in err
 
 
-def _layer_ops(**design) -> int:
-    """Operators one executor block's forward + backward dispatches (TorchDispatchMode count)."""
+def _op_counter():
+    """A TorchDispatchMode that counts the operators dispatched under it (``.n``)."""
     from torch.utils._python_dispatch import TorchDispatchMode
-
-    from advisor.executor.model import Block, ModelConfig
 
     class Count(TorchDispatchMode):
         def __init__(self):
@@ -361,13 +359,20 @@ def _layer_ops(**design) -> int:
             self.n += 1
             return func(*args, **(kwargs or {}))
 
+    return Count()
+
+
+def _layer_ops(**design) -> int:
+    """Operators one executor block's forward + backward dispatches (TorchDispatchMode count)."""
+    from advisor.executor.model import Block, ModelConfig
+
     base = dict(num_layers=1, hidden_size=32, num_attention_heads=2, num_kv_heads=2, ffn_hidden_size=64,
                 ffn_activation="gelu", vocab_size=64, seq_length=8, norm="layernorm", use_bias=False,
                 position_embedding="learned", attention="math")
     block = Block(ModelConfig(**{**base, **design}))
     x = torch.randn(1, 8, 32, requires_grad=True)
     block(x).sum().backward()                      # warm-up: lazy initialisation dispatches too
-    count = Count()
+    count = _op_counter()
     with count:
         block(x).sum().backward()
     return count.n
@@ -432,18 +437,7 @@ def test_a_block_in_copies_computes_the_whole_micro_batch_and_launches_each_copy
     """Multi-copy (Block.copies): the same output and gradients as the uncut micro-batch (fp64), and every copy
     dispatches the block's operators itself (advisor.cost.multi_copy.launch_scale): the cut, the join and the
     gradients' accumulation over copies add a few, the rotary tables built once per block save a few."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from advisor.executor.model import Block, ModelConfig
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.n += 1
-            return func(*args, **(kwargs or {}))
 
     cfg = ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=2, num_kv_heads=2, ffn_hidden_size=64,
                       ffn_activation="swiglu", vocab_size=64, seq_length=8, norm="rmsnorm", use_bias=False,
@@ -459,7 +453,7 @@ def test_a_block_in_copies_computes_the_whole_micro_batch_and_launches_each_copy
         block(xi).sum().backward()                 # warm-up
         block.zero_grad(set_to_none=True)
         xi = x.clone().requires_grad_()
-        count = Count()
+        count = _op_counter()
         with count:
             out = block(xi)
             out.sum().backward()

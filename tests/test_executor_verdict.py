@@ -18,7 +18,7 @@ from advisor.validation.execute_report import LOSS_GOAL, MEMORY_GOAL, verdict
 
 
 @pytest.mark.parametrize("key, value, words", [
-    ("cp_comm", "a2a", "ring attention"),
+    ("ep", 2, "expert parallelism"),
     ("fold_experts", True, "expert parallelism"),
 ])
 def test_a_setting_the_executor_does_not_run_is_refused_by_name(key, value, words):
@@ -35,6 +35,7 @@ def test_a_setting_the_executor_does_not_run_is_refused_by_name(key, value, word
     (dict(pp=2, num_micro_batches=4, swap_layers=[1]), "must list 2 non-negative layer counts"),
     (dict(dp=2, offload_fraction=0.5), "offload_fraction = 0.5 with offload_optimizer = false"),
     (dict(tp=2, micro_batch_size=3, micro_batch_copies=2), "copies .*divide"),
+    (dict(tp=2, cp=2, cp_comm="a2a"), "tp x cp must divide the 4 query and 2 key/value heads"),
     (dict(dp=2, zero_stage=1, offload_optimizer=True, offload_params=True), "needs ZeRO-3 over more than one rank"),
     (dict(tp=2, zero_stage=3, offload_optimizer=True, offload_params=True), "needs ZeRO-3 over more than one rank"),
     (dict(dp=2, offload_optimizer=True, offload_fraction=1.5), r"offload_fraction must be a number in \(0, 1\]"),
@@ -71,7 +72,7 @@ def test_every_plan_setting_is_read_run_as_is_or_refused():
     assert [f.name for f in fields(Strategy) if f.name not in own | set(RUN_WITHOUT_FIELD) | set(NOT_RUN)] == []
     refused, _ = unrun_settings({"dp": 2, "fold_experts": True}, {})
     assert refused == [f"parallel.fold_experts = True: {NOT_RUN['fold_experts']}"]
-    assert unrun_settings({"dp": 2, "fold_experts": False, "cp_comm": "p2p", "swap_layers": None}, {}) == ([], [])
+    assert unrun_settings({"dp": 2, "fold_experts": False, "swap_layers": None}, {}) == ([], [])
 
 
 def test_full_batch_runs_with_a_note_and_buckets_only_with_zero0():

@@ -97,7 +97,7 @@ def _strategy(cfg: RunConfig):
                     recompute_layers=p.recompute_layers, pipeline_schedule=p.pipeline_schedule,
                     stage_layers=tuple(p.stage_layers), offload_optimizer=p.offload_optimizer,
                     offload_fraction=p.offload_fraction, swap_layers=p.swap_layers,
-                    micro_batch_copies=p.micro_batch_copies, offload_params=p.offload_params,
+                    micro_batch_copies=p.micro_batch_copies, offload_params=p.offload_params, cp_comm=p.cp_comm,
                     mesh_order=tuple(p.mesh_order), grad_bucket_mb=p.grad_bucket_mb)
 
 

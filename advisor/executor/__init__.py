@@ -6,14 +6,14 @@ parallelism: DeviceMesh in the plan's mesh order, FSDP2 ``fully_shard`` (ZeRO-2/
 parallelism with an element-wise sharded optimizer (ZeRO-0/1), ``parallelize_module`` tensor and
 sequence parallelism with a vocabulary-parallel loss, ``torch.distributed.pipelining`` schedules
 with the plan's stage layers and virtual stages, and non-reentrant activation checkpointing. Gloo on
-CPU, NCCL on CUDA, one process per device; context parallelism as ring attention, bf16 mixed precision,
-the optimizer (or a share of it) and the parameters offloaded, swapped layers (swap), multi-copy
-(model.Block). What it cannot run (expert parallelism and MoE, operator layouts; config.unrun_settings)
+CPU, NCCL on CUDA, one process per device; context parallelism as ring attention or all-to-alls
+(ulysses), bf16 mixed precision, the optimizer (or a share of it) and the parameters offloaded, swapped
+layers (swap), multi-copy (model.Block). What it cannot run (expert parallelism and MoE, operator layouts; config.unrun_settings)
 is refused up front, by name.
 
 Modules: config (plan -> RunConfig, refusals, --tiny), model, data, parallel, measure (memory by
-part), swap (swapped layers), train (one run on one rank; the single-process reference), worker (the per-rank entry
-point), launch (the runs for local worker processes; the processes themselves, with their own
+part), swap (swapped layers), context_parallel and ulysses (the two kinds of context parallelism), train
+(one run on one rank; the single-process reference), worker (the per-rank entry point), launch (the runs for local worker processes; the processes themselves, with their own
 sessions, hard deadline and no orphans, are advisor.runtime.launch), host_probe (the host-speed
 probe, also measured by advisor calibrate), matrix (the validation plans). advisor.commands.execute compares the results with advisor's prediction.
 

@@ -23,6 +23,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b",
 ZERO_BUBBLE = ("interleaved-zero-bubble", "zbv-zero-bubble", "dualpipev")
 V_SCHEDULES = ("zbv-zero-bubble", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
+CP_KINDS = ("p2p", "a2a")       # ring attention (context_parallel) or all-to-alls (ulysses)
 OPTIMIZERS = ("adamw", "adam", "sgd")
 MESH_DIMS = ("pp", "dp", "cp", "tp")
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
@@ -40,6 +41,7 @@ class ParallelConfig:
     micro_batch_size: int = 1
     num_micro_batches: int = 1
     micro_batch_copies: int = 1             # multi-copy: each micro-batch cut into this many interleaved copies
+    cp_comm: str = "p2p"                    # context parallelism as ring attention (p2p) or all-to-alls (a2a)
     zero_stage: int = 0
     recompute: str = "none"
     recompute_layers: int | None = None
@@ -218,6 +220,7 @@ def parallel_config_from_plan(par: dict[str, Any], num_layers: int) -> ParallelC
         micro_batch_size=_int(par, "micro_batch_size", w, 1),
         num_micro_batches=_int(par, "num_micro_batches", w, 1),
         micro_batch_copies=_int(par, "micro_batch_copies", w, 1),
+        cp_comm=_choice(par, "cp_comm", w, CP_KINDS, "p2p"),
         zero_stage=_int(par, "zero_stage", w, 0, minimum=0),
         recompute=_choice(par, "recompute", w, RECOMPUTE, "none"),
         recompute_layers=recompute_layers,
@@ -271,7 +274,6 @@ RUN_WITHOUT_FIELD = {
 }
 # Why the others are not run, by setting (a sentence after the value)
 NOT_RUN = {
-    "cp_comm": "the executor runs context parallelism as ring attention (p2p) only, not as Ulysses all-to-alls",
     "fold_experts": "expert parallelism needs MoE layers, which the executor does not run",
 }
 
@@ -428,7 +430,15 @@ def refusals(cfg: RunConfig, global_batch_size: int | None = None, devices: int 
     elif cfg.dtype not in TORCH_DTYPES:
         out.append(f"training.dtype = {cfg.dtype}: the executor trains in fp32 or bf16 (FP8 GEMMs need "
                    "TransformerEngine or torchao kernels on a GPU); pass --dtype bf16 or fp32")
-    if p.cp != 1:
+    if p.cp != 1 and p.cp_comm == "a2a":
+        m_heads, kv = cfg.model.num_attention_heads, cfg.model.num_kv_heads
+        if m_heads % (p.tp * p.cp) or kv % (p.tp * p.cp):
+            out.append(f"parallel.cp_comm = a2a with tp x cp = {p.tp * p.cp}: the all-to-alls give each rank whole "
+                       f"heads, so tp x cp must divide the {m_heads} query and {kv} key/value heads")
+        if cfg.seq_length % (2 * p.cp):
+            out.append(f"training.seq_length = {cfg.seq_length} is not divisible by 2 x parallel.cp = {2 * p.cp} "
+                       "(each cp rank keeps two of 2 x cp chunks)")
+    elif p.cp != 1:
         if cfg.model.attention != "flash":
             out.append(f"parallel.cp = {p.cp} with training.attention = {cfg.model.attention}: ring attention is "
                        "fused attention (it keeps no score matrix); give the plan flash attention")

@@ -95,6 +95,9 @@ MATRIX: dict[str, tuple[dict[str, Any], str, str]] = {
     "cp": (dict(cp=2), "llama", "flash"),
     "cp+full": (dict(cp=2, recompute="full"), "gpt", "flash"),
     "dp×cp": (dict(dp=2, cp=2, zero_stage=1), "gpt", "flash"),
+    # context parallelism as Ulysses all-to-alls (Megatron's --cp-comm-type a2a): GQA heads, and with tp + sp
+    "cp-a2a": (dict(cp=2, cp_comm="a2a"), "llama", "flash"),
+    "cp×tp-a2a+sp": (dict(cp=2, tp=2, cp_comm="a2a", sequence_parallel=True), "gpt", "math"),
     "dp×cp+selective": (dict(dp=2, cp=2, zero_stage=3, recompute="selective", mesh_order=["pp", "cp", "dp", "tp"]),
                         "llama", "flash"),
     "cp×tp": (dict(cp=2, tp=2, sequence_parallel=True), "gpt", "flash"),

@@ -35,6 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from advisor.executor.context_parallel import CPGroup, ring_attention
+from advisor.executor.ulysses import UlyssesGroup, ulysses_attention
 
 
 @dataclass(frozen=True)
@@ -165,12 +166,19 @@ class AttentionCore(nn.Module):
         super().__init__()
         self.flash = attention == "flash"
         self.ring = None     # a context_parallel.CPGroup: ring attention over the cp ranks
+        self.ulysses = None  # an ulysses.UlyssesGroup: all-to-alls over the cp ranks, this attention in between
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        b, heads, s, d = q.shape
-        kv_heads = k.shape[1]
         if self.ring is not None:
             return ring_attention(q, k, v, self.ring)
+        if self.ulysses is not None:
+            return ulysses_attention(q, k, v, self.ulysses, self.attend)
+        return self.attend(q, k, v)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention over the tokens given, all of them in the sequence's order."""
+        b, heads, s, d = q.shape
+        kv_heads = k.shape[1]
         if self.flash:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads != heads)
         groups = heads // kv_heads
@@ -313,11 +321,16 @@ class GPT(nn.Module):
         return x
 
 
-def apply_context_parallel(model: GPT, ring: CPGroup) -> None:
-    """Give every attention its cp ring and every position-dependent module this rank's positions."""
+def apply_context_parallel(model: GPT, ring: CPGroup, cp_comm: str = "p2p") -> None:
+    """Give every attention its cp ring (p2p: ring attention; a2a: Ulysses all-to-alls over the same group)
+    and every position-dependent module this rank's positions."""
     positions = ring.positions[ring.rank]
+    ulysses = UlyssesGroup(ring.group, ring.cp, ring.positions) if cp_comm == "a2a" else None
     for block in model.layers.values():
-        block.attn.core.ring = ring
+        if ulysses is not None:
+            block.attn.core.ulysses = ulysses
+        else:
+            block.attn.core.ring = ring
         block.attn.positions = positions
         block.attn.position_ranges = ring.ranges[ring.rank]
     if model.embed is not None and model.embed.pos is not None:

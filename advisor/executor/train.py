@@ -90,7 +90,7 @@ class _Setup:
             chunk.to(device=device, dtype=torch_dtype(cfg))
             apply_multi_copy(chunk, p.micro_batch_copies)
             if self.ring is not None:
-                apply_context_parallel(chunk, self.ring)
+                apply_context_parallel(chunk, self.ring, p.cp_comm)
             if p.tp > 1:
                 apply_tensor_parallel(chunk, self.mesh["tp"], p.sequence_parallel)
             for wrapper in apply_recompute(chunk, p.recompute, p.recompute_layers):
