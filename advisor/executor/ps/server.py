@@ -169,6 +169,7 @@ class Server:
         self.primary = self.copy = None
         self.primary_closed = False
         self.outgoing: list = []               # answers in flight (work, buffer)
+        self.checked = time.monotonic()        # when the scheduler's store was last read
         if cfg.replicas:
             self.primary = (self.index - 1) % cfg.servers
             self.copy = Shard(cfg, self.primary)       # initialised as the primary initialises its shard
@@ -213,10 +214,14 @@ class Server:
         self._finish_if_complete(shard)
 
     def _poll(self) -> None:
+        """Take the next message; between messages, and at least every POLL_S, read the scheduler's news."""
         self.outgoing = [(work, buf) for work, buf in self.outgoing if not work.is_completed()]
         got = self.box.get(POLL_S)
         if got is not None:
             self._take(*got)
+            if time.monotonic() - self.checked < POLL_S:
+                return
+        self.checked = time.monotonic()
         for w in list(self.live):
             if self.store.check([left_key(w)]):
                 self._drop_everywhere(w)
