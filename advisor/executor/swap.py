@@ -7,9 +7,9 @@ innermost hooks are the ones autograd calls, as in torch's ``save_on_cpu``): a s
 storage is copied to the host once per block forward (views of one storage share the copy, as they
 share the device storage) and autograd keeps only the host copy, so the device storage is freed once
 the block's forward no longer needs it; the unpack hook rebuilds the same view on the device from the
-host copy. Parameters are not swapped (they stay on the device for the backward). Weights' DTensor
-views (tensor parallelism) are refused up front (advisor.executor.config): the hooks copy plain
-tensors.
+host copy. Parameters are not swapped (they stay on the device for the backward); they, and any
+tensor subclass, go to the tracker's own hook as outside a swapped block. Tensor-parallel layers save
+DTensors, so swapping with tp > 1 is refused up front (advisor.executor.config).
 
 The copies are counted in the rank's ActivationTracker: their bytes go into the micro-batch's saved
 bytes (the plan's per-micro-batch activations are the same whether a layer swaps or not), and into
@@ -60,7 +60,7 @@ class LayerSwap:
 
     def pack(self, t: torch.Tensor):
         if is_parameter(t) or type(t) is not torch.Tensor:
-            return t
+            return self.tracker.pack(t)
         key = storage_key(t)
         held = self._copies.get(key)
         if held is None:
@@ -75,10 +75,9 @@ class LayerSwap:
         self.tracker.hold_host(packed, held[0])
         return packed
 
-    @staticmethod
-    def unpack(obj):
+    def unpack(self, obj):
         if not isinstance(obj, _OnHost):
-            return obj
+            return self.tracker.unpack(obj)
         storage = obj.host.to(obj.device, non_blocking=True).untyped_storage()
         return torch.empty(0, dtype=obj.dtype, device=obj.device).set_(storage, obj.offset, obj.size, obj.stride)
 
