@@ -73,7 +73,7 @@ COMPANIONS = {
     "recompute_layers": dict(recompute="full"), "offload_optimizer": dict(zero_stage=1),
     "offload_fraction": dict(zero_stage=1, offload_optimizer=True), "offload_params": dict(zero_stage=3, offload_optimizer=True),
     "grad_bucket_mb": dict(zero_stage=0), "stage_layers": dict(pp=2, num_micro_batches=4),
-    "swap_layers": dict(pp=2, num_micro_batches=4),
+    "swap_layers": dict(pp=2, num_micro_batches=4), "host_embedding": dict(zero_stage=0),
 }
 SAMPLES = {"mesh_order": ["dp", "pp", "cp", "tp"], "stage_layers": [3, 1], "swap_layers": [1, 0],
            "recompute_layers": 1, "pipeline_schedule": "gpipe", "recompute_modules": ["core_attn", "mlp"],

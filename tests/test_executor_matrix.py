@@ -74,9 +74,17 @@ SWAP = {
 MULTI_COPY = {
     "tp+copies2": tiny_plan(dict(tp=2, micro_batch_size=2, micro_batch_copies=2), "llama", "flash",
                             training=dict(framework="mindspore")),
-    "pp×tp+sp+full+copies2": tiny_plan(dict(pp=2, num_micro_batches=4, tp=2, sequence_parallel=True, micro_batch_size=4,
-                                            micro_batch_copies=2, recompute="full"), "gpt", "math",
-                                       training=dict(framework="mindspore")),
+    "pp×tp+sp+full+copies2": tiny_plan(dict(pp=2, num_micro_batches=4, tp=2, sequence_parallel=True,
+                                            micro_batch_size=4, micro_batch_copies=2, recompute="full"),
+                                       "gpt", "math", training=dict(framework="mindspore")),
+}
+
+# the word embedding on the host (MindSpore's Host&Device): an fp32 table with its own optimizer
+HOST_TABLE = {
+    "dp+host_embedding bf16": tiny_plan(dict(dp=2, host_embedding=True), "llama", "flash",
+                                       training=dict(framework="mindspore", dtype="bf16")),
+    "pp×tp+host_embedding": tiny_plan(dict(pp=2, num_micro_batches=4, tp=2, host_embedding=True), "llama", "flash",
+                                      model=dict(num_kv_heads=4), training=dict(framework="mindspore")),
 }
 
 
@@ -94,12 +102,12 @@ def reports() -> dict[str, dict]:
     half = [prepare_plan(plans[n], n, replace(opts, dtype="bf16")) for n in BF16]
     half.append(prepare_plan(llama3_8b_plan(), "llama3-8b --tiny", replace(opts, tiny=True)))
     half += [prepare_plan(plan, name, opts) for name, plan in OFFLOAD.items()]
-    swapped = [prepare_plan(plan, name, opts) for name, plan in {**SWAP, **MULTI_COPY}.items()]
+    swapped = [prepare_plan(plan, name, opts) for name, plan in {**SWAP, **MULTI_COPY, **HOST_TABLE}.items()]
     reps = run_prepared(prepared + exact + half + swapped, opts)
     n, h = len(names), len(half)
     return {**dict(zip(names, reps)), **{f"{x} fp64": r for x, r in zip(names, reps[n:2 * n])},
-            **{f"{x} bf16": r for x, r in zip(list(BF16) + ["llama3-8b --tiny"] + list(OFFLOAD), reps[2 * n:2 * n + h])},
-            **dict(zip(list(SWAP) + list(MULTI_COPY), reps[2 * n + h:]))}
+            **{f"{x} bf16": r for x, r in zip([*BF16, "llama3-8b --tiny", *OFFLOAD], reps[2 * n:2 * n + h])},
+            **dict(zip(list(SWAP) + list(MULTI_COPY) + list(HOST_TABLE), reps[2 * n + h:]))}
 
 
 @pytest.mark.parametrize("name", list(MATRIX) + list(ZERO_BUBBLE) + ["llama3-8b --tiny"])
@@ -334,7 +342,8 @@ def test_swapped_layers_keep_their_activations_on_the_host_as_priced(reports, na
                                                                        rel=MEMORY_GOAL)
         # what stayed on the device plus what went to the host is at least what one micro-batch saves
         assert measured["activations_in_flight"] < measured["activations_per_microbatch"] * 4
-        assert measured["activations_in_flight"] + measured["host_activations"] >= measured["activations_per_microbatch"]
+        kept = measured["activations_in_flight"] + measured["host_activations"]
+        assert kept >= measured["activations_per_microbatch"]
     plain = reports["dp"] if name == "dp+swap2" else None
     if plain is not None:       # 2 of 4 layers swapped: the device holds about half of the unswapped run's
         swapped_row = next(r for r in rep["memory"]["ranks"] if r["rank"] == 0)["measured_bytes"]
@@ -365,6 +374,27 @@ def test_offloaded_parameters_live_on_the_host_as_priced(reports):
         # bf16 shards over 2 ranks: weights and gradients of half the model at 2 bytes each, the fp32 masters and
         # Adam moments (12 bytes each) on the host beside them
         assert measured["host_optimizer"] == pytest.approx(3 * measured["host_params"], rel=0.01)
+
+
+@pytest.mark.parametrize("name", list(HOST_TABLE))
+def test_a_host_table_trains_like_one_process_and_leaves_the_device_as_priced(reports, name):
+    """The word embedding on the host: its fp32 table, gradient and optimizer states are the host's (as priced,
+    16 bytes per parameter of the rank's vocabulary slice with Adam), none of it on the device; the losses
+    match one process run with the same host table, in the run's dtype."""
+    rep = reports[name]
+    goal = BF16_LOSS_GOAL if rep["executed"]["dtype"] == "bf16" else LOSS_GOAL
+    assert rep["loss_max_rel_diff"] <= goal and verdict(rep)["ok"], verdict(rep)["failures"]
+    model = rep["executed"]["model"]
+    tp = rep["executed"]["parallel"]["tp"]
+    for row in (r for r in rep["memory"]["ranks"] if r["rel_error"] is not None):
+        measured, predicted = row["measured_bytes"], row["predicted_bytes"]
+        first = row["coords"]["pp"] == 0
+        # fp32 weights, Adam's two moments and the gradient, plus Adam's 4-byte step count of the one table tensor
+        table = model["vocab_size"] // tp * model["hidden_size"] * (4 + 8 + 4) + 4 if first else 0
+        assert measured["host_embedding"] == table
+        assert measured["host_embedding"] == pytest.approx(predicted["host_embedding"], rel=MEMORY_GOAL)
+        for part in ("parameters", "gradients", "optimizer"):
+            assert measured[part] == pytest.approx(predicted[part], rel=MEMORY_GOAL)
 
 
 def test_a_share_of_the_optimizer_is_offloaded_as_priced(reports):

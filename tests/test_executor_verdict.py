@@ -36,6 +36,7 @@ def test_a_setting_the_executor_does_not_run_is_refused_by_name(key, value, word
     (dict(dp=2, offload_fraction=0.5), "offload_fraction = 0.5 with offload_optimizer = false"),
     (dict(tp=2, micro_batch_size=3, micro_batch_copies=2), "copies .*divide"),
     (dict(tp=2, cp=2, cp_comm="a2a"), "tp x cp must divide the 4 query and 2 key/value heads"),
+    (dict(dp=2, zero_stage=1, host_embedding=True), "host table whole on every replica"),
     (dict(dp=2, zero_stage=1, offload_optimizer=True, offload_params=True), "needs ZeRO-3 over more than one rank"),
     (dict(tp=2, zero_stage=3, offload_optimizer=True, offload_params=True), "needs ZeRO-3 over more than one rank"),
     (dict(dp=2, offload_optimizer=True, offload_fraction=1.5), r"offload_fraction must be a number in \(0, 1\]"),

@@ -98,6 +98,7 @@ def _strategy(cfg: RunConfig):
                     stage_layers=tuple(p.stage_layers), offload_optimizer=p.offload_optimizer,
                     offload_fraction=p.offload_fraction, swap_layers=p.swap_layers,
                     micro_batch_copies=p.micro_batch_copies, offload_params=p.offload_params, cp_comm=p.cp_comm,
+                    host_embedding=p.host_embedding,
                     mesh_order=tuple(p.mesh_order), grad_bucket_mb=p.grad_bucket_mb)
 
 
@@ -141,13 +142,17 @@ def _estimate(cfg: RunConfig, hardware):
 def stage_predictions(cfg: RunConfig) -> list[dict[str, float]]:
     """Per pipeline stage, the predicted bytes of each compared part on one device of that stage
     (advisor.cost.memory's stage_parts), so that every rank is compared with its own stage."""
+    from advisor.cost.host_embedding import table_host_bytes
     from advisor.cost.memory import memory
     from advisor.space.strategy import StrategyBatch
 
-    model = _model_spec(cfg)
-    arrays = memory(model, _job(cfg), StrategyBatch.from_strategies([_strategy(cfg)], model.num_layers))
-    return [{part: float(arrays.stage_parts[part][0, stage]) for part in COMPARED_PARTS.values()}
-            for stage in range(cfg.parallel.pp)]
+    model, job = _model_spec(cfg), _job(cfg)
+    batch = StrategyBatch.from_strategies([_strategy(cfg)], model.num_layers)
+    parts = dict(memory(model, job, batch).stage_parts)
+    # a host table is the first stage's (advisor.cost.host_embedding prices it per step, beside the stages)
+    table = float(table_host_bytes(model, job, batch)[0]) if cfg.parallel.host_embedding else 0.0
+    return [{**{part: float(parts[part][0, stage]) for part in COMPARED_PARTS.values() if part != "host_embedding"},
+             "host_embedding": table if stage == 0 else 0.0} for stage in range(cfg.parallel.pp)]
 
 
 predict = _estimate
@@ -162,6 +167,7 @@ def memory_prediction(est) -> dict[str, float] | None:
     out["host_optimizer"] = est.host_optimizer_gib * GIB
     out["host_activations"] = est.host_activations_gib * GIB
     out["host_params"] = est.host_params_gib * GIB
+    out["host_embedding"] = est.host_embedding_gib * GIB
     out["stage"] = est.worst_memory_stage
     return out
 

@@ -102,6 +102,12 @@ def slice_params(model: ModelSpec, b: StrategyBatch) -> np.ndarray:
     return model.vocab_size * model.hidden_size / b.tp.astype(float)
 
 
+def table_host_bytes(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> np.ndarray:
+    """(N,): host bytes of one process's table slice: the fp32 weights, the optimizer's states and the fp32
+    gradient."""
+    return slice_params(model, b) * (state_bytes(job) + HOST_GRAD_BYTES)
+
+
 def host_embedding(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: StrategyBatch,
                    dp_group: GroupPlacement, pp_group: GroupPlacement) -> HostEmbedding:
     """What placing the word embedding on the host costs each candidate (zero where it is not)."""
@@ -132,7 +138,7 @@ def host_embedding(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, b: S
     update_s = params * (update_bytes(job) + ZERO_BYTES) / host_bw
     step_s = exchange_s + update_s
 
-    host_bytes = params * (state_bytes(job) + HOST_GRAD_BYTES)
+    host_bytes = table_host_bytes(model, job, b)
     zero = np.zeros(len(b))
     return HostEmbedding(np.where(on, micro_batch_s, zero), np.where(on, step_s, zero), np.where(on, host_bytes, zero),
                          first)

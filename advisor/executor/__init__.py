@@ -8,8 +8,8 @@ sequence parallelism with a vocabulary-parallel loss, ``torch.distributed.pipeli
 with the plan's stage layers and virtual stages, and non-reentrant activation checkpointing. Gloo on
 CPU, NCCL on CUDA, one process per device; context parallelism as ring attention or all-to-alls
 (ulysses), bf16 mixed precision, the optimizer (or a share of it) and the parameters offloaded, swapped
-layers (swap), multi-copy (model.Block). What it cannot run (expert parallelism and MoE, operator layouts; config.unrun_settings)
-is refused up front, by name.
+layers (swap), multi-copy (model.Block), a host-placed word embedding. What it cannot run (expert
+parallelism and MoE, operator layouts; config.unrun_settings) is refused up front, by name.
 
 Modules: config (plan -> RunConfig, refusals, --tiny), model, data, parallel, measure (memory by
 part), swap (swapped layers), context_parallel and ulysses (the two kinds of context parallelism), train

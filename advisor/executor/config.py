@@ -464,9 +464,12 @@ def refusals(cfg: RunConfig, global_batch_size: int | None = None, devices: int 
     if p.offload_params and not p.offload_optimizer:
         out.append("parallel.offload_params = true with offload_optimizer = false: the offloaded shards are stepped "
                    "on the host, so the optimizer is offloaded with them")
-    if p.host_embedding:
-        out.append("parallel.host_embedding = true: the executor runs every process on the CPU already, so a "
-                   "host-placed embedding would not differ from the rest; give a plan without it")
+    if p.host_embedding and p.zero_stage != 0:
+        out.append(f"parallel.host_embedding = true with zero_stage = {p.zero_stage}: the executor keeps the host "
+                   "table whole on every replica (MindSpore's data-parallel host tables), outside ZeRO's sharding")
+    if p.host_embedding and m.tie_embeddings:
+        out.append("parallel.host_embedding = true with tied embeddings: the output head keeps its weights on the "
+                   "device, so the table cannot be shared with it")
     if p.zero_stage > 3:
         out.append(f"parallel.zero_stage = {p.zero_stage}: must be 0, 1, 2 or 3")
     if p.grad_bucket_mb is not None and p.zero_stage != 0:

@@ -286,9 +286,12 @@ class Embedding(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.pos = LearnedPositions(cfg) if cfg.position_embedding == "learned" else None
+        self.out_dtype: torch.dtype | None = None    # a host table (fp32): its lookups cast to the layers' dtype
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tok(tokens)
+        if self.out_dtype is not None:
+            x = x.to(self.out_dtype)
         return self.pos(x) if self.pos is not None else x
 
 
@@ -319,6 +322,19 @@ class GPT(nn.Module):
         if self.head is not None:
             x = self.head(self.norm(x))
         return x
+
+
+def apply_host_embedding(model: GPT) -> list[nn.Parameter]:
+    """MindSpore's Host&Device training of the word embedding (advisor.cost.host_embedding): the table kept
+    in fp32 (its lookups cast to the layers' dtype), its own optimizer on the host. Returns the table's
+    parameters (none on a chunk without the embedding)."""
+    if model.embed is None:
+        return []
+    dtype = model.embed.tok.weight.dtype
+    model.embed.tok.float()
+    if dtype != torch.float32:
+        model.embed.out_dtype = dtype
+    return [model.embed.tok.weight]
 
 
 def apply_context_parallel(model: GPT, ring: CPGroup, cp_comm: str = "p2p") -> None:

@@ -433,8 +433,42 @@ class MasterWeightOptimizer:
         return out
 
 
+class HostTableOptimizer:
+    """The device's optimizer beside the host table's own (MindSpore's Host&Device training: the table's
+    optimizer has target "CPU"): torch's, on the fp32 table, stepped after the device's."""
+
+    def __init__(self, device, table, table_params: list[nn.Parameter]):
+        self.device, self.table, self.table_params = device, table, list(table_params)
+
+    def step(self) -> None:
+        self.device.step()
+        self.table.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.device.zero_grad(set_to_none=set_to_none)
+        self.table.zero_grad(set_to_none=set_to_none)
+
+    def table_tensors(self) -> list[torch.Tensor]:
+        """What the host keeps of the table: its weights, their gradient and the optimizer's states."""
+        grads = [p.grad for p in self.table_params if p.grad is not None]
+        return self.table_params + grads + optimizer_state_tensors(self.table)
+
+
+def with_host_table(build, optimizer: str, lr: float, params: list[nn.Parameter], table: list[nn.Parameter]):
+    """``build``'s optimizer over ``params``, or with a host table (``table``) that optimizer over the
+    others and torch's own over the table."""
+    if not table:
+        return build(params)
+    ids = {id(p) for p in table}
+    return HostTableOptimizer(build([p for p in params if id(p) not in ids]),
+                              make_torch_optimizer(optimizer, lr)(table), table)
+
+
 def optimizer_state_tensors(opt) -> list[torch.Tensor]:
-    """Every tensor of optimizer state (fp32 masters included), wherever it is kept."""
+    """Every tensor of optimizer state (fp32 masters included), wherever it is kept; a host table's are
+    not (HostTableOptimizer.table_tensors)."""
+    if isinstance(opt, HostTableOptimizer):
+        return optimizer_state_tensors(opt.device)
     if isinstance(opt, (ZeroOneOptimizer, MasterWeightOptimizer)):
         return opt.state_tensors()
     out = []
@@ -445,6 +479,8 @@ def optimizer_state_tensors(opt) -> list[torch.Tensor]:
 
 def host_state_tensors(opt) -> list[torch.Tensor]:
     """The optimizer state kept in host memory (optimizer offload; none without it)."""
+    if isinstance(opt, HostTableOptimizer):
+        return host_state_tensors(opt.device)
     if isinstance(opt, ZeroOneOptimizer):
         return host_state_tensors(opt.inner) if opt.inner is not None else []
     return opt.host_state_tensors() if isinstance(opt, MasterWeightOptimizer) else []

@@ -17,11 +17,11 @@ from advisor.executor.measure import (ActivationTracker, ParameterProbe, gradien
                                       tensor_bytes)
 from advisor.executor.context_parallel import CPGroup
 from advisor.executor.swap import LayerSwap, swapped_blocks
-from advisor.executor.model import GPT, VocabParallelLoss, apply_context_parallel, cross_entropy
+from advisor.executor.model import GPT, VocabParallelLoss, apply_context_parallel, apply_host_embedding, cross_entropy
 from advisor.executor.parallel import (GradientAverager, ZeroOneOptimizer, apply_fsdp, apply_multi_copy,
                                        apply_recompute, apply_tensor_parallel, build_chunks, build_mesh, chunk_layout,
                                        host_state_tensors, make_torch_optimizer, optimizer_state_tensors, replica_mesh,
-                                       resolve_partial_gradients)
+                                       resolve_partial_gradients, with_host_table)
 
 
 class InjectedFailure(RuntimeError):
@@ -43,8 +43,10 @@ def run_reference(cfg: RunConfig) -> dict:
 def _reference(cfg: RunConfig) -> dict:
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model, range(cfg.model.num_layers), True, True, init_seed=cfg.seed).to(torch_dtype(cfg))
+    table = apply_host_embedding(model) if cfg.parallel.host_embedding else []
     params = list(model.parameters())
-    opt = make_torch_optimizer(cfg.optimizer, cfg.learning_rate, mixed_precision(cfg))(params)
+    opt = with_host_table(make_torch_optimizer(cfg.optimizer, cfg.learning_rate, mixed_precision(cfg)),
+                          cfg.optimizer, cfg.learning_rate, params, table)
     mbs = cfg.parallel.micro_batch_size
     losses, norms = [], []
     for step in range(cfg.steps):
@@ -88,6 +90,8 @@ class _Setup:
         self.n_stages = p.pp * p.virtual_pipeline_stages
         for stage, chunk in self.chunks:
             chunk.to(device=device, dtype=torch_dtype(cfg))
+            if p.host_embedding:
+                apply_host_embedding(chunk)
             apply_multi_copy(chunk, p.micro_batch_copies)
             if self.ring is not None:
                 apply_context_parallel(chunk, self.ring, p.cp_comm)
@@ -107,6 +111,9 @@ class _Setup:
                         if p.tp > 1 else cross_entropy)
         self.probe.watch(self.modules)
         self.params = _unique_params(self.modules)
+        # the host table's parameters, as the wrappers above left them (tensor parallelism makes them DTensors)
+        self.table = ([c.embed.tok.weight for _, c in self.chunks if c.embed is not None]
+                      if p.host_embedding else [])
         self.dp_group = self.replica_mesh.get_group() if self.replicas > 1 else None
         self.averager = (GradientAverager(self.params, self.dp_group, self.replicas, p.grad_bucket_mb,
                                           self.reduce_dtype)
@@ -118,7 +125,7 @@ class _Setup:
             self.optimizer = ZeroOneOptimizer(self.params, build, self.dp_group, self.replicas,
                                               self.replica_mesh.get_local_rank(), self.reduce_dtype)
         else:
-            self.optimizer = build(self.params)
+            self.optimizer = with_host_table(build, cfg.optimizer, cfg.learning_rate, self.params, self.table)
         self.schedule = _schedule(cfg, self) if p.pp > 1 else None
 
     @property
@@ -378,9 +385,12 @@ def run_distributed(cfg: RunConfig, device: torch.device, on_step=None) -> dict:
             host = tensor_bytes(host_state_tensors(s.optimizer))
             memory["optimizer"] = tensor_bytes(optimizer_state_tensors(s.optimizer)) - host
             memory["host_optimizer"] = host
+            memory["host_embedding"] = tensor_bytes(s.optimizer.table_tensors()) if s.table else 0
+            memory["gradients"] -= tensor_bytes(p.grad for p in s.table if p.grad is not None)
         s.optimizer.zero_grad(set_to_none=True)
     probes.append(_host_probe_us(device))
     memory["parameters"] = s.probe.compute_bytes if s.probe.compute_bytes is not None else sharded_at_rest
+    memory["parameters"] -= tensor_bytes(s.table)       # a host table is the host's (host_embedding)
     memory["host_params"] = 0
     if p.offload_params:    # CPUOffloadPolicy keeps the shards and their gradients on the host: none at rest here
         memory["host_params"] = sharded_at_rest + memory["gradients"]
