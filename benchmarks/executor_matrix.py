@@ -71,7 +71,8 @@ COMPANIONS = {
                                                                      pipeline_schedule="interleaved-1f1b"),
     "pipeline_schedule": dict(pp=2, num_micro_batches=4), "sequence_parallel": dict(tp=2),
     "recompute_layers": dict(recompute="full"), "offload_optimizer": dict(zero_stage=1),
-    "offload_fraction": dict(zero_stage=1, offload_optimizer=True), "offload_params": dict(zero_stage=3, offload_optimizer=True),
+    "offload_fraction": dict(zero_stage=1, offload_optimizer=True),
+    "offload_params": dict(zero_stage=3, offload_optimizer=True),
     "grad_bucket_mb": dict(zero_stage=0), "stage_layers": dict(pp=2, num_micro_batches=4),
     "swap_layers": dict(pp=2, num_micro_batches=4), "host_embedding": dict(zero_stage=0),
 }

@@ -134,8 +134,8 @@ class MemoryArrays:
     host_params: np.ndarray | None = None       # (N,): offloaded weight and gradient shards per device
     host_embedding: np.ndarray | None = None    # (N,): the word-embedding slice on the host (cost.host_embedding)
     # (N, P) per stage: parameters, gradients, optimizer, activations per micro-batch, and the optimizer states,
-    # activations and weight and gradient shards on the host, of one device of each stage (meaningful on active stages; advisor execute
-    # compares every rank with its own stage's)
+    # activations and weight and gradient shards on the host, of one device of each stage (meaningful on
+    # active stages; advisor execute compares every rank with its own stage's)
     stage_parts: dict[str, np.ndarray] | None = None
 
     @property

@@ -130,13 +130,11 @@ def _server_update_bytes(model: RecModelSpec, name: str, workers: int, samples: 
                          optimizer: str) -> float:
     """Host memory traffic of one tensor per step: read N pushes, update, gather N pulls."""
     table = next((t for t in model.tables if t.name == name), None)
-    opt = OPTIMIZER_BYTES[optimizer]
+    update = _optimizer_update_bytes(model, name, batch, optimizer)
     if table is None:
-        p = model.tensor_params()[name]
-        return p * opt + 2.0 * workers * p * PARAM_BYTES
+        return update + 2.0 * workers * model.tensor_params()[name] * PARAM_BYTES
     rows_w = touched_rows(table.rows, table.lookups_per_sample, samples, model.unique_row_fraction)
-    rows_all = touched_rows(table.rows, table.lookups_per_sample, batch, model.unique_row_fraction)
-    return rows_all * table.dim * opt + 2.0 * workers * rows_w * table.dim * PARAM_BYTES
+    return update + 2.0 * workers * rows_w * table.dim * PARAM_BYTES
 
 
 def _aggregate_bytes(model: RecModelSpec, name: str, batch: int) -> float:

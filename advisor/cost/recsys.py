@@ -133,7 +133,8 @@ class RecEstimate:
         w = self.worker_memory
         out: dict[str, Any] = {
             "mode": c.mode, "servers": c.servers, "server_placement": c.server_placement if c.servers else None,
-            "synchronous": c.synchronous, "replicas": c.replicas, "feasible": self.feasible, "reasons": list(self.reasons),
+            "synchronous": c.synchronous, "replicas": c.replicas, "feasible": self.feasible,
+            "reasons": list(self.reasons),
             "step_time_s": self.step_time_s, "samples_per_s": self.samples_per_s, "bottleneck": self.bottleneck,
             "tflops_per_device": self.tflops_per_device, "mfu": self.mfu, "time_s": dict(self.time_s),
             "worker_memory_gib": {"parameters": w.parameters_gib, "gradients": w.gradients_gib,

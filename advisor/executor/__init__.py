@@ -13,9 +13,11 @@ parallelism and MoE, operator layouts; config.unrun_settings) is refused up fron
 
 Modules: config (plan -> RunConfig, refusals, --tiny), model, data, parallel, measure (memory by
 part), swap (swapped layers), context_parallel and ulysses (the two kinds of context parallelism), train
-(one run on one rank; the single-process reference), worker (the per-rank entry point), launch (the runs for local worker processes; the processes themselves, with their own
-sessions, hard deadline and no orphans, are advisor.runtime.launch), host_probe (the host-speed
-probe, also measured by advisor calibrate), matrix (the validation plans). advisor.commands.execute compares the results with advisor's prediction.
+(one run on one rank; the single-process reference), worker (the per-rank entry point), launch (the
+runs for local worker processes; the processes themselves, with their own sessions, hard deadline and
+no orphans, are advisor.runtime.launch), host_probe (the host-speed probe, also measured by advisor
+calibrate), matrix (the validation plans). advisor.commands.execute compares the results with
+advisor's prediction.
 
 One machine::
 

@@ -380,7 +380,6 @@ class MasterWeightOptimizer:
 
     def __init__(self, params: list[nn.Parameter], make_optimizer, host_fraction: float = 0.0):
         self.params = list(params)
-        self.host_fraction = host_fraction
         total = sum(_local(p).numel() for p in self.params)
         boundary = round(host_fraction * total)
         # (parameter, start, end, master): the masters cover each local parameter's flat elements once
@@ -402,10 +401,6 @@ class MasterWeightOptimizer:
                 offset += n
         self.masters = [m for _, _, _, m in self.pieces]
         self.inner = make_optimizer(self.masters)
-
-    @property
-    def offload(self) -> bool:
-        return bool(self.host)
 
     def step(self) -> None:
         for p, a, b, m in self.pieces:

@@ -29,6 +29,7 @@ from advisor.cost.recsys import RecEstimate, RecsysConfig
 from advisor.cost.recsys_estimate import estimate_recsys
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.plan import Plan, plan_to_dict
+from advisor.plan_ps import REPLICAS
 from advisor.search import SearchStats
 from advisor.space.strategy import Strategy
 from advisor.specs.hardware import HardwareProfile
@@ -57,7 +58,7 @@ class PsPins:
             raise AdvisorError(f"--ps-servers {self.servers} conflicts with --ps-mode none (no servers)")
         if not self.synchronous and self.mode == "none":
             raise AdvisorError("--ps-async conflicts with --ps-mode none (no servers)")
-        if self.replicas not in (0, 1):
+        if self.replicas not in REPLICAS:
             raise AdvisorError(f"--ps-replicas must be 0 or 1, got {self.replicas!r}")
         if self.replicas and self.mode == "none":
             raise AdvisorError("--ps-replicas 1 conflicts with --ps-mode none (no servers)")

@@ -31,7 +31,8 @@ COMPARED_PARTS = {
     "host_params": "host_params",     # parameter offload: the weight and gradient shards the host keeps
     "host_embedding": "host_embedding",     # the word embedding on the host: its fp32 table, gradient and states
 }
-HOST_PARTS = ("host_optimizer", "host_activations", "host_params", "host_embedding")     # shown only where a run or its prediction has them
+# shown only where a run or its prediction has them
+HOST_PARTS = ("host_optimizer", "host_activations", "host_params", "host_embedding")
 
 
 # ---- comparison --------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from advisor.executor.ps.config import PsConfig
 from advisor.executor.ps.node import EXIT_KEY, STORE_PORT
-from advisor.executor.ps.server import left_key, server_left_key
+from advisor.executor.ps.server import left_key, server_left_key, step_key
 from advisor.runtime.files import temporary_folder, write_json
 from advisor.runtime.launch import ExecutionFailed, process_state, stop
 
@@ -102,8 +102,7 @@ def _taken_over(cfg: PsConfig, rank: int, code: int, exits: dict[int, int], serv
     """Whether a server's end is taken over by its backup: replicated and synchronous, ended by a signal
     (a lost host, not a bug), its backup still running, and no server lost before it."""
     backup = (rank + 1) % cfg.servers
-    return (cfg.replicas > 0 and cfg.synchronous and code < 0 and not servers_left and backup not in exits
-            and cfg.servers > 1)
+    return cfg.replicas > 0 and cfg.synchronous and code < 0 and not servers_left and backup not in exits
 
 
 def _watch(procs, store, cfg: PsConfig, out: Path, opts: PsLaunchOptions, deadline: float):
@@ -119,7 +118,7 @@ def _watch(procs, store, cfg: PsConfig, out: Path, opts: PsLaunchOptions, deadli
                 continue
             exits[rank] = code
             if rank < cfg.servers and exit_sent is None and _taken_over(cfg, rank, code, exits, servers_left):
-                key = f"ps/step/server{rank}"
+                key = step_key(rank)
                 step = int(store.get(key).decode()) if store.check([key]) else 0
                 servers_left.append({"server": rank, "rank": rank, "signal": _signal_name(code), "step": step,
                                      "backup": (rank + 1) % cfg.servers})
@@ -161,7 +160,7 @@ def _hung(procs, store, cfg: PsConfig, exits: dict[int, int]) -> str:
     for rank, p in enumerate(procs):
         if rank in exits or p.poll() is not None:
             continue
-        key = f"ps/step/server{rank}"
+        key = step_key(rank)
         step = f" after step {store.get(key).decode()}" if rank < cfg.servers and store.check([key]) else ""
         state = process_state(p.pid)
         if state in ("T", "t"):
@@ -172,7 +171,7 @@ def _hung(procs, store, cfg: PsConfig, exits: dict[int, int]) -> str:
 
 
 def _server_message(store, rank: int, code: int, out: Path) -> str:
-    key = f"ps/step/server{rank}"
+    key = step_key(rank)
     step = f" during step {store.get(key).decode()}" if store.check([key]) else " before its first step"
     if code < 0:
         how = f"was killed by {_signal_name(code)} (signal {-code})"

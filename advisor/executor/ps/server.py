@@ -41,6 +41,11 @@ def left_key(worker: int) -> str:
     return f"ps/left/{worker}"
 
 
+def step_key(server: int) -> str:
+    """The step a server's own shard is in (the scheduler names it when the server stops or hangs)."""
+    return f"ps/step/server{server}"
+
+
 def server_left_key(server: int) -> str:
     """Set by the scheduler when a server is gone and its backup is to take its shard over."""
     return f"ps/server_left/{server}"
@@ -205,7 +210,7 @@ class Server:
             self.store.set(done_key(shard), str(self.index))
             return
         if shard == self.index:
-            self.store.set(f"ps/step/server{self.index}", str(sh.applied))
+            self.store.set(step_key(self.index), str(sh.applied))
             kill_if_asked("ADVISOR_PS_TEST_KILL_SERVER", self.index, sh.applied)
         self.rounds[shard] = _Round(sh.applied, self.live)
         for key, peer, msg in self.held.pop(shard, []):     # messages of this step that came early
@@ -388,7 +393,7 @@ class Server:
                 if step > reached:
                     reached = step
                     kill_if_asked("ADVISOR_PS_TEST_KILL_SERVER", self.index, step)
-                    self.store.set(f"ps/step/server{self.index}", str(step))
+                    self.store.set(step_key(self.index), str(step))
                 self._finish_answer(answers.pop(w, None))
                 rows = iter(msg.ids)        # copied: the message's views hold its whole receive buffer
                 requested[(w, step)] = [next(rows).clone() if p.sparse else None for p in self.pieces]

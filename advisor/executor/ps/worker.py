@@ -140,7 +140,7 @@ class Worker:
             if not self.cfg.replicas:
                 raise
 
-    def _answers(self, counts, unique, step: int = 0) -> dict[str, nn.Parameter]:
+    def _answers(self, counts, unique, step: int) -> dict[str, nn.Parameter]:
         answers = {}
         for s in self.pieces:
             layout = answer_layout(self.cfg, s, counts[s])
