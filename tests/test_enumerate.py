@@ -18,6 +18,7 @@ from advisor.commands.inputs import default_dtype
 from advisor.search.rank import TIE_BAND
 from advisor.search import Pins
 from advisor.search import enumerate as en
+from advisor.search.enumerate_rows import PAD_CELLS
 from advisor.space.rules import legal_mask
 from advisor.space.strategy import MESH_DIMS, RECOMPUTE, SCHEDULES, Strategy, StrategyBatch, even_stage_layers
 from advisor.specs.hardware import hardware_from_dict, load_hardware
@@ -251,12 +252,14 @@ def _sample(model_name, hw_name, devices, gbs, size=600, seed=0):
 def test_bounds_never_exceed_the_real_step_time(case):
     """The family bound, the skeleton bound (free links, leanest ZeRO/offload) and the pair bound
     (fastest link everywhere) are all below the real step time of every member, ZeRO/offload pair
-    and mesh order; a skeleton said not to fit has no variant that fits."""
+    and mesh order; a skeleton said not to fit has no variant that fits (and is not priced: its
+    bound is infinite)."""
     model, hw, cluster, job, rows = _sample(*case)
     options = en.zero_offload_options(Pins())
     starts, family_lower = en.family_bounds(model, hw, cluster, job, rows, options)
     row_family_lower = np.repeat(family_lower, np.diff(np.r_[starts, len(rows["dp"])]))
     lower, may_fit = en.bound_skeletons(model, hw, cluster, job, rows, options)
+    assert np.isfinite(lower[may_fit]).all() and np.isinf(lower[~may_fit]).all()
     assert (row_family_lower <= lower * (1 + 1e-12)).all()
     pairs = en.zero_variants({**rows, "row": np.arange(len(rows["dp"]))}, options)
     pairs["pair"] = np.arange(len(pairs["dp"]))
@@ -274,9 +277,54 @@ def test_bounds_never_exceed_the_real_step_time(case):
         part = en._take(full, idx)
         e = estimate_batch(model, hw, cluster, job, en.to_batch(model, job, part))
         assert (row_family_lower[part["row"]] <= e.step_time_s * (1 + 1e-12)).all()
-        assert (lower[part["row"]] <= e.step_time_s * (1 + 1e-12)).all()
+        assert (lower[part["row"]] <= e.step_time_s * (1 + 1e-12))[may_fit[part["row"]]].all()
         assert (pair_lower[part["pair"]] <= e.step_time_s * (1 + 1e-12)).all()
         assert not (e.fits & ~may_fit[part["row"]]).any()
+
+
+def test_price_chunks_cover_every_row_once_within_the_cell_budget():
+    """chunks_by_pp: every row in exactly one chunk; a chunk's rows times its largest pp within the cell
+    budget (one row alone may exceed it); rows of another pp join a chunk only while their padding stays
+    within the allowance; with no allowance, one pp value per chunk."""
+    rng = np.random.default_rng(0)
+    pp = rng.choice([1, 2, 3, 4, 8, 16, 64], size=5000, p=[0.3, 0.2, 0.05, 0.2, 0.15, 0.08, 0.02])
+    rows = {"pp": pp}
+    for padding in (0, 2_000, PAD_CELLS, 10 ** 9):
+        chunks = list(en.chunks_by_pp(rows, cells=40_000, padding=padding))
+        seen = np.concatenate(chunks)
+        assert np.array_equal(np.sort(seen), np.arange(len(pp)))
+        calls = 0
+        for idx in chunks:
+            width = int(pp[idx].max())
+            assert len(idx) * width <= 40_000 or len(idx) == 1
+            assert int((width - pp[idx]).sum()) <= max(padding, 0)
+            calls += 1
+        if padding == 0:
+            assert all(len(np.unique(pp[idx])) == 1 for idx in chunks)
+            fewest = calls
+    assert calls < fewest
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_offloading_the_optimizer_never_slows_a_pair_bound_nor_needs_more_memory(case):
+    """What _Scoring._bound_pairs skips on: on the pair bound's profile (fastest links, free host) a ZeRO
+    stage with the optimizer on the host runs no longer than the same stage without, and needs no more
+    device memory, for every sampled skeleton (so when the offloaded pair cannot fit or reach the limit,
+    the pair without offload cannot either)."""
+    model, hw, cluster, job, rows = _sample(*case, size=300)
+    fast = en.fastest_link_hardware(hw, cluster.devices, model.moe is not None)
+    checked = 0
+    for zero in (0, 1, 2, 3):
+        plain = {**rows, "zero": np.full(len(rows["dp"]), zero), "offload": np.zeros(len(rows["dp"]), dtype=np.int64)}
+        offloaded = {**plain, "offload": np.full(len(rows["dp"]), en.OFFLOAD_OPTIMIZER)}
+        for idx in en.chunks_by_pp(rows):
+            e0, step0 = en.bound_estimate(model, fast, cluster, job, en._take(plain, idx), Pins())
+            e1, step1 = en.bound_estimate(model, fast, cluster, job, en._take(offloaded, idx), Pins())
+            n = len(idx)
+            assert (step1 <= step0).all()
+            assert (e1.memory.total[:n] <= e0.memory.total[:n] * (1 + 1e-12)).all()
+            checked += n
+    assert checked == 4 * len(rows["dp"])
 
 
 @pytest.mark.parametrize("case", CASES[:3])

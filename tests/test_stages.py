@@ -108,7 +108,7 @@ def test_single_stage_and_cache(monkeypatch):
 
     def solved_again(*args, **kwargs):
         raise AssertionError("the stage plan was solved again: the cache missed")
-    monkeypatch.setattr(stages, "_plan", solved_again)   # counted, not timed: no machine-speed dependence
+    monkeypatch.setattr(stages, "_plans", solved_again)   # counted, not timed: no machine-speed dependence
     for _ in range(1000):                                 # cached: the stage layers given are ignored
         layers = balanced_stage_layers(BLOOM, A100, BLOOM_JOB, replace(BLOOM_PLAN, stage_layers=(1,) * 12))
         assert layers == first.stage_layers

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from advisor.cost.estimate import estimate
+from advisor.search import vpipe
 from advisor.search.vpipe import memory_aware_strategy
 from advisor.space.strategy import Strategy
 from advisor.specs.hardware import load_hardware
@@ -48,6 +51,22 @@ def test_megatron_gets_one_count_for_every_stage_and_the_pytorch_stacks_none():
     assert plan2.recompute_layers % 2 == 0 and all(n % 2 == 0 for n in plan2.stage_layers)
     for framework in ("torchtitan", "pytorch"):
         assert memory_aware_strategy(model, hw, replace(job, framework=framework), BASE) is None
+
+
+def test_one_count_for_every_stage_is_searched_over_all_counts_at_once():
+    """Megatron's single count: the bottleneck of every count computed at once equals the min-max
+    partition of each count computed alone (vpipe._partition), infeasible counts included."""
+    model, hw, cluster, job = _setting("megatron")
+    checked = 0
+    for strategy in (BASE, replace(BASE, pp=2, tp=4), replace(BASE, pp=8, tp=1, micro_batch_size=1)):
+        stages, layers, _ = vpipe._stage_spans(model, hw, job, strategy)
+        counts = np.arange(0, model.num_layers // strategy.pp + 1, dtype=float)
+        together = vpipe._count_bottlenecks(stages, layers, model.num_layers, counts)
+        alone = [vpipe._partition(stages, layers, strategy.pp, model.num_layers, 1, float(c)) for c in counts]
+        assert [np.inf if a is None else a[0] for a in alone] == together.tolist()
+        checked += len(counts)
+        assert np.isfinite(together).any() and np.isinf(together).any()
+    assert checked > 30
 
 
 def test_recommend_trades_offload_for_partial_recomputation(monkeypatch):

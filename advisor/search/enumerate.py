@@ -55,11 +55,11 @@ FINALIST_BAND = 0.01    # finalists handed to the operator searchers: within 1% 
 from advisor.space.strategy import ONE_F_ONE_B
 from advisor.search import Pins, Progress, SearchOutcome, SearchStats
 from advisor.search.enumerate_bounds import (
-    UNBOUNDED_GBPS, bound_skeletons, bound_step_s, cheaper_cp_kind, family_bounds, fastest_link_hardware, free_hardware,
+    UNBOUNDED_GBPS, bound_estimate, bound_skeletons, bound_step_s, family_bounds, fastest_link_hardware, free_hardware,
     leanest_options,
 )
 from advisor.search.enumerate_rows import (
-    DEFAULT_ORDER_INDEX, MESH_ORDERS, PRICE_CELLS, Rows, _DEFAULTS, _add, _concat, _count, _cross, _take, chunks_by_pp,
+    DEFAULT_ORDER_INDEX, HOST_EMBEDDING, MESH_ORDERS, OFFLOAD_OPTIMIZER, PRICE_CELLS, Rows, _DEFAULTS, _add, _concat, _count, _cross, _take, chunks_by_pp,
     divisors, finalist_batch, mesh_strides, stage_layers_for, to_batch,
 )
 from advisor.search.enumerate_space import (
@@ -87,7 +87,7 @@ __all__ = [
     "DEFAULT_ORDER_INDEX", "DEVICE_MEMORY_REASON", "HCCS_REASON", "HOST_MEMORY_REASON", "MESH_ORDERS", "PRICE_CELLS",
     "Rows", "SearchStats", "TIME_BOUND_REASON", "UNBOUNDED_GBPS", "ZERO_STAGES", "_concat", "_count", "_cross",
     "_take", "bound_skeletons", "chunks_by_pp", "cp_comm_options", "degree_rows", "divisors", "family_bounds",
-    "bound_step_s", "fastest_link_hardware", "finalist_batch", "free_hardware", "leanest_options", "mesh_counts", "mesh_strides",
+    "bound_estimate", "bound_step_s", "fastest_link_hardware", "finalist_batch", "free_hardware", "leanest_options", "mesh_counts", "mesh_strides",
     "mesh_variants", "order_variants", "search", "skeleton_rows", "space_size", "stage_layers_for", "to_batch",
     "top_distinct", "tp_inside_fast_group", "zero_offload_options", "zero_variants",
 ]
@@ -244,7 +244,9 @@ class _Scoring:
         """Bound the ZeRO/offload pairs, then price their mesh orders exactly, best bound first."""
         if _count(skeletons) == 0:
             return
-        pairs, upper = self._bound_pairs(zero_variants(skeletons, self.options, self.args[3].framework_record))
+        pairs = zero_variants({**skeletons, "skeleton": np.arange(_count(skeletons))}, self.options,
+                              self.args[3].framework_record)
+        pairs, upper = self._bound_pairs(pairs, pairs.pop("skeleton"))
         self.best_first(upper, pairs["meshes"] * pairs["pp"], pairs["meshes"],
                         lambda idx: self._exact(_take(pairs, idx)), PAIR_BATCH_CELLS)
 
@@ -288,31 +290,63 @@ class _Scoring:
                 self.layout_best[key] = float(value)
         self.best = top_distinct(np.fromiter(self.layout_best.values(), dtype=float), self.k)
 
-    def _bound_pairs(self, pairs: Rows) -> tuple[Rows, np.ndarray]:
+    def _bound_pairs(self, pairs: Rows, skeleton: np.ndarray) -> tuple[Rows, np.ndarray]:
         """The ZeRO/offload pairs that fit (device and host) and whose bound reaches the limit, with
-        the bound as an upper limit on throughput."""
+        the bound as an upper limit on throughput. ``skeleton``: each pair's skeleton.
+
+        A pair without offload whose skeleton has the same ZeRO stage with the optimizer offloaded is
+        bounded only where that one fits on the device and reaches the limit: it needs at least its
+        device memory (LEANER), and on the bound's profile, whose host transfers and CPU optimizer are
+        free, it runs at least as long (its device optimizer step is the only term the offload changes,
+        advisor.cost.optimizer.step_s and advisor.cost.offload.exposed_s)."""
+        n = _count(pairs)
+        upper = np.zeros(n)
+        keep = np.zeros(n, dtype=bool)
+        key = skeleton * (max(ZERO_STAGES) + 1) + pairs["zero"]
+        offloaded = pairs["offload"] == OFFLOAD_OPTIMIZER
+        later = (pairs["offload"] == 0) & np.isin(key, key[offloaded])
+        reached = self._bound_some(pairs, np.flatnonzero(~later), upper, keep)
+        fits_offloaded, reach_offloaded = reached[0][offloaded[~later]], reached[1][offloaded[~later]]
+        partner = key[~later][offloaded[~later]]
+        todo = later & np.isin(key, partner[fits_offloaded & reach_offloaded])
+        meshes = pairs["meshes"]
+        skipped = later & ~todo
+        too_big = skipped & np.isin(key, partner[~fits_offloaded])
+        _add(self.pruned, DEVICE_MEMORY_REASON, int(meshes[too_big].sum()))
+        _add(self.pruned, TIME_BOUND_REASON, int(meshes[skipped & ~too_big].sum()))
+        self._bound_some(pairs, np.flatnonzero(todo), upper, keep)
+        return _take(pairs, keep), upper[keep]
+
+    def _bound_some(self, pairs: Rows, rows: np.ndarray, upper: np.ndarray, keep: np.ndarray):
+        """Bound pairs[rows] (fills upper and keep there); returns (fits on the device, reaches the limit)
+        per row bounded."""
         model, hw, cluster, job = self.args
-        upper = np.zeros(_count(pairs))
-        keep = np.zeros(_count(pairs), dtype=bool)
         limit = self.limit
-        for idx in chunks_by_pp(pairs):
-            part = _take(pairs, idx)
-            batch = to_batch(model, job, part)
-            e = estimate_batch(model, self.fast, cluster, job, batch)
+        fits_all = np.zeros(len(rows), dtype=bool)
+        reach_all = np.zeros(len(rows), dtype=bool)
+        sub = _take(pairs, rows)
+        for local in chunks_by_pp(sub):
+            part = _take(sub, local)
+            idx = rows[local]
+            e, step = bound_estimate(model, self.fast, cluster, job, part, self.pins)
             self.bounded += len(idx)
-            step = cheaper_cp_kind(model, self.fast, cluster, job, part, bound_step_s(e), self.pins)
+            n = len(idx)
+            fits, hosted = e.fits[:n], e.memory.host_embedding
+            hosted = None if hosted is None else np.broadcast_to(hosted, e.fits.shape)[:n]
             # host memory: a table per first-stage process, at the fewest per node any mesh order gives
-            fewest = first_stage_per_node(hw, batch, None) if batch.host_embedding.any() else None
-            host = node_host_bytes(e.memory.host_total, e.memory.host_embedding, hw.node.devices_per_node,
-                                   fewest) <= hw.host.memory_gib * GIB
+            tables = (part["offload"] >= HOST_EMBEDDING).any()
+            fewest = first_stage_per_node(hw, to_batch(model, job, part), None) if tables else None
+            host = node_host_bytes(np.broadcast_to(e.memory.host_total, e.fits.shape)[:n], hosted,
+                                   hw.node.devices_per_node, fewest) <= hw.host.memory_gib * GIB
             upper[idx] = job.tokens_per_step / step
             reach = upper[idx] >= limit
             meshes = part["meshes"]
-            _add(self.pruned, DEVICE_MEMORY_REASON, int(meshes[~e.fits].sum()))
-            _add(self.pruned, HOST_MEMORY_REASON, int(meshes[e.fits & ~host].sum()))
-            _add(self.pruned, TIME_BOUND_REASON, int(meshes[e.fits & host & ~reach].sum()))
-            keep[idx] = e.fits & host & reach
-        return _take(pairs, keep), upper[keep]
+            _add(self.pruned, DEVICE_MEMORY_REASON, int(meshes[~fits].sum()))
+            _add(self.pruned, HOST_MEMORY_REASON, int(meshes[fits & ~host].sum()))
+            _add(self.pruned, TIME_BOUND_REASON, int(meshes[fits & host & ~reach].sum()))
+            keep[idx] = fits & host & reach
+            fits_all[local], reach_all[local] = fits, reach
+        return fits_all, reach_all
 
     def finalists(self) -> Rows:
         """Scored candidates within the tie band of the K-th best (all, when fewer than K)."""

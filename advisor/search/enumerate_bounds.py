@@ -11,9 +11,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from advisor.cost.estimate import estimate_batch
+from advisor.cost.estimate import EstimateBatch, estimate_batch
 from advisor.cost.memory import GIB, memory
-from advisor.search.enumerate_rows import Rows, _count, _take, chunks_by_pp, to_batch
+from advisor.search.enumerate_rows import Rows, _concat, _count, _take, chunks_by_pp, to_batch
 from advisor.search import Pins
 from advisor.search.enumerate_space import _lone_options, cp_comm_options
 from advisor.specs.hardware import HardwareProfile
@@ -93,26 +93,33 @@ def _with_lean_memory(rows: Rows, options: list[tuple[int, int]], pair: tuple[in
     return {**rows, "zero": np.where(solo, lone[0], pair[0]), "offload": np.where(solo, lone[1], pair[1])}
 
 
-def cheaper_cp_kind(model: ModelSpec, bound_hw: HardwareProfile, cluster: Cluster, job: TrainingJob, rows: Rows,
-                    step: np.ndarray, pins: Pins) -> np.ndarray:
-    """A bound's step time over both context-parallel kinds: rows that can use Ulysses (under the
-    pins) are priced with it too on the bound's profile and keep the faster (a ring runs its
-    attention as s/cp-long kernels, advisor.cost.attention)."""
+def bound_estimate(model: ModelSpec, bound_hw: HardwareProfile, cluster: Cluster, job: TrainingJob, rows: Rows,
+                   pins: Pins) -> tuple[EstimateBatch, np.ndarray]:
+    """The rows priced on a bound's profile in one cost-model call, with a bound's step time over both
+    context-parallel kinds: rows that can use Ulysses (under the pins) are priced with it too and keep
+    the faster (a ring runs its attention as s/cp-long kernels, advisor.cost.attention). The estimate
+    covers the rows first, then their Ulysses copies: its first _count(rows) entries are the rows'."""
+    n = _count(rows)
     a2a = cp_comm_options(model, rows, pins)[:, 1]
-    if not a2a.any():
-        return step
-    ulysses = {**_take(rows, a2a), "cp_comm": np.ones(int(a2a.sum()), dtype=np.int64)}
-    step = step.copy()
-    priced = estimate_batch(model, bound_hw, cluster, job, to_batch(model, job, ulysses))
-    step[a2a] = np.minimum(step[a2a], bound_step_s(priced))
-    return step
+    both = rows
+    if a2a.any():
+        ulysses = {**_take(rows, a2a), "cp_comm": np.ones(int(a2a.sum()), dtype=np.int64)}
+        ring = rows if "cp_comm" in rows else {**rows, "cp_comm": np.zeros(n, dtype=np.int64)}
+        both = _concat([ring, ulysses], ring)
+    e = estimate_batch(model, bound_hw, cluster, job, to_batch(model, job, both))
+    priced = bound_step_s(e)
+    step = priced[:n].copy()
+    step[a2a] = np.minimum(step[a2a], priced[n:])
+    return e, step
 
 
 def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, rows: Rows,
                     options: list[tuple[int, int]], pins: Pins = Pins()) -> tuple[np.ndarray, np.ndarray]:
     """(lower bound on step time, may fit) per skeleton, over all its ZeRO/offload/mesh and
     context-parallel variants: priced on free_hardware with the leanest ZeRO/offload pair and the
-    faster context-parallel kind; "may fit" is false only when no pair can fit in device memory."""
+    faster context-parallel kind; "may fit" is false only when no pair can fit in device memory. Memory
+    is judged first (advisor.cost.memory alone): a skeleton none of whose pairs can fit is not priced,
+    its bound left infinite."""
     free = free_hardware(hw)
     n = _count(rows)
     lower = np.full(n, np.inf)
@@ -122,8 +129,7 @@ def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job
     for idx in chunks_by_pp(rows):
         part = _take(rows, idx)
         leanest = _with_lean_memory(part, options, lean[0])
-        e = estimate_batch(model, free, cluster, job, to_batch(model, job, leanest))
-        fits = e.fits.copy()
+        fits = memory(model, job, to_batch(model, job, leanest)).total <= capacity
         for pair in lean[1:]:
             todo = ~fits & (part["dp"] * part["cp"] > 1)
             if todo.any():
@@ -138,7 +144,9 @@ def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job
                 other["zero"] = np.full(int(todo.sum()), z, dtype=np.int64)
                 other["offload"] = np.full(int(todo.sum()), o, dtype=np.int64)
                 fits[todo] = memory(model, job, to_batch(model, job, other)).total <= capacity
-        lower[idx] = cheaper_cp_kind(model, free, cluster, job, leanest, bound_step_s(e), pins)
+        # the time bound only where some pair may fit (the others are dropped for memory)
+        if fits.any():
+            lower[idx[fits]] = bound_estimate(model, free, cluster, job, _take(leanest, fits), pins)[1]
         may_fit[idx] = fits
     return lower, may_fit
 
@@ -160,7 +168,5 @@ def family_bounds(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: 
     reps = _with_lean_memory(_take(rows, fastest), options, leanest_options(options)[0])
     free = free_hardware(hw)
     for idx in chunks_by_pp(reps):
-        part = _take(reps, idx)
-        step = bound_step_s(estimate_batch(model, free, cluster, job, to_batch(model, job, part)))
-        lower[idx] = cheaper_cp_kind(model, free, cluster, job, part, step, pins)
+        lower[idx] = bound_estimate(model, free, cluster, job, _take(reps, idx), pins)[1]
     return starts, lower

@@ -19,6 +19,8 @@ from advisor.specs.model import ModelSpec
 
 # Stage-axis cells (candidates x pipeline stages) per cost-model call: bounds the arrays' memory.
 PRICE_CELLS = 400_000
+# Stage-axis cells of padding a cost-model call may add to take rows of a smaller pp along (chunks_by_pp)
+PAD_CELLS = 20_000
 
 Rows = dict[str, np.ndarray]
 
@@ -157,14 +159,27 @@ def finalist_batch(model: ModelSpec, job: TrainingJob, rows: Rows) -> StrategyBa
     return replace(batch, mesh_order=tuple(MESH_ORDERS[int(i)] for i in rows["mesh"]))
 
 
-def chunks_by_pp(rows: Rows, cells: int = PRICE_CELLS):
-    """Index arrays of rows of one pp value, at most `cells` candidates x stages each."""
+def chunks_by_pp(rows: Rows, cells: int = PRICE_CELLS, padding: int = PAD_CELLS):
+    """Index arrays of rows of neighbouring pp values, at most `cells` candidates x stages each. Rows of
+    smaller pp join a call of larger pp while the stage-axis cells their padding adds stay within
+    `padding` (a cost-model call's fixed cost weighed against the padded cells' work)."""
     pp = rows["pp"]
-    for p in np.flatnonzero(np.bincount(pp)) if len(pp) else ():
-        idx = np.flatnonzero(pp == p)
-        step = max(cells // int(p), 1)
-        for start in range(0, len(idx), step):
-            yield idx[start:start + step]
+    counts = np.bincount(pp) if len(pp) else np.zeros(0, dtype=np.int64)
+    values = np.flatnonzero(counts)
+    groups, members, waste = [], 0, 0
+    for k, p in enumerate(values):
+        extra = waste + members * (int(p) - int(values[k - 1])) if k else 0
+        if k and extra <= padding and (members + counts[p]) * int(p) <= cells:
+            groups[-1].append(p)
+            waste, members = extra, members + int(counts[p])
+        else:
+            groups.append([p])
+            waste, members = 0, int(counts[p])
+    for group in groups:
+        idx = np.flatnonzero(np.isin(pp, group)) if len(group) > 1 else np.flatnonzero(pp == group[0])
+        step = max(cells // int(group[-1]), 1)
+        for first in range(0, len(idx), step):
+            yield idx[first:first + step]
 
 
 def _add(counter: Counter, key: str, value: int) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -76,6 +76,11 @@ class ShardingProblem:
         self._op_cost: dict[tuple[int, Strat], tuple[float, float]] = {}
         self._op_comm: dict[tuple[int, Strat], float] = {}   # the collectives' share of _op_cost's seconds
         self._edge_cost: dict[tuple[int, tuple, tuple], float] = {}
+        # the arrays op_costs and edge_costs return, by their arguments (read-only: the searchers ask for the
+        # same candidate lists again and again), and evaluate's figures by assignment
+        self._op_arrays: dict[tuple[int, tuple], tuple[np.ndarray, np.ndarray]] = {}
+        self._edge_arrays: dict[tuple[int, tuple, tuple], np.ndarray] = {}
+        self._evaluations: dict[tuple, Evaluation] = {}
         self._collective_s: dict[tuple[str, int, float], float] = {}
         self._strategies: dict[int, list[Strat]] = {}
         self._templates: dict[tuple, tuple] = {}
@@ -163,6 +168,10 @@ class ShardingProblem:
     # ---- operator costs --------------------------------------------------------------------------
     def op_costs(self, v: int, strats: list[Strat]) -> tuple[np.ndarray, np.ndarray]:
         """(seconds per step, bytes per device) of operator v under each strategy."""
+        key = (v, tuple(strats))
+        hit = self._op_arrays.get(key)
+        if hit is not None:
+            return hit
         todo = [s for s in dict.fromkeys(strats) if (v, s) not in self._op_cost]
         if todo:
             cost, mem, comm = self._price_ops(v, todo)
@@ -170,7 +179,8 @@ class ShardingProblem:
                 self._op_cost[(v, s)] = (float(c), float(mb))
                 self._op_comm[(v, s)] = float(cm)
         pairs = [self._op_cost[(v, s)] for s in strats]
-        return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+        hit = self._op_arrays[key] = (_frozen(np.array([p[0] for p in pairs])), _frozen(np.array([p[1] for p in pairs])))
+        return hit
 
     def op_communication_s(self, v: int, s: Strat) -> float:
         """The seconds per step of operator v's own collectives under strategy s (part of op_costs')."""
@@ -276,12 +286,23 @@ class ShardingProblem:
         return hit
 
     def edge_costs(self, e: int, src_strats: list[Strat], dst_strats: list[Strat]) -> np.ndarray:
-        pk = [self.producer_key(e, s) for s in src_strats]
-        ck = [self.consumer_key(e, s) for s in dst_strats]
-        return self.edge_key_costs(e, pk, ck)
+        key = (e, tuple(src_strats), tuple(dst_strats))
+        hit = self._edge_arrays.get(key)
+        if hit is None:
+            pk = [self.producer_key(e, s) for s in src_strats]
+            ck = [self.consumer_key(e, s) for s in dst_strats]
+            hit = self._edge_arrays[key] = _frozen(self.edge_key_costs(e, pk, ck))
+        return hit
 
     # ---- whole assignments -----------------------------------------------------------------------
     def evaluate(self, assignment: list[Strat]) -> "Evaluation":
+        key = tuple(assignment)
+        hit = self._evaluations.get(key)
+        if hit is None:
+            hit = self._evaluations[key] = self._evaluate(assignment)
+        return replace(hit, fits=self.fits(hit.memory_bytes))     # the memory limit may have changed since
+
+    def _evaluate(self, assignment: list[Strat]) -> "Evaluation":
         op_s, mem, comm = 0.0, 0.0, 0.0
         per_op, per_op_mem = [], []
         for v, s in enumerate(assignment):
@@ -330,3 +351,7 @@ class Evaluation:
     communication_s: float = 0.0    # the operators' collectives plus the redistribution; the rest is compute
     per_operator_bytes: tuple[float, ...] = ()
 
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a

@@ -90,13 +90,10 @@ def balanced_stage_layers_batch(model: ModelSpec, hw: HardwareProfile, job: Trai
     """(N, max pp) layers per stage for every candidate of a batch, zero-padded (cached per candidate)."""
     width = int(batch.pp.max()) if len(batch) else 1
     out = np.zeros((len(batch), width), dtype=np.int64)
-    strategies = [batch.strategy(i) for i in range(len(batch))]
-    # the stage models of every candidate to partition, priced in one batch (stage_plan then finds them cached)
-    stage_cost_models(model, hw, job, [s for s in (replace(t, stage_layers=None) for t in strategies)
-                                       if _partitioned(model, s) and (model, _hw_key(hw), job, s) not in _CACHE])
-    for i, strategy in enumerate(strategies):
-        layers = balanced_stage_layers(model, hw, job, strategy)
-        out[i, : len(layers)] = layers
+    strategies = [replace(batch.strategy(i), stage_layers=None) for i in range(len(batch))]
+    plans = _cached_plans(model, hw, job, strategies)
+    for i, plan in enumerate(plans):
+        out[i, : len(plan.stage_layers)] = plan.stage_layers
     return out
 
 
@@ -106,13 +103,18 @@ def stage_plan(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strategy
     s = replace(strategy, stage_layers=None,
                 pp=pp if pp is not None else strategy.pp,
                 virtual_pipeline_stages=vpp if vpp is not None else strategy.virtual_pipeline_stages)
-    key = (model, _hw_key(hw), job, s)
-    hit = _CACHE.get(key)
-    if hit is None:
-        if len(_CACHE) >= CACHE_LIMIT:
+    return _cached_plans(model, hw, job, [s])[0]
+
+
+def _cached_plans(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strategies: list[Strategy]) -> list[StagePlan]:
+    """stage_plan of each strategy (stage_layers None), those not cached planned together (_plans)."""
+    keys = [(model, _hw_key(hw), job, s) for s in strategies]
+    missing = list(dict.fromkeys(k for k in keys if k not in _CACHE))
+    if missing:
+        if len(_CACHE) + len(missing) > CACHE_LIMIT:
             _CACHE.clear()
-        hit = _CACHE[key] = _plan(model, hw, job, s)
-    return hit
+        _CACHE.update(zip(missing, _plans(model, hw, job, [k[3] for k in missing])))
+    return [_CACHE[k] for k in keys]
 
 
 def stage_imbalance(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strategy: Strategy,
@@ -204,25 +206,37 @@ def _kinds_per_stage(model: ModelSpec, stage_layers) -> tuple[np.ndarray, np.nda
     return layers - moe, moe
 
 
-def _plan(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, s: Strategy) -> StagePlan:
-    p, v, n_layers = s.pp, s.virtual_pipeline_stages, model.num_layers
-    uniform = even_stage_layers(n_layers, p) if p <= n_layers else tuple([1] * p)
-    if not _partitioned(model, s):
-        return StagePlan(uniform, uniform, 1.0, 1.0, 0.0, 0.0, True)
-    sm = stage_cost_model(model, hw, job, s)
-    balanced = _partition(model, sm, p, v)
-    u_times = sm.stage_times_s(model, uniform)
-    if balanced is None:
-        balanced = uniform
-    b_times = sm.stage_times_s(model, balanced)
-    if u_times.max() <= b_times.max() * (1 + 1e-9) and _fits(model, job, s, uniform, sm.capacity_bytes):
-        balanced, b_times = uniform, u_times
-    return StagePlan(
-        stage_layers=tuple(int(x) for x in balanced), uniform_layers=uniform,
-        balanced_imbalance=float(b_times.max() / b_times.mean()), uniform_imbalance=float(u_times.max() / u_times.mean()),
-        balanced_slowest_s=float(b_times.max()), uniform_slowest_s=float(u_times.max()),
-        fits=_fits(model, job, s, balanced, sm.capacity_bytes),
-    )
+def _plans(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strategies: list[Strategy]) -> list[StagePlan]:
+    """Each strategy's balanced and uniform partitions: their stage models priced together
+    (stage_cost_models), then every partition's memory checked in one cost-model call."""
+    stage_cost_models(model, hw, job, [s for s in strategies if _partitioned(model, s)])
+    drafts = []
+    for s in strategies:
+        p, v, n_layers = s.pp, s.virtual_pipeline_stages, model.num_layers
+        uniform = even_stage_layers(n_layers, p) if p <= n_layers else tuple([1] * p)
+        if not _partitioned(model, s):
+            drafts.append((s, uniform, None, None, None))
+            continue
+        sm = stage_cost_model(model, hw, job, s)
+        balanced = _partition(model, sm, p, v)
+        drafts.append((s, uniform, uniform if balanced is None else balanced, sm.stage_times_s(model, uniform), sm))
+    checked = [(s, layers) for s, uniform, balanced, _, sm in drafts if sm is not None for layers in (uniform, balanced)]
+    fits = iter(_fits_all(model, job, checked, job.usable_memory_gib(hw.device.memory_gib) * 2.0 ** 30))
+    plans = []
+    for s, uniform, balanced, u_times, sm in drafts:
+        if sm is None:
+            plans.append(StagePlan(uniform, uniform, 1.0, 1.0, 0.0, 0.0, True))
+            continue
+        uniform_fits, balanced_fits = next(fits), next(fits)
+        b_times = sm.stage_times_s(model, balanced)
+        if u_times.max() <= b_times.max() * (1 + 1e-9) and uniform_fits:
+            balanced, b_times, balanced_fits = uniform, u_times, uniform_fits
+        plans.append(StagePlan(
+            stage_layers=tuple(int(x) for x in balanced), uniform_layers=uniform,
+            balanced_imbalance=float(b_times.max() / b_times.mean()), uniform_imbalance=float(u_times.max() / u_times.mean()),
+            balanced_slowest_s=float(b_times.max()), uniform_slowest_s=float(u_times.max()), fits=balanced_fits,
+        ))
+    return plans
 
 
 def _partitioned(model: ModelSpec, s: Strategy) -> bool:
@@ -231,10 +245,14 @@ def _partitioned(model: ModelSpec, s: Strategy) -> bool:
     return s.pp > 1 and model.num_layers % v == 0 and model.num_layers // v >= s.pp
 
 
-def _fits(model: ModelSpec, job: TrainingJob, s: Strategy, layers, capacity_bytes: float) -> bool:
-    """The cost model's own memory check of a partition (the allocator allowance is inside memory())."""
-    batch = StrategyBatch.from_strategies([replace(s, stage_layers=tuple(int(x) for x in layers))], model.num_layers)
-    return bool(memory(model, job, batch).total[0] <= capacity_bytes)
+def _fits_all(model: ModelSpec, job: TrainingJob, partitions: list[tuple[Strategy, tuple]], capacity_bytes: float) -> list[bool]:
+    """The cost model's own memory check of each (strategy, stage layers) in one call (the allocator
+    allowance is inside memory())."""
+    if not partitions:
+        return []
+    batch = StrategyBatch.from_strategies([replace(s, stage_layers=tuple(int(x) for x in layers)) for s, layers in partitions],
+                                          model.num_layers)
+    return [bool(x) for x in memory(model, job, batch).total <= capacity_bytes]
 
 
 def _partition(model: ModelSpec, sm: StageModel, p: int, v: int) -> tuple[int, ...] | None:

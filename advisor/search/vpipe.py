@@ -61,31 +61,39 @@ def memory_aware_strategy(model: ModelSpec, hw: HardwareProfile, job: TrainingJo
     policy = job.framework_record.recompute_layer_counts
     if not _partitionable(model, job, strategy):
         return None
+    stages, layers, capacity = _stage_spans(model, hw, job, strategy)
+    if policy == "per_stage":
+        best = _partition(stages, layers, p, model.num_layers // v, v, None)
+    else:   # one count for every stage: the best of each multiple of v (the first, on ties)
+        counts = np.arange(0, model.num_layers // p + v, v, dtype=float)
+        bottlenecks = _count_bottlenecks(stages, layers, model.num_layers // v, counts)
+        finite = np.flatnonzero(np.isfinite(bottlenecks))
+        best = None if len(finite) == 0 else \
+            _partition(stages, layers, p, model.num_layers // v, v, float(counts[finite[np.argmin(bottlenecks[finite])]]))
+    if best is None:
+        return None
+    _, stage_layers, counts = best
+    return _fit(model, job, replace(strategy, recompute="full", stage_layers=stage_layers), counts, capacity,
+                per_stage=policy == "per_stage", step=v)
+
+
+def _stage_spans(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strategy: Strategy):
+    """(per stage: (time keeping every layer, time recomputing all, layers to recompute for memory, fits
+    at all), each over unit spans [a, b); layers per span; device capacity) from the strategy's stage
+    models without and with full recomputation."""
     keep, replay = stage_cost_models(model, hw, job, _probed(strategy))
-    dense, moe, span = _span_counts(model, v)
+    dense, moe, span = _span_counts(model, strategy.virtual_pipeline_stages)
     layers = np.maximum(dense + moe, 1.0)
     capacity = keep.capacity_bytes
     stages = []
-    for i in range(p):
+    for i in range(strategy.pp):
         t0 = keep.time_fixed_s[i] + dense * keep.time_dense_s + moe * keep.time_moe_s
         t1 = replay.time_fixed_s[i] + dense * replay.time_dense_s + moe * replay.time_moe_s
         m0 = keep.memory_fixed_bytes[i] + dense * keep.memory_dense_bytes[i] + moe * keep.memory_moe_bytes[i]
         m1 = replay.memory_fixed_bytes[i] + dense * replay.memory_dense_bytes[i] + moe * replay.memory_moe_bytes[i]
         need = np.clip(np.ceil(layers * (m0 - capacity) / np.maximum(m0 - m1, 1.0) - 1e-9), 0.0, layers)
         stages.append((t0, t1, need, span & (m1 <= capacity)))
-    if policy == "per_stage":
-        best = _partition(stages, layers, p, model.num_layers // v, v, None)
-    else:   # one count for every stage: the best of each multiple of v
-        best = None
-        for count in range(0, model.num_layers // p + v, v):
-            found = _partition(stages, layers, p, model.num_layers // v, v, float(count))
-            if found is not None and (best is None or found[0] < best[0]):
-                best = found
-    if best is None:
-        return None
-    _, stage_layers, counts = best
-    return _fit(model, job, replace(strategy, recompute="full", stage_layers=stage_layers), counts, capacity,
-                per_stage=policy == "per_stage", step=v)
+    return stages, layers, capacity
 
 
 def _partitionable(model: ModelSpec, job: TrainingJob, strategy: Strategy) -> bool:
@@ -116,6 +124,20 @@ def _partition(stages, layers, p: int, units: int, v: int, count: float | None):
     cuts = _min_sum([np.where(a, t * t, np.inf) for t, a in zip(times, allowed)], p, units)
     spans = list(zip(cuts, cuts[1:]))
     return (bottleneck, tuple(int((b - a) * v) for a, b in spans), [int(needs[i][a, b]) for i, (a, b) in enumerate(spans)])
+
+
+def _count_bottlenecks(stages, layers, units: int, counts: np.ndarray) -> np.ndarray:
+    """The min-max partition's slowest stage (_partition's first figure; inf where none fits) for each
+    recomputation count every stage takes, all counts at once."""
+    count = counts[:, None, None]
+    best = np.full((len(counts), units + 1), np.inf)
+    best[:, 0] = 0.0
+    for t0, t1, need, ok in stages:
+        r = np.minimum(count, layers)
+        fits = ok & (r >= need)
+        times = np.where(fits, t0 + r / layers * (t1 - t0), np.inf)
+        best = np.where(fits, np.maximum(best[:, :, None], times), np.inf).min(axis=1)
+    return best[:, units]
 
 
 def _fit(model: ModelSpec, job: TrainingJob, s: Strategy, counts: list[int], capacity: float, per_stage: bool,
