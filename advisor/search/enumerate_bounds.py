@@ -13,7 +13,7 @@ import numpy as np
 
 from advisor.cost.estimate import EstimateBatch, estimate_batch
 from advisor.cost.memory import GIB, memory
-from advisor.search.enumerate_rows import Rows, _concat, _count, _take, chunks_by_pp, to_batch
+from advisor.search.enumerate_rows import HOST_EMBEDDING, Rows, _concat, _count, _take, chunks_by_pp, to_batch
 from advisor.search import Pins
 from advisor.search.enumerate_space import _lone_options, cp_comm_options
 from advisor.specs.hardware import HardwareProfile
@@ -93,8 +93,21 @@ def _with_lean_memory(rows: Rows, options: list[tuple[int, int]], pair: tuple[in
     return {**rows, "zero": np.where(solo, lone[0], pair[0]), "offload": np.where(solo, lone[1], pair[1])}
 
 
+# the step's parts that depend on a candidate's ZeRO stage and offload choice (advisor.cost.step.TIME_PARTS):
+# everything else (stage compute and communication, bubble, pipeline transfers, FP8 casts) is the same for
+# every pair of a skeleton, except where the word embedding goes to the host (its lookups move)
+PAIR_PARTS = ("dp_comm", "overlap_slowdown", "optimizer", "offload", "contention")
+
+
+def bound_step_s_without_pairs(e) -> np.ndarray:
+    """A bound's step time without the parts any ZeRO/offload pair changes (PAIR_PARTS): on the
+    pair bound's profile (fastest_link_hardware), a lower limit for every pair of the skeleton whose word
+    embedding stays on the device (its input copies are free there, so nothing else depends on the step)."""
+    return e.step_time_s - sum(e.time_s[part] for part in PAIR_PARTS)
+
+
 def bound_estimate(model: ModelSpec, bound_hw: HardwareProfile, cluster: Cluster, job: TrainingJob, rows: Rows,
-                   pins: Pins) -> tuple[EstimateBatch, np.ndarray]:
+                   pins: Pins, step_of=bound_step_s) -> tuple[EstimateBatch, np.ndarray]:
     """The rows priced on a bound's profile in one cost-model call, with a bound's step time over both
     context-parallel kinds: rows that can use Ulysses (under the pins) are priced with it too and keep
     the faster (a ring runs its attention as s/cp-long kernels, advisor.cost.attention). The estimate
@@ -107,7 +120,7 @@ def bound_estimate(model: ModelSpec, bound_hw: HardwareProfile, cluster: Cluster
         ring = rows if "cp_comm" in rows else {**rows, "cp_comm": np.zeros(n, dtype=np.int64)}
         both = _concat([ring, ulysses], ring)
     e = estimate_batch(model, bound_hw, cluster, job, to_batch(model, job, both))
-    priced = bound_step_s(e)
+    priced = step_of(e)
     step = priced[:n].copy()
     step[a2a] = np.minimum(step[a2a], priced[n:])
     return e, step
@@ -121,6 +134,10 @@ def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job
     is judged first (advisor.cost.memory alone): a skeleton none of whose pairs can fit is not priced,
     its bound left infinite."""
     free = free_hardware(hw)
+    fast = fastest_link_hardware(hw, cluster.devices, model.moe is not None)
+    # without a host embedding among the pairs: priced on the fastest links without the pairs' parts
+    # (bound_step_s_without_pairs), else on free links with the leanest pair
+    hosted = any(o >= HOST_EMBEDDING for _, o in options)
     n = _count(rows)
     lower = np.full(n, np.inf)
     may_fit = np.zeros(n, dtype=bool)
@@ -146,7 +163,12 @@ def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job
                 fits[todo] = memory(model, job, to_batch(model, job, other)).total <= capacity
         # the time bound only where some pair may fit (the others are dropped for memory)
         if fits.any():
-            lower[idx[fits]] = bound_estimate(model, free, cluster, job, _take(leanest, fits), pins)[1]
+            if hosted:
+                lower[idx[fits]] = bound_estimate(model, free, cluster, job, _take(leanest, fits), pins)[1]
+            else:
+                timed = {**_take(part, fits), "zero": np.zeros(int(fits.sum()), dtype=np.int64),
+                         "offload": np.zeros(int(fits.sum()), dtype=np.int64)}
+                lower[idx[fits]] = bound_estimate(model, fast, cluster, job, timed, pins, bound_step_s_without_pairs)[1]
         may_fit[idx] = fits
     return lower, may_fit
 
