@@ -21,6 +21,16 @@ Figures per case (best and median of --repeat runs):
                                                          # devices, and the same model on mixed clusters
     python benchmarks/search_speed.py --recommend        # the issue's commands end to end: `advisor recommend` as a
                                                          # fresh process (imports, search, refinement, rendering)
+    python benchmarks/search_speed.py --profile          # where each case's search spends its time: cost-model
+                                                         # calls, rows and seconds per level of the bounds
+
+Where the time goes (--profile, this machine, 1T on 4,096 A100): the search is cost-model calls
+(advisor.cost.step.estimate_batch) and little else; each call has a fixed cost of about 3.5 ms (some
+thousands of small numpy operations: collectives per tier, placements, the memory parts) and about 0.3 us
+per candidate and pipeline stage beyond it. Rows of nearby pipeline depths share a call (chunks_by_pp's
+padding allowance), the Ulysses copies a bound needs ride in the same call, and the bounds decide most
+candidates: families, then skeletons (memory alone first, then time on the fastest links without the
+ZeRO/offload parts), then ZeRO/offload pairs, before any mesh order is priced exactly.
 
 --scale runs each size in a process of its own (so that its peak memory is its own): `advisor recommend` of
 SCALE_MODEL on dgx-h100 at 1,024 to 98,304 devices (the command line's default batch, whose data-parallel
@@ -75,11 +85,14 @@ def main() -> None:
     parser.add_argument("--scale", action="store_true", help="the search at 1k-100k devices and on mixed clusters")
     parser.add_argument("--timeout", type=float, default=600.0, help="--scale: seconds allowed per case")
     parser.add_argument("--recommend", action="store_true", help="whole `advisor recommend` processes, median of --repeat")
+    parser.add_argument("--profile", action="store_true", help="cost-model calls, rows and seconds per level of the search")
     args = parser.parse_args()
     if args.scale:
         return scale_table(args.timeout)
     if args.recommend:
         return recommend_table(args.repeat)
+    if args.profile:
+        return profile_table()
     search(*_warm_up())   # imports and first-call costs out of the figures
     if args.all_candidates:
         return all_candidates_table()
@@ -92,6 +105,54 @@ def main() -> None:
               f"{r['priced'] / r['wall_best']:>9,.0f} {r['priced'] / r['wall_best'] / CALCULON_PER_S:>10,.0f}")
         print(f"{'  ' + r['job']:<38}")
     print(f"\nCalculon reference: {CALCULON_PER_S:,.0f} configurations per second (8,112 in 35.6 s).")
+
+
+# the search's levels, by the function that asks the cost model (advisor.search.enumerate, enumerate_bounds)
+LEVELS = {"family_bounds": "family bounds", "bound_skeletons": "skeleton bounds", "_bound_some": "pair bounds",
+          "priced": "exact (mesh orders)"}
+
+
+def profile_table() -> None:
+    """Per case: the search's seconds, then per level the cost-model calls, the rows they priced (Ulysses
+    copies of the bounds included) and their seconds (time.process_time around each call)."""
+    import inspect
+
+    import advisor.search.enumerate as enumerate_module
+    import advisor.search.enumerate_bounds as bounds_module
+
+    calls: list[tuple[str, int, float]] = []
+    originals = {m: m.estimate_batch for m in (enumerate_module, bounds_module)}
+
+    def counted(original):
+        def estimate_batch(model, hw, cluster, job, batch):
+            start = time.process_time()
+            out = original(model, hw, cluster, job, batch)
+            names = [f.function for f in inspect.stack(0)[1:4]]
+            level = next((LEVELS[n] for n in names if n in LEVELS), "other")
+            calls.append((level, len(batch), time.process_time() - start))
+            return out
+        return estimate_batch
+
+    print(f"{'case / level':<38} {'calls':>6} {'rows':>9} {'cpu s':>7}")
+    for label, model, hardware, devices in CASES:
+        i = resolve_inputs(model, hardware, devices=devices)
+        search(i.model, i.hardware, i.cluster, i.job, Pins(), top_k=5)       # caches warm
+        calls.clear()
+        for m in originals:
+            m.estimate_batch = counted(originals[m])
+        try:
+            start = time.process_time()
+            search(i.model, i.hardware, i.cluster, i.job, Pins(), top_k=5)
+            total = time.process_time() - start
+        finally:
+            for m, original in originals.items():
+                m.estimate_batch = original
+        print(f"{label:<38} {len(calls):>6} {sum(c[1] for c in calls):>9,} {total:>7.2f}")
+        for level in [*LEVELS.values(), "other"]:
+            mine = [c for c in calls if c[0] == level]
+            if mine:
+                print(f"{'  ' + level:<38} {len(mine):>6} {sum(c[1] for c in mine):>9,} {sum(c[2] for c in mine):>7.2f}")
+        print(f"{'  outside the cost model':<38} {'':>6} {'':>9} {total - sum(c[2] for c in calls):>7.2f}")
 
 
 def all_candidates_table() -> None:

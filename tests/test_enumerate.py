@@ -282,6 +282,17 @@ def test_bounds_never_exceed_the_real_step_time(case):
         assert not (e.fits & ~may_fit[part["row"]]).any()
 
 
+def test_unique_layout_rows_match_numpy_unique():
+    """_unique_rows (one mixed-radix integer per row) gives np.unique(axis=0)'s rows, order and inverse,
+    including the empty table and columns too wide to pack (numpy's own path)."""
+    rng = np.random.default_rng(3)
+    for n, high in ((0, 4), (1, 4), (500, 3), (2000, 9), (50, 2 ** 40)):
+        cols = rng.integers(0, high, size=(n, 6), dtype=np.int64)
+        keys, inverse = en._unique_rows(cols)
+        want, want_inverse = np.unique(cols, axis=0, return_inverse=True)
+        assert np.array_equal(keys, want) and np.array_equal(inverse, np.asarray(want_inverse).reshape(-1))
+
+
 def test_price_chunks_cover_every_row_once_within_the_cell_budget():
     """chunks_by_pp: every row in exactly one chunk; a chunk's rows times its largest pp within the cell
     budget (one row alone may exceed it); rows of another pp join a chunk only while their padding stays

@@ -35,6 +35,7 @@ pp-1 -> 0 for interleaved schedules; the cp ring) get the slowest tier any pair 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -93,8 +94,38 @@ class GroupPlacement:
 
 
 # ---- layout ---------------------------------------------------------------------------------------
+# One batch's layout and box tests, kept while the cost model prices that batch (every group kind and
+# neighbour tier of one estimate reads them): [the batch (weak), {key: value}]
+_PER_BATCH: list = [None, {}]
+
+
+def _per_batch(b: StrategyBatch, key, make):
+    """make() for batch b, computed once while b is the batch being priced (the batch is immutable)."""
+    if _PER_BATCH[0] is None or _PER_BATCH[0]() is not b:
+        _PER_BATCH[0], _PER_BATCH[1] = weakref.ref(b), {}
+    cache = _PER_BATCH[1]
+    if key not in cache:
+        value = make()
+        for a in value if isinstance(value, tuple) else (value,):
+            a.setflags(write=False)        # shared by every reader of this batch
+        cache[key] = value
+    return cache[key]
+
+
 def _layout(b: StrategyBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(degrees (N, 4), strides (N, 4), devices (N,)), columns in MESH_DIMS order."""
+    return _per_batch(b, "layout", lambda: _make_layout(b))
+
+
+def _whole_box(b: StrategyBatch, per_node: int, per_group: int) -> np.ndarray:
+    """Whether every node and every fast group is a box of the whole mesh's radix (degrees and strides)."""
+    def make():
+        deg, stride, devices = _layout(b)
+        return _is_box(deg, stride, devices, per_node) & _is_box(deg, stride, devices, per_group)
+    return _per_batch(b, ("box", per_node, per_group), make)
+
+
+def _make_layout(b: StrategyBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     deg = np.stack([np.asarray(getattr(b, d), dtype=np.int64) for d in MESH_DIMS], axis=1)
     stride = np.stack([np.asarray(getattr(b, f"{d}_stride"), dtype=np.int64) for d in MESH_DIMS], axis=1)
     return deg, np.maximum(stride, 1), deg.prod(axis=1)
@@ -257,7 +288,10 @@ def group_placement(hw: HardwareProfile, b: StrategyBatch, kind: str) -> GroupPl
     fold = np.asarray(b.fold_experts, dtype=bool)
     fn, fs, exact, rn, rs = _factors(deg, stride, ep, kind, fold)
     n = fn.prod(axis=1)
-    aligned = exact & _is_box(rn, rs, devices, per_node) & _is_box(rn, rs, devices, per_group)
+    # the mesh's own kinds test the whole radix (_factors returns the degrees and strides themselves)
+    whole = kind not in ("ep", "edp")
+    aligned = exact & (_whole_box(b, per_node, per_group) if whole else
+                       _is_box(rn, rs, devices, per_node) & _is_box(rn, rs, devices, per_group))
     nodes, groups = n // _in_block(fn, fs, per_node), n // _in_block(fn, fs, per_group)
     bad = np.flatnonzero(~aligned)
     if bad.size:
@@ -292,7 +326,7 @@ def _neighbour_tier(hw: HardwareProfile, b: StrategyBatch, dim: str, wrap) -> np
     # In box layouts some pair crosses a block boundary exactly when the dim does not fit in a block.
     tier = np.where(n <= 1, TIER_FAST_GROUP,
                     np.where(per_node < span, TIER_ACROSS_NODES, np.where(per_group < span, TIER_NODE, TIER_FAST_GROUP)))
-    aligned = _is_box(deg, stride, devices, per_node) & _is_box(deg, stride, devices, per_group)
+    aligned = _whole_box(b, per_node, per_group)
     bad = np.flatnonzero(~aligned & (n > 1))
     if bad.size:
         tier = tier.copy()

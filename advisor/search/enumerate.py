@@ -170,6 +170,20 @@ def top_distinct(values: np.ndarray, k: int) -> np.ndarray:
     return ordered[fresh][:k]
 
 
+def _unique_rows(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(cols, axis=0, return_inverse=True) for non-negative integer columns, through one
+    mixed-radix integer per row where it fits in 62 bits (sorting one column, not rows of several)."""
+    radix = cols.max(axis=0).astype(np.int64) + 1 if len(cols) else np.ones(cols.shape[1], dtype=np.int64)
+    if len(cols) == 0 or (cols < 0).any() or float(np.prod(radix.astype(float))) >= 2.0 ** 62:
+        keys, inverse = np.unique(cols, axis=0, return_inverse=True)
+        return keys, np.asarray(inverse).reshape(-1)
+    code = np.zeros(len(cols), dtype=np.int64)
+    for k in range(cols.shape[1]):
+        code = code * radix[k] + cols[:, k]
+    uniq, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    return cols[first], np.asarray(inverse).reshape(-1)
+
+
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Concatenated np.arange(start, end) for each pair."""
     lengths = ends - starts
@@ -281,8 +295,7 @@ class _Scoring:
             return
         n = len(tps)
         cols = np.stack([rows[k] if k in rows else np.full(n, LAYOUT_DEFAULTS[k]) for k in LAYOUT_COLUMNS], axis=1)
-        keys, inverse = np.unique(cols, axis=0, return_inverse=True)
-        inverse = np.asarray(inverse).reshape(-1)
+        keys, inverse = _unique_rows(cols)
         best = np.full(len(keys), -np.inf)
         np.maximum.at(best, inverse, tps)
         for key, value in zip(map(tuple, keys.tolist()), best):
