@@ -270,6 +270,21 @@ def test_validate_args_rules(exported):
             assert a.group_query_attention and a.num_query_groups == m.num_kv_heads
 
 
+def test_activation_swap_is_reported_with_megatrons_own_reason():
+    """Swapped layers (priced as Megatron-Core's cpu_offloading at pp 1 in the calibration runs): the target
+    releases' command line cannot ask for them, so the export says why, from the framework record, and does not
+    write a flag Megatron-LM 0.13-0.15 would refuse."""
+    from dataclasses import replace
+
+    plan = plans()["llama8b_cuda_graphs_attn"]
+    swapped = replace(plan, strategy=replace(plan.strategy, pp=1, stage_layers=None, recompute="none",
+                                             recompute_layers=None, swap_layers=(8,)))
+    result = export_plan(swapped, "megatron")
+    reason = [u for u in result.unsupported if u.startswith("parallel.swap_layers = [8]")]
+    assert len(reason) == 1 and "core_v0.16.0" in reason[0] and "will not fit as priced" in reason[0]
+    assert "cpu-offloading" not in " ".join(megatron_launch(swapped).args())
+
+
 def test_cuda_graphs_map_to_transformer_engine_graphs():
     from dataclasses import replace
 

@@ -125,9 +125,9 @@ def export_plan(plan: Plan, target: str, target_version: str | None = None, laun
     if plan.strategy.swap_layers is not None and not FRAMEWORKS[framework].activation_swap:
         result = replace(result, unsupported=result.unsupported + (
             f"parallel.swap_layers = {list(plan.strategy.swap_layers)}: {FRAMEWORKS[framework].title} has no per-layer "
-            "activation swap "
-            "under pipeline parallelism (Megatron-Core refuses cpu_offloading with pp > 1); exported without it, so "
-            "the activations will not fit as priced",))
+            "activation swap" + (f" ({FRAMEWORKS[framework].activation_swap_absent})"
+                                 if FRAMEWORKS[framework].activation_swap_absent else "")
+            + "; exported without it, so the activations will not fit as priced",))
     written = target == "mindspore" and isinstance(plan.operator_strategies, dict) and "strategies" in plan.operator_strategies
     if plan.operator_strategies and not written:   # mindspore writes them (advisor/export/mindspore_strategy.py)
         searcher = (plan.search or {}).get("searcher", "an operator-level")

@@ -239,6 +239,9 @@ class Framework:
     sliding_window: bool = True
     """Sliding-window attention runs (Megatron-LM --window-size / --window-attn-skip-freq from Megatron-Core 0.15
     on: megatron/training/arguments.py at core_v0.15.0; absent at core_v0.13.0 and core_v0.14.0)."""
+    activation_swap_absent: str = ""
+    """Why it has no per-layer activation swap, where a user may expect one (the export's sentence when a plan
+    carries swapped layers)."""
 
     # ---- releases -----------------------------------------------------------------------------
     releases: tuple[str, ...] = ()
@@ -271,6 +274,12 @@ MEGATRON = Framework(
     recompute_modules=True, cuda_graphs=True, unfused_optimizer=False, parameter_offload=False,
     offload_fraction_zero_stages=(0, 1, 2, 3), host_embedding=False, full_batch=False, multi_copy=False,
     activation_swap=False,
+    # TransformerConfig.__post_init__ refuses cpu_offloading with pp > 1 (core_v0.13-0.15), and without pipelining
+    # Megatron-LM's command line has no flag for it before core_v0.16.0 (--cpu-offloading-num-layers,
+    # megatron/training/arguments.py, commit 310671436c): Megatron-Bridge's recipes set it in Python
+    activation_swap_absent=("Megatron-Core refuses cpu_offloading under pipeline parallelism, and without it "
+                            "Megatron-LM 0.13-0.15 has no command-line flag for it (--cpu-offloading-num-layers "
+                            "arrives in core_v0.16.0)"),
     zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1), optimizer_offload=True,
     schedules=("1f1b", "interleaved-1f1b"), uneven_stages=True, uneven_chunks=True, cp_kinds=("p2p", "a2a"),
     cp_unfused_attention=(), cp_under_pipeline=True,
