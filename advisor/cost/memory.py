@@ -43,6 +43,7 @@ import numpy as np
 from advisor.cost import dataset, fp8, fusion, swap
 from advisor.cost.activations import end_stage_activations, layer_activation_terms, logits_gradient_bytes
 from advisor.cost.recompute import kept_bytes
+from advisor.cost.per_batch import per_batch
 from advisor.space.strategy import GPIPE, INTERLEAVED, RECOMPUTE_NONE, StrategyBatch
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
@@ -65,6 +66,10 @@ def col(x):
 
 def stage_layer_counts(model: ModelSpec, b: StrategyBatch):
     """(dense, moe) layer counts per stage, (N, P) arrays; layer j is MoE when (j+1) % freq == 0."""
+    return per_batch(b, "stage_layer_counts", lambda: _stage_layer_counts(model, b), of=model)
+
+
+def _stage_layer_counts(model: ModelSpec, b: StrategyBatch):
     layers = b.stage_layers.astype(np.int64)
     if model.moe is None:
         return layers, np.zeros_like(layers)
@@ -75,6 +80,10 @@ def stage_layer_counts(model: ModelSpec, b: StrategyBatch):
 
 def stage_masks(b: StrategyBatch):
     """(active, first, last) boolean (N, P) masks over the padded stage axis."""
+    return per_batch(b, "stage_masks", lambda: _stage_masks(b))
+
+
+def _stage_masks(b: StrategyBatch):
     cols = np.arange(b.stage_layers.shape[1])[None, :]
     pp = b.pp[:, None]
     return cols < pp, cols == 0, cols == pp - 1
@@ -82,6 +91,10 @@ def stage_masks(b: StrategyBatch):
 
 def in_flight(b: StrategyBatch):
     """Micro-batches' worth of activations held at the peak on each stage, (N, P) float array."""
+    return per_batch(b, "in_flight", lambda: _in_flight(b))
+
+
+def _in_flight(b: StrategyBatch):
     cols = np.arange(b.stage_layers.shape[1])[None, :].astype(float)
     p = b.pp[:, None].astype(float)
     m = b.num_micro_batches[:, None].astype(float)
@@ -96,6 +109,10 @@ def in_flight(b: StrategyBatch):
 
 def stage_params(model: ModelSpec, b: StrategyBatch):
     """(dense, expert) parameters held by one device of each stage, (N, P) float arrays."""
+    return per_batch(b, "stage_params", lambda: _stage_params(model, b), of=model)
+
+
+def _stage_params(model: ModelSpec, b: StrategyBatch):
     t = b.tp[:, None].astype(float)
     ep = b.ep[:, None].astype(float)
     dense_layers, moe_layers = stage_layer_counts(model, b)
@@ -201,9 +218,12 @@ def _layer_activations(model: ModelSpec, job: TrainingJob, b: StrategyBatch, den
     bound that does not depend on where the recomputed block falls."""
     gated = model.ffn_activation == "swiglu"
     dense_terms = layer_activation_terms(model, job, b, moe_layer=False)
-    moe_terms = layer_activation_terms(model, job, b, moe_layer=True)
     d_keep = col(kept_bytes(dense_terms, b.recompute, job, gated))
-    m_keep = col(kept_bytes(moe_terms, b.recompute, job, gated, moe_layer=model.moe is not None))
+    if model.moe is None:     # no MoE layer on any stage (moe_n is 0): the MoE terms are never read
+        moe_terms, m_keep = dense_terms, d_keep
+    else:
+        moe_terms = layer_activation_terms(model, job, b, moe_layer=True)
+        m_keep = col(kept_bytes(moe_terms, b.recompute, job, gated, moe_layer=True))
     d_full = col(dense_terms.no_recompute)
     m_full = col(moe_terms.no_recompute)
     n_layers = dense_n + moe_n
@@ -238,8 +258,11 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     z = b.zero_stage[:, None]
     wb, gb, ob = state_bytes_per_param(job)
 
+    dense_shard, expert_shard = dense / dp_group, expert / ep_group
+
     def sharded(bytes_per, from_stage):
-        return bytes_per * (np.where(z >= from_stage, dense / dp_group, dense) + np.where(z >= from_stage, expert / ep_group, expert))
+        on = z >= from_stage
+        return bytes_per * (np.where(on, dense_shard, dense) + np.where(on, expert_shard, expert))
 
     params = sharded(wb, 3)
     grads = sharded(gb, 2)
@@ -266,16 +289,17 @@ def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays
     layer_local = largest_local_layer(model, b)
     # FP8: the cached FP8 weights of the linear layers one device holds (under ZeRO-3 only the
     # gathered units': they are cast as they are gathered)
-    dense_linear, expert_linear = linear_params(model, b)
+    copy_bytes = fp8.weight_copy_bytes_per_param(job)
+    fp8_weights = job.fp8_param_gather or copy_bytes > 0.0
+    dense_linear, expert_linear = linear_params(model, b) if fp8_weights else (0.0, 0.0)
     linear = dense_linear + expert_linear
     if job.fp8_param_gather:
         # FP8 primary weights: the linear layers' weights take 1 byte instead of wb, and only the
         # transposed (column-wise) FP8 copy is cached beside them
         params = params - (wb - 1.0) * np.where(z >= 3, dense_linear / dp_group + expert_linear / ep_group, linear)
         copy_bytes = fp8.WEIGHT_COPY_BYTES[job.recipe] - 1.0
-    else:
-        copy_bytes = fp8.weight_copy_bytes_per_param(job)
-    fp8_copies = copy_bytes * np.where(z >= 3, np.minimum(2.0 * linear / np.maximum(n_layers, 1), linear), linear)
+    fp8_copies = (copy_bytes * np.where(z >= 3, np.minimum(2.0 * linear / np.maximum(n_layers, 1), linear), linear)
+                  if fp8_weights else 0.0)
     # ZeRO-2/3 hold the gradients of the unit being reduced unsharded, in the reduction dtype: at most
     # the gradients that sharding saves (a unit is never more than the whole stage)
     unit_grads = np.minimum(layer_local * job.grad_reduce_bytes, gb * (dense + expert) - grads)

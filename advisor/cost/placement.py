@@ -35,12 +35,12 @@ pp-1 -> 0 for interleaved schedules; the cp ring) get the slowest tier any pair 
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
+from advisor.cost.per_batch import per_batch
 from advisor.space.strategy import MESH_DIMS, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 
@@ -94,27 +94,9 @@ class GroupPlacement:
 
 
 # ---- layout ---------------------------------------------------------------------------------------
-# One batch's layout and box tests, kept while the cost model prices that batch (every group kind and
-# neighbour tier of one estimate reads them): [the batch (weak), {key: value}]
-_PER_BATCH: list = [None, {}]
-
-
-def _per_batch(b: StrategyBatch, key, make):
-    """make() for batch b, computed once while b is the batch being priced (the batch is immutable)."""
-    if _PER_BATCH[0] is None or _PER_BATCH[0]() is not b:
-        _PER_BATCH[0], _PER_BATCH[1] = weakref.ref(b), {}
-    cache = _PER_BATCH[1]
-    if key not in cache:
-        value = make()
-        for a in value if isinstance(value, tuple) else (value,):
-            a.setflags(write=False)        # shared by every reader of this batch
-        cache[key] = value
-    return cache[key]
-
-
 def _layout(b: StrategyBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(degrees (N, 4), strides (N, 4), devices (N,)), columns in MESH_DIMS order."""
-    return _per_batch(b, "layout", lambda: _make_layout(b))
+    return per_batch(b, "layout", lambda: _make_layout(b))
 
 
 def _whole_box(b: StrategyBatch, per_node: int, per_group: int) -> np.ndarray:
@@ -122,7 +104,7 @@ def _whole_box(b: StrategyBatch, per_node: int, per_group: int) -> np.ndarray:
     def make():
         deg, stride, devices = _layout(b)
         return _is_box(deg, stride, devices, per_node) & _is_box(deg, stride, devices, per_group)
-    return _per_batch(b, ("box", per_node, per_group), make)
+    return per_batch(b, ("box", per_node, per_group), make)
 
 
 def _make_layout(b: StrategyBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

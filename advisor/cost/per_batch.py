@@ -1,0 +1,36 @@
+"""Figures derived from one StrategyBatch, computed once while the cost model prices that batch.
+
+Every part of an estimate (memory, stage times, placements, the data-parallel and pipeline terms) reads
+the same derived arrays of the batch (its mesh layout, stage masks, per-stage parameters); the batch is
+immutable, so they are kept for the batch being priced (one at a time, held weakly) and handed out
+read-only.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Callable, TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+
+# [the batch (weak reference), {key: value}]
+_CURRENT: list = [None, {}]
+
+
+def per_batch(b, key, make: Callable[[], T], of: object = None) -> T:
+    """make() for batch b, computed once while b is the batch being priced; arrays in the value are
+    made read-only (they are shared by every reader). ``of``: an object the value also depends on (a model),
+    told apart by identity and kept alive with the entry, so that its identity is not reused meanwhile."""
+    if _CURRENT[0] is None or _CURRENT[0]() is not b:
+        _CURRENT[0], _CURRENT[1] = weakref.ref(b), {}
+    cache = _CURRENT[1]
+    full = (key, id(of))
+    if full not in cache:
+        value = make()
+        for a in value if isinstance(value, tuple) else (value,):
+            if isinstance(a, np.ndarray):
+                a.setflags(write=False)
+        cache[full] = (value, of)
+    return cache[full][0]
