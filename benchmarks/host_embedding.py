@@ -17,9 +17,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from advisor.cost.estimate import estimate  # noqa: E402
+from advisor.cost.estimate import estimate, estimate_batch  # noqa: E402
 from advisor.cost.host_embedding import host_embedding  # noqa: E402
 from advisor.cost.placement import placements  # noqa: E402
 from advisor.commands.inputs import resolve_inputs  # noqa: E402
@@ -59,7 +61,9 @@ def searches() -> None:
             if not len(out.finalists):
                 row.append("none fits")
                 continue
-            e = estimate(i.model, i.hardware, i.cluster, i.job, out.finalists.strategy(0))
+            # the fastest finalist (the finalists come in the order the search scored them)
+            best = int(np.argmax(estimate_batch(i.model, i.hardware, i.cluster, i.job, out.finalists).tokens_per_s))
+            e = estimate(i.model, i.hardware, i.cluster, i.job, out.finalists.strategy(best))
             hosted = int(out.finalists.host_embedding.sum())
             row.append(f"{e.tokens_per_s:9,.0f} tok/s ({hosted}/{len(out.finalists)} hosted, {took:.2f} s)")
         print(f"   {name:11s} {devices:4d} dev  " + "  |  ".join(row))

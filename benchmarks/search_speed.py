@@ -152,7 +152,7 @@ def profile_table() -> None:
             mine = [c for c in calls if c[0] == level]
             if mine:
                 print(f"{'  ' + level:<38} {len(mine):>6} {sum(c[1] for c in mine):>9,} {sum(c[2] for c in mine):>7.2f}")
-        print(f"{'  outside the cost model':<38} {'':>6} {'':>9} {total - sum(c[2] for c in calls):>7.2f}")
+        print(f"{'  rest (memory checks, bands, rows)':<38} {'':>6} {'':>9} {total - sum(c[2] for c in calls):>7.2f}")
 
 
 def all_candidates_table() -> None:

@@ -317,6 +317,27 @@ def test_price_chunks_cover_every_row_once_within_the_cell_budget():
 
 
 @pytest.mark.parametrize("case", CASES)
+def test_what_a_zero_offload_pair_changes_is_only_its_own_parts(case):
+    """What the skeleton bound rests on (bound_step_s_without_pairs): on the pair bound's profile, a
+    skeleton's step less PAIR_PARTS is the same under every ZeRO/offload pair that keeps the word embedding on
+    the device, and the parts it leaves out (contention aside) are never negative; so it is below every
+    pair's bound, which is below the real step time (test_bounds_never_exceed_the_real_step_time)."""
+    model, hw, cluster, job, rows = _sample(*case, size=200)
+    fast = en.fastest_link_hardware(hw, cluster.devices, model.moe is not None)
+    n = len(rows["dp"])
+    for idx in en.chunks_by_pp(rows):
+        common = []
+        for zero, offload in ((0, 0), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)):
+            pair = {**rows, "zero": np.full(n, zero), "offload": np.full(n, offload)}
+            part = en._take(pair, idx)
+            e = estimate_batch(model, fast, cluster, job, en.to_batch(model, job, part))
+            for name in en.PAIR_PARTS[:-1]:
+                assert (np.asarray(e.time_s[name]) >= 0.0).all(), name
+            common.append(en.bound_step_s_without_pairs(e))
+        assert np.allclose(common, common[0], rtol=1e-12, atol=0.0)
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_offloading_the_optimizer_never_slows_a_pair_bound_nor_needs_more_memory(case):
     """What _Scoring._bound_pairs skips on: on the pair bound's profile (fastest links, free host) a ZeRO
     stage with the optimizer on the host runs no longer than the same stage without, and needs no more

@@ -55,8 +55,8 @@ FINALIST_BAND = 0.01    # finalists handed to the operator searchers: within 1% 
 from advisor.space.strategy import ONE_F_ONE_B
 from advisor.search import Pins, Progress, SearchOutcome, SearchStats
 from advisor.search.enumerate_bounds import (
-    UNBOUNDED_GBPS, bound_estimate, bound_skeletons, bound_step_s, family_bounds, fastest_link_hardware, free_hardware,
-    leanest_options,
+    PAIR_PARTS, UNBOUNDED_GBPS, bound_estimate, bound_skeletons, bound_step_s, bound_step_s_without_pairs, family_bounds,
+    fastest_link_hardware, free_hardware, leanest_options,
 )
 from advisor.search.enumerate_rows import (
     DEFAULT_ORDER_INDEX, HOST_EMBEDDING, MESH_ORDERS, OFFLOAD_OPTIMIZER, PRICE_CELLS, Rows, _DEFAULTS, _add, _concat, _count, _cross, _take, chunks_by_pp,
@@ -87,7 +87,7 @@ __all__ = [
     "DEFAULT_ORDER_INDEX", "DEVICE_MEMORY_REASON", "HCCS_REASON", "HOST_MEMORY_REASON", "MESH_ORDERS", "PRICE_CELLS",
     "Rows", "SearchStats", "TIME_BOUND_REASON", "UNBOUNDED_GBPS", "ZERO_STAGES", "_concat", "_count", "_cross",
     "_take", "bound_skeletons", "chunks_by_pp", "cp_comm_options", "degree_rows", "divisors", "family_bounds",
-    "bound_estimate", "bound_step_s", "fastest_link_hardware", "finalist_batch", "free_hardware", "leanest_options", "mesh_counts", "mesh_strides",
+    "PAIR_PARTS", "bound_estimate", "bound_step_s", "bound_step_s_without_pairs", "fastest_link_hardware", "finalist_batch", "free_hardware", "leanest_options", "mesh_counts", "mesh_strides",
     "mesh_variants", "order_variants", "search", "skeleton_rows", "space_size", "stage_layers_for", "to_batch",
     "top_distinct", "tp_inside_fast_group", "zero_offload_options", "zero_variants",
 ]

@@ -129,10 +129,11 @@ def bound_estimate(model: ModelSpec, bound_hw: HardwareProfile, cluster: Cluster
 def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, rows: Rows,
                     options: list[tuple[int, int]], pins: Pins = Pins()) -> tuple[np.ndarray, np.ndarray]:
     """(lower bound on step time, may fit) per skeleton, over all its ZeRO/offload/mesh and
-    context-parallel variants: priced on free_hardware with the leanest ZeRO/offload pair and the
-    faster context-parallel kind; "may fit" is false only when no pair can fit in device memory. Memory
-    is judged first (advisor.cost.memory alone): a skeleton none of whose pairs can fit is not priced,
-    its bound left infinite."""
+    context-parallel variants, with the faster context-parallel kind: priced on fastest_link_hardware
+    without the parts a ZeRO/offload pair changes (bound_step_s_without_pairs), or, where a pair puts the
+    word embedding on the host (its lookups move), on free_hardware with the leanest pair. "May fit" is
+    false only when no pair can fit in device memory. Memory is judged first (advisor.cost.memory alone):
+    a skeleton none of whose pairs can fit is not priced, its bound left infinite."""
     free = free_hardware(hw)
     fast = fastest_link_hardware(hw, cluster.devices, model.moe is not None)
     # without a host embedding among the pairs: priced on the fastest links without the pairs' parts
