@@ -59,8 +59,8 @@ from advisor.search.enumerate_bounds import (
     fastest_link_hardware, free_hardware, leanest_options,
 )
 from advisor.search.enumerate_rows import (
-    DEFAULT_ORDER_INDEX, HOST_EMBEDDING, MESH_ORDERS, OFFLOAD_OPTIMIZER, PRICE_CELLS, Rows, _DEFAULTS, _add, _concat, _count, _cross, _take, chunks_by_pp,
-    divisors, finalist_batch, mesh_strides, stage_layers_for, to_batch,
+    DEFAULT_ORDER_INDEX, HOST_EMBEDDING, MESH_ORDERS, OFFLOAD_OPTIMIZER, PRICE_CELLS, Rows, _DEFAULTS, _add, _concat,
+    _count, _cross, _take, chunks_by_pp, divisors, finalist_batch, mesh_strides, stage_layers_for, to_batch,
 )
 from advisor.search.enumerate_space import (
     HCCS_REASON, ZERO_STAGES, cp_comm_options, degree_rows, mesh_counts, mesh_variants, option_mask, order_variants,
@@ -87,7 +87,8 @@ __all__ = [
     "DEFAULT_ORDER_INDEX", "DEVICE_MEMORY_REASON", "HCCS_REASON", "HOST_MEMORY_REASON", "MESH_ORDERS", "PRICE_CELLS",
     "Rows", "SearchStats", "TIME_BOUND_REASON", "UNBOUNDED_GBPS", "ZERO_STAGES", "_concat", "_count", "_cross",
     "_take", "bound_skeletons", "chunks_by_pp", "cp_comm_options", "degree_rows", "divisors", "family_bounds",
-    "PAIR_PARTS", "bound_estimate", "bound_step_s", "bound_step_s_without_pairs", "fastest_link_hardware", "finalist_batch", "free_hardware", "leanest_options", "mesh_counts", "mesh_strides",
+    "PAIR_PARTS", "bound_estimate", "bound_step_s", "bound_step_s_without_pairs", "fastest_link_hardware",
+    "finalist_batch", "free_hardware", "leanest_options", "mesh_counts", "mesh_strides",
     "mesh_variants", "order_variants", "search", "skeleton_rows", "space_size", "stage_layers_for", "to_batch",
     "top_distinct", "tp_inside_fast_group", "zero_offload_options", "zero_variants",
 ]

@@ -106,7 +106,8 @@ def stage_plan(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strategy
     return _cached_plans(model, hw, job, [s])[0]
 
 
-def _cached_plans(model: ModelSpec, hw: HardwareProfile, job: TrainingJob, strategies: list[Strategy]) -> list[StagePlan]:
+def _cached_plans(model: ModelSpec, hw: HardwareProfile, job: TrainingJob,
+                  strategies: list[Strategy]) -> list[StagePlan]:
     """stage_plan of each strategy (stage_layers None), those not cached planned together (_plans)."""
     keys = [(model, _hw_key(hw), job, s) for s in strategies]
     missing = list(dict.fromkeys(k for k in keys if k not in _CACHE))
@@ -245,7 +246,8 @@ def _partitioned(model: ModelSpec, s: Strategy) -> bool:
     return s.pp > 1 and model.num_layers % v == 0 and model.num_layers // v >= s.pp
 
 
-def _fits_all(model: ModelSpec, job: TrainingJob, partitions: list[tuple[Strategy, tuple]], capacity_bytes: float) -> list[bool]:
+def _fits_all(model: ModelSpec, job: TrainingJob, partitions: list[tuple[Strategy, tuple]],
+              capacity_bytes: float) -> list[bool]:
     """The cost model's own memory check of each (strategy, stage layers) in one call (the allocator
     allowance is inside memory())."""
     if not partitions:
