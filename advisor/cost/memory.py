@@ -43,7 +43,7 @@ import numpy as np
 from advisor.cost import dataset, fp8, fusion, swap
 from advisor.cost.activations import end_stage_activations, layer_activation_terms, logits_gradient_bytes
 from advisor.cost.recompute import kept_bytes
-from advisor.cost.per_batch import per_batch
+from advisor.cost.per_batch import cached
 from advisor.space.strategy import GPIPE, INTERLEAVED, RECOMPUTE_NONE, StrategyBatch
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
@@ -64,12 +64,9 @@ def col(x):
     return np.asarray(x)[:, None]
 
 
+@cached
 def stage_layer_counts(model: ModelSpec, b: StrategyBatch):
     """(dense, moe) layer counts per stage, (N, P) arrays; layer j is MoE when (j+1) % freq == 0."""
-    return per_batch(b, "stage_layer_counts", lambda: _stage_layer_counts(model, b), of=model)
-
-
-def _stage_layer_counts(model: ModelSpec, b: StrategyBatch):
     layers = b.stage_layers.astype(np.int64)
     if model.moe is None:
         return layers, np.zeros_like(layers)
@@ -78,23 +75,17 @@ def _stage_layer_counts(model: ModelSpec, b: StrategyBatch):
     return layers - moe, moe
 
 
+@cached
 def stage_masks(b: StrategyBatch):
     """(active, first, last) boolean (N, P) masks over the padded stage axis."""
-    return per_batch(b, "stage_masks", lambda: _stage_masks(b))
-
-
-def _stage_masks(b: StrategyBatch):
     cols = np.arange(b.stage_layers.shape[1])[None, :]
     pp = b.pp[:, None]
     return cols < pp, cols == 0, cols == pp - 1
 
 
+@cached
 def in_flight(b: StrategyBatch):
     """Micro-batches' worth of activations held at the peak on each stage, (N, P) float array."""
-    return per_batch(b, "in_flight", lambda: _in_flight(b))
-
-
-def _in_flight(b: StrategyBatch):
     cols = np.arange(b.stage_layers.shape[1])[None, :].astype(float)
     p = b.pp[:, None].astype(float)
     m = b.num_micro_batches[:, None].astype(float)
@@ -107,12 +98,9 @@ def _in_flight(b: StrategyBatch):
     return np.select([sched == GPIPE, sched == INTERLEAVED], [np.broadcast_to(m, one_f.shape), inter], one_f)
 
 
+@cached
 def stage_params(model: ModelSpec, b: StrategyBatch):
     """(dense, expert) parameters held by one device of each stage, (N, P) float arrays."""
-    return per_batch(b, "stage_params", lambda: _stage_params(model, b), of=model)
-
-
-def _stage_params(model: ModelSpec, b: StrategyBatch):
     t = b.tp[:, None].astype(float)
     ep = b.ep[:, None].astype(float)
     dense_layers, moe_layers = stage_layer_counts(model, b)

@@ -8,6 +8,7 @@ read-only.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Callable, TypeVar
 
@@ -34,3 +35,11 @@ def per_batch(b, key, make: Callable[[], T], of: object = None) -> T:
                 a.setflags(write=False)
         cache[full] = (value, of)
     return cache[full][0]
+
+
+def cached(fn: Callable[..., T]) -> Callable[..., T]:
+    """fn(b) or fn(model, b), computed once per batch (and model) while that batch is priced (per_batch)."""
+    @functools.wraps(fn)
+    def once(*args):
+        return per_batch(args[-1], fn.__qualname__, lambda: fn(*args), of=args[0] if len(args) == 2 else None)
+    return once

@@ -40,7 +40,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from advisor.cost.per_batch import per_batch
+from advisor.cost.per_batch import cached, per_batch
 from advisor.space.strategy import MESH_DIMS, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 
@@ -94,9 +94,14 @@ class GroupPlacement:
 
 
 # ---- layout ---------------------------------------------------------------------------------------
+
+
+@cached
 def _layout(b: StrategyBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(degrees (N, 4), strides (N, 4), devices (N,)), columns in MESH_DIMS order."""
-    return per_batch(b, "layout", lambda: _make_layout(b))
+    deg = np.stack([np.asarray(getattr(b, d), dtype=np.int64) for d in MESH_DIMS], axis=1)
+    stride = np.stack([np.asarray(getattr(b, f"{d}_stride"), dtype=np.int64) for d in MESH_DIMS], axis=1)
+    return deg, np.maximum(stride, 1), deg.prod(axis=1)
 
 
 def _whole_box(b: StrategyBatch, per_node: int, per_group: int) -> np.ndarray:
@@ -105,12 +110,6 @@ def _whole_box(b: StrategyBatch, per_node: int, per_group: int) -> np.ndarray:
         deg, stride, devices = _layout(b)
         return _is_box(deg, stride, devices, per_node) & _is_box(deg, stride, devices, per_group)
     return per_batch(b, ("box", per_node, per_group), make)
-
-
-def _make_layout(b: StrategyBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    deg = np.stack([np.asarray(getattr(b, d), dtype=np.int64) for d in MESH_DIMS], axis=1)
-    stride = np.stack([np.asarray(getattr(b, f"{d}_stride"), dtype=np.int64) for d in MESH_DIMS], axis=1)
-    return deg, np.maximum(stride, 1), deg.prod(axis=1)
 
 
 def _col(dim: str) -> int:

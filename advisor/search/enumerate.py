@@ -174,14 +174,14 @@ def top_distinct(values: np.ndarray, k: int) -> np.ndarray:
 def _unique_rows(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """np.unique(cols, axis=0, return_inverse=True) for non-negative integer columns, through one
     mixed-radix integer per row where it fits in 62 bits (sorting one column, not rows of several)."""
-    radix = cols.max(axis=0).astype(np.int64) + 1 if len(cols) else np.ones(cols.shape[1], dtype=np.int64)
-    if len(cols) == 0 or (cols < 0).any() or float(np.prod(radix.astype(float))) >= 2.0 ** 62:
+    radix = cols.max(axis=0).astype(np.int64) + 1 if len(cols) else None
+    if radix is None or (cols < 0).any() or float(np.prod(radix.astype(float))) >= 2.0 ** 62:
         keys, inverse = np.unique(cols, axis=0, return_inverse=True)
         return keys, np.asarray(inverse).reshape(-1)
     code = np.zeros(len(cols), dtype=np.int64)
     for k in range(cols.shape[1]):
         code = code * radix[k] + cols[:, k]
-    uniq, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     return cols[first], np.asarray(inverse).reshape(-1)
 
 

@@ -19,7 +19,9 @@ from advisor.specs.model import ModelSpec
 
 # Stage-axis cells (candidates x pipeline stages) per cost-model call: bounds the arrays' memory.
 PRICE_CELLS = 400_000
-# Stage-axis cells of padding a cost-model call may add to take rows of a smaller pp along (chunks_by_pp)
+# Stage-axis cells of padding a cost-model call may add to take rows of a smaller pp along (chunks_by_pp): about
+# what one call's fixed cost buys (measured by benchmarks/search_speed.py: about 3 ms a call and 0.1-0.3 us a
+# cell on the development machine; 20,000 cells are 2-6 ms)
 PAD_CELLS = 20_000
 
 Rows = dict[str, np.ndarray]
@@ -176,7 +178,7 @@ def chunks_by_pp(rows: Rows, cells: int = PRICE_CELLS, padding: int = PAD_CELLS)
             groups.append([p])
             waste, members = 0, int(counts[p])
     for group in groups:
-        idx = np.flatnonzero(np.isin(pp, group)) if len(group) > 1 else np.flatnonzero(pp == group[0])
+        idx = np.flatnonzero(np.isin(pp, group))
         step = max(cells // int(group[-1]), 1)
         for first in range(0, len(idx), step):
             yield idx[first:first + step]
