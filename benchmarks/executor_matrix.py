@@ -2,12 +2,15 @@
 
     python benchmarks/executor_matrix.py [--hardware PROFILE.yaml] [--only NAME ...] [--steps K]
                                          [--scale S] [--repeat R] [--dtype fp32|bf16] [--json OUT]
+    python benchmarks/executor_matrix.py --layouts [--steps K]
     python benchmarks/executor_matrix.py --settings
     python benchmarks/executor_matrix.py --headline [--steps K]
 
 --settings prints, for every plan setting (advisor.space.strategy.Strategy and advisor.specs.job.
 TrainingJob, each set away from its default on a tiny bf16 plan), whether the executor runs it, runs it
-with a note, or refuses it by name before any process starts. --headline runs the README's headline
+with a note, or refuses it by name before any process starts. --layouts runs the plans with operator
+layouts (advisor.executor.matrix.LAYOUTS: D-Rec/ILP-style cuts of batch, sequence, hidden, heads, FFN and
+vocabulary on one- and two-axis meshes, alone and with pp, dp and ZeRO-1) through DTensor placements. --headline runs the README's headline
 recommendation (llama3-70b on 64 H100s) at --tiny: 64 processes.
 
 For each plan shape: world size, the largest relative loss difference against the single-process
@@ -36,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.commands.execute import COMPARED_PARTS, ExecuteOptions, prepare_plan, run_prepared  # noqa: E402
-from advisor.executor.matrix import MATRIX, matrix_plans  # noqa: E402
+from advisor.executor.matrix import LAYOUTS, MATRIX, matrix_plans  # noqa: E402
 
 
 def part_errors(report: dict) -> dict[str, float]:
@@ -171,6 +174,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="run the matrix this many times; medians")
     ap.add_argument("--json", default=None)
     ap.add_argument("--dtype", default=None, choices=["fp32", "bf16"], help="run the matrix in this dtype")
+    ap.add_argument("--layouts", action="store_true",
+                    help="run the operator-layout plans (D-Rec/ILP-style cuts through DTensor placements) instead")
     ap.add_argument("--settings", action="store_true", help="only print what the executor does with each setting")
     ap.add_argument("--headline", action="store_true",
                     help="only run the README's headline recommendation (64 ranks) at --tiny")
@@ -184,6 +189,8 @@ def main() -> None:
         return
     opts = ExecuteOptions(steps=args.steps, time_hardware=args.hardware, timeout_s=900, dtype=args.dtype)
     plans = matrix_plans(args.only, scale=args.scale)
+    if args.layouts:
+        plans = dict(LAYOUTS)
     start = time.time()
     prepared = [prepare_plan(p, name, opts) for name, p in plans.items()]
     runs = [run_prepared(prepared, opts) for _ in range(args.repeat)]

@@ -155,6 +155,54 @@ def stage_predictions(cfg: RunConfig) -> list[dict[str, float]]:
              "host_embedding": table if stage == 0 else 0.0} for stage in range(cfg.parallel.pp)]
 
 
+def layout_activation_bytes(cfg: RunConfig, hardware) -> list[float]:
+    """Per pipeline stage, the bytes one micro-batch's saved activations take per device under the run's
+    operator layout beyond Megatron's cut of the same group (advisor.search.sharding's ShardingProblem prices both:
+    each operator saves its inputs at its cut); the embedding, head and loss are in the graph only without
+    pipelining (with it they run Megatron's cut, as the plan's pricing has them)."""
+    from advisor.graph.transformer import transformer_graph
+    from advisor.search.intra_op import megatron_assignment
+    from advisor.search.sharding import REPLICATE, DeviceMesh, ShardingOptions, ShardingProblem
+
+    p, layout = cfg.parallel, cfg.operator_layout
+    model, job = _model_spec(cfg), _job(cfg)
+    mesh = DeviceMesh.for_devices(hardware, p.tp, shape=layout.mesh_shape)
+
+    def saved_per_micro_batch(layers: int, whole: bool) -> float:
+        graph = transformer_graph(model, job, batch=p.micro_batch_size, layers=(0, layers), first_stage=whole,
+                                  last_stage=whole)
+        executed = [tuple(REPLICATE if a is None else a for a in layout.axes(info.op.name.rsplit(".", 1)[-1]))
+                    for info in ShardingProblem(graph, mesh, hardware, job, ShardingOptions()).info]
+        delta = []
+        for flight in (1.0, 0.0):       # the difference is the saved activations of one micro-batch
+            problem = ShardingProblem(graph, mesh, hardware, job, ShardingOptions(
+                num_micro_batches=p.num_micro_batches, activations_in_flight=flight, zero_stage=min(p.zero_stage, 3)))
+            reference = megatron_assignment(problem, p.sequence_parallel, executed)
+            delta.append(problem.evaluate(executed).memory_bytes - problem.evaluate(reference).memory_bytes)
+        return delta[0] - delta[1]
+
+    if p.pp == 1:
+        return [saved_per_micro_batch(model.num_layers, True)]
+    per_layer = saved_per_micro_batch(1, False)
+    return [per_layer * n for n in p.stage_layers]
+
+
+def with_layout_activations(pred: dict[str, Any], cfg: RunConfig, hardware) -> None:
+    """A memory prediction (memory_prediction with its stages) moved by the run's operator layout's saved activations
+    (layout_activation_bytes), per micro-batch and in flight, in place."""
+    from advisor.cost.memory import in_flight
+    from advisor.space.strategy import StrategyBatch
+
+    extra = layout_activation_bytes(cfg, hardware)
+    flight = in_flight(StrategyBatch.from_strategies([_strategy(cfg)], cfg.model.num_layers))[0]
+    for stage, part in enumerate(pred["stages"]):
+        part["activations_per_microbatch"] += extra[stage]
+    worst = int(pred["stage"])
+    pred["activations_per_microbatch"] += extra[worst]
+    pred["activations"] += extra[worst] * float(flight[worst])
+    pred["total"] += extra[worst] * float(flight[worst])
+
+
 predict = _estimate
 
 
@@ -242,6 +290,10 @@ def prepare_plan(plan: dict[str, Any], origin: str, options: ExecuteOptions) -> 
     memory_pred = memory_prediction(_estimate(cfg, hardware))
     if memory_pred is not None:
         memory_pred["stages"] = stage_predictions(cfg)
+        if cfg.operator_layout is not None:
+            with_layout_activations(memory_pred, cfg, hardware)
+            notes.append("memory predicted with the operator layout's saved activations (advisor.search's sharding "
+                         "model, against Megatron's cut); its parameters as Megatron's cut keeps them")
     if memory_pred is None:
         notes.append("advisor's cost model does not model zero-bubble schedules: no prediction")
     time_est, probe_us = None, None

@@ -16,6 +16,7 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 from advisor.executor.model import ModelConfig
+from advisor.executor.operator_layout import OperatorLayout, check_divides, layout_from_plan
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b",
              # beyond the plan schema's three: accepted in hand-written plans
@@ -81,6 +82,7 @@ class RunConfig:
     inject_failure: tuple[int, int] | None = None   # (rank, step): raise there (tests)
     notes: tuple[str, ...] = field(default=())
     grad_reduce_dtype: str | None = None    # mixed precision's data-parallel reduction dtype (None: fp32)
+    operator_layout: OperatorLayout | None = None   # the plan's operator layouts (D-Rec, ILP, shard()), or Megatron's
 
     @property
     def global_batch_size(self) -> int:
@@ -130,6 +132,8 @@ def run_config_from_dict(d: dict[str, Any]) -> RunConfig:
         seed=d["seed"], learning_rate=d["learning_rate"],
         inject_failure=tuple(fail) if fail is not None else None, notes=tuple(d.get("notes", ())),
         grad_reduce_dtype=d.get("grad_reduce_dtype"),
+        operator_layout=(OperatorLayout.from_dict(d["operator_layout"]) if d.get("operator_layout") is not None
+                         else None),
     )
 
 
@@ -357,9 +361,6 @@ def unrun_settings(par: dict[str, Any], plan: dict[str, Any]) -> tuple[list[str]
             continue
         why = NOT_RUN.get(fl.name, "the executor does not run this setting")
         refusals.append(f"parallel.{fl.name} = {value!r}: {why}")
-    if plan.get("operator_strategies"):
-        refusals.append("operator_strategies: the executor runs Megatron-style tensor parallelism only, not per-operator "
-                        "layouts (D-Rec, ILP or shard() strategies); give a plan from the default searcher")
     return refusals, notes
 
 
@@ -399,17 +400,53 @@ def run_config_from_plan(plan: dict[str, Any], *, steps: int = 5, tiny: bool = F
         reduce = None
     elif reduce is not None and reduce not in ("fp32", "bf16"):
         unrun.append(f"training.grad_reduce_dtype = {reduce!r}: the executor reduces gradients in fp32 or bf16")
+    layout = None
+    if plan.get("operator_strategies") and par.tp == 1:
+        notes.append("operator_strategies on a one-device tensor-parallel group: nothing to cut")
+    elif plan.get("operator_strategies"):
+        layout = layout_from_plan(plan["operator_strategies"], par.tp, par.sequence_parallel)
+        unrun += layout_refusals(layout, model, par, seq)
+        notes.append(f"operator layouts of the {layout.searcher} searcher run as planned with DTensor placements "
+                     f"on a {' x '.join(map(str, layout.mesh_shape))} tensor-parallel mesh: "
+                     + "; ".join(f"{op} cuts {'/'.join(a or '-' for a in axes)}" for op, axes in layout.cuts
+                                 if op in layout.listed))
     cfg = RunConfig(
         name=name or str(model_d.get("name", "plan")),
         model=model, parallel=par, seq_length=seq, dtype=run_dtype,
         optimizer=_choice(train_d, "optimizer", "training", OPTIMIZERS, "adamw"),
-        steps=steps, seed=seed, notes=tuple(notes), grad_reduce_dtype=reduce,
+        steps=steps, seed=seed, notes=tuple(notes), grad_reduce_dtype=reduce, operator_layout=layout,
     )
     gbs = _int(train_d, "global_batch_size", "training")
     problems = unrun + refusals(cfg, global_batch_size=gbs, devices=_cluster_devices(plan))
     if problems:
         raise AdvisorError("the executor cannot run this plan: " + "; ".join(problems))
     return cfg
+
+
+# Settings the executor does not combine with operator layouts, and why (a sentence after the name)
+NOT_WITH_LAYOUTS = {
+    "cp": "context parallelism splits the sequence outside the tensor-parallel group's operator layout",
+    "micro_batch_copies": "multi-copy cuts each block's batch in copies, which the layout's placements already cut",
+    "host_embedding": "a host table is looked up outside the group's mesh",
+}
+
+
+def layout_refusals(layout: OperatorLayout, model: ModelConfig, par: ParallelConfig, seq: int) -> list[str]:
+    """Why a plan's operator layout cannot run with this model and these settings (empty: it can)."""
+    out = []
+    for name, why in NOT_WITH_LAYOUTS.items():
+        value = getattr(par, name)
+        if value not in (1, False):
+            out.append(f"operator_strategies with parallel.{name} = {value!r}: {why}")
+    table = {"v", "h"}
+    embed, head = ([a if a in table else None for a in layout.axes(op)] for op in ("embed", "head"))
+    if model.tie_embeddings and embed != head:
+        out.append(f"operator_strategies: the tied embedding and LM head cut the table differently (embed "
+                   f"{'/'.join(a or '-' for a in embed)}, head {'/'.join(a or '-' for a in head)}); the executor "
+                   "keeps one tied table")
+    sizes = {"b": par.micro_batch_size, "s": seq, "t": seq, "h": model.hidden_size, "g": model.num_kv_heads,
+             "f": model.ffn_hidden_size, "v": model.vocab_size}
+    return out + check_divides(layout, sizes)
 
 
 def _cluster_devices(plan: dict[str, Any]) -> int | None:
@@ -600,7 +637,8 @@ def shrink_plan(plan: dict[str, Any], scale: int = 1) -> dict[str, Any]:
     if isinstance(rl, int) and not isinstance(rl, bool) and rl > 0:
         par["recompute_layers"] = min(max(stage_layers), max(1, round(rl * max(stage_layers) / max(orig_layers))))
     par["stage_layers"] = stage_layers
-    mbs = min(_int(par, "micro_batch_size", "parallel", 1), 2)
+    # at most 2 sequences, or as many as the plan's operator layout cuts the batch into
+    mbs = min(_int(par, "micro_batch_size", "parallel", 1), max(2, _batch_cut(plan.get("operator_strategies"))))
     par["micro_batch_size"] = mbs
     dp, nmb = _int(par, "dp", "parallel"), _int(par, "num_micro_batches", "parallel", 1)
     train.update(seq_length=seq, global_batch_size=dp * mbs * nmb)
@@ -608,6 +646,18 @@ def shrink_plan(plan: dict[str, Any], scale: int = 1) -> dict[str, Any]:
     out.update(model=tiny_model, parallel=par, training=train)
     out["prediction"] = None   # the plan's prediction was for the full model
     return out
+
+
+def _batch_cut(rec: Any) -> int:
+    """The most parts any operator of a plan's operator layout cuts the batch into (1 without one)."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("operators"), dict) or not isinstance(rec.get("mesh"), list):
+        return 1
+    most = 1
+    for op in rec["operators"].values():
+        axes = op.get("mesh_axes") if isinstance(op, dict) else None
+        if isinstance(axes, list) and len(axes) == len(rec["mesh"]):
+            most = max(most, math.prod(n for a, n in zip(axes, rec["mesh"]) if a == "b" and isinstance(n, int)))
+    return most
 
 
 def with_parallel(cfg: RunConfig, **changes) -> RunConfig:

@@ -57,6 +57,35 @@ def tiny_plan(parallel: dict[str, Any], family: str = "llama", attention: str = 
             "operator_strategies": None, "prediction": None, "search": None}
 
 
+def layout_plan(parallel: dict[str, Any], mesh: list[int], cuts: dict[str, list[str | None]], family: str = "llama",
+                attention: str = "math", model: dict[str, Any] | None = None,
+                training: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A tiny plan with an operator layout (the record advisor.search.intra_op writes, in the parts the executor
+    reads): the tensor-parallel group's ``mesh`` and, per operator named as in the graph's layer template
+    (``qkv``, ``fc1``, ...; ``embed``, ``lnf``, ``head``, ``loss`` for the ends), the label each mesh axis cuts."""
+    plan = tiny_plan(parallel, family, attention, model, training)
+    ends = ("embed", "lnf", "head", "loss")
+    plan["operator_strategies"] = {
+        "searcher": "test", "layout": "searched", "mesh": list(mesh),
+        "operators": {(op if op in ends else f"layer.{op}"): {"mesh_axes": list(axes)} for op, axes in cuts.items()}}
+    return plan
+
+
+# operator layouts as D-Rec and the ILP write them, away from Megatron's cut on every operator kind: batch,
+# sequence, hidden, head, FFN and vocabulary cuts, row cuts that leave partial sums, two-axis meshes
+LAYOUT_2D = {"embed": ["v", "h"], "ln1": ["s", "s"], "qkv": ["h", "g"], "attn": ["s", "g"], "proj": ["s", "g"],
+             "res1": ["s", "s"], "ln2": ["b", "s"], "fc1": ["f", "h"], "fc2": ["f", "f"], "res2": ["s", "b"],
+             "lnf": ["s", None], "head": ["v", "h"], "loss": ["v", "s"]}
+LAYOUT_1D = {"ln1": ["s"], "qkv": ["h"], "attn": ["s"], "proj": ["s"], "res1": ["b"], "ln2": ["s"], "fc1": ["h"],
+             "fc2": ["f"], "res2": ["s"]}
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "layout 2x2": layout_plan(dict(tp=4), [2, 2], LAYOUT_2D, "llama", "math", model=dict(num_kv_heads=4)),
+    "layout 2x2 gpt": layout_plan(dict(tp=4), [2, 2], LAYOUT_2D, "gpt", "flash"),
+    "layout pp×tp": layout_plan(dict(tp=2, pp=2, num_micro_batches=4), [2], LAYOUT_1D, "gpt", "math"),
+    "layout dp×tp zero1": layout_plan(dict(tp=2, dp=2, zero_stage=1), [2], LAYOUT_1D, "llama", "flash"),
+}
+
+
 PP2 = dict(pp=2, num_micro_batches=4)
 INTERLEAVED = dict(pp=2, num_micro_batches=4, virtual_pipeline_stages=2, pipeline_schedule="interleaved-1f1b")
 

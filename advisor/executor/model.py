@@ -121,11 +121,13 @@ _ROTARY_CACHE: dict = {}
 _MASK_CACHE: dict = {}
 
 
-def _causal_mask(s: int, groups: int, device) -> torch.Tensor:
-    """[groups * s, s] boolean, True above the diagonal of each group's s x s block (cached)."""
-    key = (s, groups, str(device))
+def _causal_mask(s: int, groups: int, device, start: int = 0, t: int | None = None) -> torch.Tensor:
+    """[groups * s, t] boolean, True where query start + i may not see key j (j > start + i), for each
+    group's s x t block (cached); t defaults to s."""
+    t = s if t is None else t
+    key = (s, groups, str(device), start, t)
     if key not in _MASK_CACHE:
-        mask = torch.ones(s, s, dtype=torch.bool, device=device).triu(1)
+        mask = torch.ones(s, t, dtype=torch.bool, device=device).triu(1 + start)
         _MASK_CACHE[key] = mask.repeat(groups, 1) if groups > 1 else mask
     return _MASK_CACHE[key]
 
@@ -167,26 +169,37 @@ class AttentionCore(nn.Module):
         self.flash = attention == "flash"
         self.ring = None     # a context_parallel.CPGroup: ring attention over the cp ranks
         self.ulysses = None  # an ulysses.UlyssesGroup: all-to-alls over the cp ranks, this attention in between
+        self.sharded = None  # an operator_layout.ShardedAttention: a plan's operator layout, on each rank's shards
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.ring is not None:
             return ring_attention(q, k, v, self.ring)
         if self.ulysses is not None:
             return ulysses_attention(q, k, v, self.ulysses, self.attend)
+        if self.sharded is not None:
+            return self.sharded(q, k, v)
         return self.attend(q, k, v)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal attention over the tokens given, all of them in the sequence's order."""
-        b, heads, s, d = q.shape
-        kv_heads = k.shape[1]
-        if self.flash:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads != heads)
-        groups = heads // kv_heads
-        rows = q.reshape(b, kv_heads, groups * s, d)
-        scores = torch.matmul(rows, k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
-        scores = scores.masked_fill(_causal_mask(s, groups, q.device), float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        return torch.matmul(probs, v).reshape(b, heads, s, d)
+        return causal_attention(q, k, v, self.flash)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flash: bool, start: int = 0) -> torch.Tensor:
+    """Causal attention of queries at positions start, start + 1, ... over keys at 0, 1, ... (all of
+    them the sequence's when start is 0 and q and k are as long): AttentionCore's math or flash form."""
+    b, heads, s, d = q.shape
+    kv_heads, t = k.shape[1], k.shape[2]
+    whole = start == 0 and s == t
+    if flash:
+        mask = None if whole else ~_causal_mask(s, 1, q.device, start, t)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=whole, enable_gqa=kv_heads != heads)
+    groups = heads // kv_heads
+    rows = q.reshape(b, kv_heads, groups * s, d)
+    scores = torch.matmul(rows, k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
+    scores = scores.masked_fill(_causal_mask(s, groups, q.device, start, t), float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v).reshape(b, heads, s, d)
 
 
 class Attention(nn.Module):
@@ -206,9 +219,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         # -1: the local head count under tensor parallelism (the projections hold whole heads)
-        q = self.q(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        v = self.v(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q = self.q(x).reshape(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.k(x).reshape(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.v(x).reshape(b, s, -1, self.head_dim).transpose(1, 2)
         if self.rotary:
             q = _rotary(q, self.positions, self.position_ranges)
             k = _rotary(k, self.positions, self.position_ranges)
@@ -246,6 +259,7 @@ class Block(nn.Module):
     The arithmetic is the whole micro-batch's."""
 
     copies = 1
+    adds = None       # operator layouts (operator_layout): the two residual adds, each in its placements
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -255,6 +269,9 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.adds is not None:
+            x = self.adds[0](self.attn(self.norm1(x)), x)
+            return self.adds[1](self.mlp(self.norm2(x)), x)
         if self.copies == 1:
             x = x + self.attn(self.norm1(x))
             return x + self.mlp(self.norm2(x))
@@ -287,9 +304,10 @@ class Embedding(nn.Module):
         self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.pos = LearnedPositions(cfg) if cfg.position_embedding == "learned" else None
         self.out_dtype: torch.dtype | None = None    # a host table (fp32): its lookups cast to the layers' dtype
+        self.lookup = None   # an operator_layout.ShardedLookup: a plan's operator layout, on each rank's shard
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.tok(tokens)
+        x = self.tok(tokens) if self.lookup is None else self.lookup(tokens, self.tok.weight)
         if self.out_dtype is not None:
             x = x.to(self.out_dtype)
         return self.pos(x) if self.pos is not None else x

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from advisor.executor.config import RunConfig, V_SCHEDULES
+from advisor.executor.config import MESH_DIMS, RunConfig, V_SCHEDULES
 from advisor.executor.model import GPT
 
 
@@ -54,9 +54,17 @@ def build_mesh(cfg: RunConfig, device_type: str):
     p = cfg.parallel
     names = tuple(p.mesh_order)
     shape = tuple(getattr(p, d) for d in names)
-    mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
-    coord = mesh.get_coordinate()
-    where = dict(zip(names, coord))
+    layout = cfg.operator_layout
+    if layout is not None and len(layout.mesh_shape) > 1:
+        # an operator layout's group mesh: tp as axes tp0, tp1, ... (outermost first), flattened back to "tp"
+        at = names.index("tp")
+        axes = tuple(f"tp{i}" for i in range(len(layout.mesh_shape)))
+        mesh = init_device_mesh(device_type, shape[:at] + tuple(layout.mesh_shape) + shape[at + 1:],
+                                mesh_dim_names=names[:at] + axes + names[at + 1:])
+        mesh[axes]._flatten("tp")
+    else:
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    where = {d: mesh[d].get_local_rank() for d in MESH_DIMS}
     return mesh, Coords(pp=where["pp"], dp=where["dp"], tp=where["tp"], cp=where["cp"])
 
 

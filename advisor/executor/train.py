@@ -18,6 +18,7 @@ from advisor.executor.measure import (ActivationTracker, ParameterProbe, gradien
 from advisor.executor.context_parallel import CPGroup
 from advisor.executor.swap import LayerSwap, swapped_blocks
 from advisor.executor.model import GPT, VocabParallelLoss, apply_context_parallel, apply_host_embedding, cross_entropy
+from advisor.executor.operator_layout import LayoutLoss, apply_operator_layout, layout_mesh
 from advisor.executor.parallel import (GradientAverager, ZeroOneOptimizer, apply_fsdp, apply_multi_copy,
                                        apply_recompute, apply_tensor_parallel, build_chunks, build_mesh, chunk_layout,
                                        host_state_tensors, make_torch_optimizer, optimizer_state_tensors, replica_mesh,
@@ -95,7 +96,10 @@ class _Setup:
             apply_multi_copy(chunk, p.micro_batch_copies)
             if self.ring is not None:
                 apply_context_parallel(chunk, self.ring, p.cp_comm)
-            if p.tp > 1:
+            if cfg.operator_layout is not None:
+                apply_operator_layout(chunk, layout_mesh(self.mesh, cfg.operator_layout), cfg.operator_layout,
+                                      cfg.model.attention, cfg.model.position_embedding == "rotary")
+            elif p.tp > 1:
                 apply_tensor_parallel(chunk, self.mesh["tp"], p.sequence_parallel)
             for wrapper in apply_recompute(chunk, p.recompute, p.recompute_layers):
                 self.tracker.watch_checkpoint(wrapper)
@@ -107,8 +111,11 @@ class _Setup:
                 for block in swapped_blocks(chunk, p.swap_layers[stage]):
                     self.swap.attach(block)
         self.modules = [c for _, c in self.chunks]
-        self.loss_fn = (VocabParallelLoss(self.mesh["tp"].get_group(), self.coords.tp, cfg.model.vocab_size, p.tp)
-                        if p.tp > 1 else cross_entropy)
+        if cfg.operator_layout is not None:
+            self.loss_fn = LayoutLoss(layout_mesh(self.mesh, cfg.operator_layout), cfg.operator_layout)
+        else:
+            self.loss_fn = (VocabParallelLoss(self.mesh["tp"].get_group(), self.coords.tp, cfg.model.vocab_size, p.tp)
+                            if p.tp > 1 else cross_entropy)
         self.probe.watch(self.modules)
         self.params = _unique_params(self.modules)
         # the host table's parameters, as the wrappers above left them (tensor parallelism makes them DTensors)
@@ -244,30 +251,39 @@ def _owned_grad_sq(s: _Setup) -> float:
     for param, a, b in slices:
         if param.grad is None or (s.tied is not None and s.tied.is_copy(param, s)):
             continue
-        local, sharded_on = _gradient_shard(param.grad)
+        local, sharded_on, covered, copy = _gradient_shard(param.grad)
         if zero1:
             sharded_on.update(("dp", "cp"))
-        if any(sizes[d] > 1 and d not in sharded_on and coord[d] != 0 for d in ("dp", "tp", "cp")):
+        if copy or any(sizes[d] > 1 and d not in sharded_on and d not in covered and coord[d] != 0
+                       for d in ("dp", "tp", "cp")):
             continue
         part = local.reshape(-1)[a:b] if zero1 else local
         total += float(part.double().pow(2).sum())
     return total
 
 
-def _gradient_shard(g: torch.Tensor) -> tuple[torch.Tensor, set[str]]:
-    """(this rank's local gradient, the mesh dims it is sharded on), pending partial sums resolved."""
+def _gradient_shard(g: torch.Tensor) -> tuple[torch.Tensor, set[str], set[str], bool]:
+    """(this rank's local gradient, the mesh dims it is sharded on, the run's mesh dims its DTensor mesh
+    covers, whether it is a copy: this rank is not the first of a mesh axis the gradient is replicated
+    over), pending partial sums resolved. An operator layout's group axes tp0, tp1, ... cover tp."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     sharded_on: set[str] = set()
+    covered: set[str] = set()
     if not isinstance(g, DTensor):
-        return g, sharded_on
+        return g, sharded_on, covered, False
     if any(pl.is_partial() for pl in g.placements):   # pending sums (sequence-parallel norms)
         g = g.redistribute(g.device_mesh, [Replicate() if pl.is_partial() else pl for pl in g.placements])
     names = g.device_mesh.mesh_dim_names or ()
-    for name, placement in zip(names, g.placements):
+    copy = False
+    for name, placement, at in zip(names, g.placements, g.device_mesh.get_coordinate()):
+        dims = {d.rstrip("0123456789") for d in name.split("_")}
+        covered.update(dims)
         if isinstance(placement, Shard) or type(placement).__name__ == "_StridedShard":
-            sharded_on.update(name.split("_"))
-    return g._local_tensor, sharded_on
+            sharded_on.update(dims)
+        elif at != 0:
+            copy = True
+    return g._local_tensor, sharded_on, covered, copy
 
 
 def _step(s: _Setup, x: torch.Tensor, y: torch.Tensor) -> float | None:

@@ -53,13 +53,8 @@ from advisor.space.strategy import Strategy, StrategyBatch
 from advisor.specs.hardware import HardwareProfile
 from advisor.specs.job import TrainingJob
 from advisor.specs.model import ModelSpec
-from advisor.specs.operator_strategies import OperatorStrategies
+from advisor.specs.operator_strategies import MEGATRON_CUTS, SEQUENCE, OperatorStrategies
 
-# Megatron-LM's tensor-parallel cut of each operator (by the operator's name within its layer);
-# operators not listed are cut by sequence with sequence parallelism, else replicated.
-MEGATRON_CUTS = {"embed": "v", "qkv": "g", "attn": "g", "proj": "g", "fc1": "f", "fc2": "f",
-                 "expert_fc1": "f", "expert_fc2": "f", "head": "v", "loss": "v"}
-SEQUENCE = "s"
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,15 @@ MAX_OPERATORS = 10_000
 MAX_INPUTS = 64          # inputs of one operator (the graph's largest has 5)
 MAX_RANK = 16            # dimensions of one tensor (the graph's largest has 5)
 
+# Megatron-LM's tensor-parallel cut of each operator (by the operator's name within its layer), the
+# reference every operator layout is priced against (advisor.search.intra_op) and what an operator a
+# plan's layout does not list runs with (advisor.executor.operator_layout); operators not listed are cut
+# by sequence with sequence parallelism, else replicated (Shoeybi et al. 2019, section 3; Korthikanti et
+# al. 2022, section 4.2.2).
+MEGATRON_CUTS = {"embed": "v", "qkv": "g", "attn": "g", "proj": "g", "fc1": "f", "fc2": "f",
+                 "expert_fc1": "f", "expert_fc2": "f", "head": "v", "loss": "v"}
+SEQUENCE = "s"
+
 
 @dataclass(frozen=True)
 class OperatorStrategies:
