@@ -159,13 +159,19 @@ def layout_activation_bytes(cfg: RunConfig, hardware) -> list[float]:
     """Per pipeline stage, the bytes one micro-batch's saved activations take per device under the run's
     operator layout beyond Megatron's cut of the same group (advisor.search.sharding's ShardingProblem prices both:
     each operator saves its inputs at its cut); the embedding, head and loss are in the graph only without
-    pipelining (with it they run Megatron's cut, as the plan's pricing has them)."""
+    pipelining (with it they run Megatron's cut, as the plan's pricing has them). A layer under full
+    recomputation keeps only its input (the last residual add's output, at that operator's cut); under selective
+    recomputation the attention keeps its inputs and no scores (priced as the fused kernel's graph)."""
+    from dataclasses import replace
+
     from advisor.graph.transformer import transformer_graph
     from advisor.search.intra_op import megatron_assignment
     from advisor.search.sharding import REPLICATE, DeviceMesh, ShardingOptions, ShardingProblem
 
     p, layout = cfg.parallel, cfg.operator_layout
     model, job = _model_spec(cfg), _job(cfg)
+    if p.recompute == "selective":
+        job = replace(job, attention="flash")
     mesh = DeviceMesh.for_devices(hardware, p.tp, shape=layout.mesh_shape)
 
     def saved_per_micro_batch(layers: int, whole: bool) -> float:
@@ -181,26 +187,80 @@ def layout_activation_bytes(cfg: RunConfig, hardware) -> list[float]:
             delta.append(problem.evaluate(executed).memory_bytes - problem.evaluate(reference).memory_bytes)
         return delta[0] - delta[1]
 
-    if p.pp == 1:
-        return [saved_per_micro_batch(model.num_layers, True)]
     per_layer = saved_per_micro_batch(1, False)
-    return [per_layer * n for n in p.stage_layers]
+    ends = saved_per_micro_batch(1, True) - per_layer if p.pp == 1 else 0.0
+    # a recomputed layer's input: the tokens' hidden states at the cut of the layer's last operator (res2), against
+    # Megatron's (the sequence-parallel shard, or whole)
+    whole = p.micro_batch_size * cfg.seq_length * model.hidden_size * job.dtype_bytes
+    cut = math.prod(n for a, n in zip(layout.axes("res2"), layout.mesh_shape) if a in ("b", "s", "h"))
+    input_delta = whole / cut - (whole / p.tp if p.sequence_parallel else whole)
+    out = []
+    for stage, layers in enumerate(p.stage_layers):
+        recomputed = 0 if p.recompute != "full" else min(layers, p.recompute_layers or layers)
+        out.append((layers - recomputed) * per_layer + recomputed * input_delta + (ends if stage == 0 else 0.0))
+    return out
 
 
-def with_layout_activations(pred: dict[str, Any], cfg: RunConfig, hardware) -> None:
-    """A memory prediction (memory_prediction with its stages) moved by the run's operator layout's saved activations
-    (layout_activation_bytes), per micro-batch and in flight, in place."""
+def layout_parameter_ratios(cfg: RunConfig) -> list[float]:
+    """Per pipeline stage, the parameter elements one device holds under the run's operator layout over those it
+    holds under Megatron's cut of the same group: each weight divided by the mesh axes that cut one of its labels
+    (the operator graph's tensors and labels). The executor's ZeRO shards the model states over data
+    parallelism only, the same for both, so parameters, gradients and optimizer states scale by this ratio."""
+    from advisor.graph.transformer import transformer_graph
+    from advisor.specs.operator_strategies import MEGATRON_CUTS, SEQUENCE
+
+    p, layout = cfg.parallel, cfg.operator_layout
+    model, job = _model_spec(cfg), _job(cfg)
+    megatron = (lambda op: (MEGATRON_CUTS.get(op, SEQUENCE if p.sequence_parallel else None),) * len(layout.mesh_shape))
+
+    def elements(axes_of) -> dict[str, float]:
+        """Local parameter elements of one layer, and of the first and the last stage's ends."""
+        graph = transformer_graph(model, job, batch=p.micro_batch_size, layers=(0, 1))
+        out = {"layer": 0.0, "first": 0.0, "last": 0.0}
+        for op in graph.operators:
+            base = op.name.rsplit(".", 1)[-1]
+            where = "layer" if op.name.startswith("layer.") else "first" if base == "embed" else "last"
+            axes = axes_of(base)
+            for t, labels in zip(op.inputs, op.labels):
+                tensor = graph.tensors[t]
+                if tensor.param and not (tensor.tied_to and p.pp == 1):   # a tied head on the embedding's stage
+                    parts = math.prod(n for a, n in zip(axes, layout.mesh_shape) if a is not None and a in labels)
+                    out[where] += math.prod(tensor.shape) / parts
+        return out
+
+    mine, theirs = elements(layout.axes), elements(megatron)
+    ratios = []
+    for stage, layers in enumerate(p.stage_layers):
+        ends = [e for e, on in (("first", stage == 0), ("last", stage == p.pp - 1)) if on]
+        ratios.append((layers * mine["layer"] + sum(mine[e] for e in ends))
+                      / (layers * theirs["layer"] + sum(theirs[e] for e in ends)))
+    return ratios
+
+
+def with_layout_memory(pred: dict[str, Any], cfg: RunConfig, hardware) -> None:
+    """A memory prediction (memory_prediction with its stages) moved by the run's operator layout, in place: the model
+    states by the layout's parameter elements (layout_parameter_ratios), the saved activations per micro-batch and
+    in flight by layout_activation_bytes."""
     from advisor.cost.memory import in_flight
     from advisor.space.strategy import StrategyBatch
 
     extra = layout_activation_bytes(cfg, hardware)
+    ratios = layout_parameter_ratios(cfg)
     flight = in_flight(StrategyBatch.from_strategies([_strategy(cfg)], cfg.model.num_layers))[0]
     for stage, part in enumerate(pred["stages"]):
         part["activations_per_microbatch"] += extra[stage]
+        for k in MODEL_STATES:
+            part[k] *= ratios[stage]
     worst = int(pred["stage"])
+    states = sum(pred[k] for k in MODEL_STATES if not k.startswith("host_"))    # the device's
+    for k in MODEL_STATES:
+        pred[k] *= ratios[worst]
     pred["activations_per_microbatch"] += extra[worst]
     pred["activations"] += extra[worst] * float(flight[worst])
-    pred["total"] += extra[worst] * float(flight[worst])
+    pred["total"] += extra[worst] * float(flight[worst]) + states * (ratios[worst] - 1.0)
+
+
+MODEL_STATES = ("parameters", "gradients", "optimizer", "host_optimizer", "host_params")
 
 
 predict = _estimate
@@ -291,9 +351,11 @@ def prepare_plan(plan: dict[str, Any], origin: str, options: ExecuteOptions) -> 
     if memory_pred is not None:
         memory_pred["stages"] = stage_predictions(cfg)
         if cfg.operator_layout is not None:
-            with_layout_activations(memory_pred, cfg, hardware)
-            notes.append("memory predicted with the operator layout's saved activations (advisor.search's sharding "
-                         "model, against Megatron's cut); its parameters as Megatron's cut keeps them")
+            with_layout_memory(memory_pred, cfg, hardware)
+            notes.append("memory predicted for the operator layout: its weights' cuts, and its saved activations "
+                         "against Megatron's cut (advisor.search's sharding model); the executor shards the optimizer "
+                         "states over data parallelism only, also for weights the layout keeps whole on several ranks "
+                         "of the group (which MindSpore's optimizer parallelism would shard over them)")
     if memory_pred is None:
         notes.append("advisor's cost model does not model zero-bubble schedules: no prediction")
     time_est, probe_us = None, None

@@ -132,6 +132,16 @@ def _causal_mask(s: int, groups: int, device, start: int = 0, t: int | None = No
     return _MASK_CACHE[key]
 
 
+def _additive_mask(s: int, t: int, start: int, device, dtype) -> torch.Tensor:
+    """The causal mask of queries start.. over keys 0..t-1 as 0 / -inf (cached): the fused kernel keeps the mask it
+    is given for backward, so every layer shares one tensor rather than converting a boolean one each."""
+    key = ("additive", s, t, start, str(device), dtype)
+    if key not in _MASK_CACHE:
+        _MASK_CACHE[key] = torch.zeros(s, t, dtype=dtype, device=device).masked_fill(
+            _causal_mask(s, 1, device, start, t), float("-inf"))
+    return _MASK_CACHE[key]
+
+
 def _rotary_tables(s: int, d: int, device, dtype, positions: torch.Tensor | None = None, where=None):
     """cos and sin tables [s, d] for positions 0..s-1 (or the given positions, a context-parallel
     rank's tokens, named by ``where``: their ranges), computed once per shape (shared by all layers,
@@ -192,7 +202,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flash: b
     kv_heads, t = k.shape[1], k.shape[2]
     whole = start == 0 and s == t
     if flash:
-        mask = None if whole else ~_causal_mask(s, 1, q.device, start, t)
+        mask = None if whole else _additive_mask(s, t, start, q.device, q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=whole, enable_gqa=kv_heads != heads)
     groups = heads // kv_heads
     rows = q.reshape(b, kv_heads, groups * s, d)
@@ -217,11 +227,13 @@ class Attention(nn.Module):
         self.position_ranges: tuple | None = None    # the same as (start, stop) ranges (the tables' cache key)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.core.sharded is not None:   # an operator layout: the core takes the [b, s, heads x d] projections
+            return self.o(self.core(self.q(x), self.k(x), self.v(x)))
         b, s, _ = x.shape
         # -1: the local head count under tensor parallelism (the projections hold whole heads)
-        q = self.q(x).reshape(b, s, -1, self.head_dim).transpose(1, 2)
-        k = self.k(x).reshape(b, s, -1, self.head_dim).transpose(1, 2)
-        v = self.v(x).reshape(b, s, -1, self.head_dim).transpose(1, 2)
+        q = self.q(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         if self.rotary:
             q = _rotary(q, self.positions, self.position_ranges)
             k = _rotary(k, self.positions, self.position_ranges)

@@ -24,7 +24,8 @@ advisor.executor.model, table ``OPERATORS``): an axis that cuts a label the tens
 Operators the record does not list (the embedding, final norm, LM head and loss of a
 pipeline-parallel plan, whose graph holds one stage's layers) take Megatron's cut on every axis
 (advisor.specs.operator_strategies.MEGATRON_CUTS), as the plan's pricing assumes. Between pipeline
-stages an activation travels whole.
+stages each rank hands on its shard of the last residual add's output (as Megatron hands on its
+sequence-parallel shard).
 """
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
 from advisor.errors import AdvisorError
+from advisor.executor.model import _rotary, _VocabParallelCrossEntropy, causal_attention
 from advisor.specs.operator_strategies import MEGATRON_CUTS, SEQUENCE
 
 BSH = {"b": 0, "s": 1, "h": 2}
@@ -66,7 +74,8 @@ OPERATORS: dict[str, OperatorSpec] = {
     "ln1": OperatorSpec((("norm1", BSH),), ((("norm1.weight", "norm1.bias"), {"h": 0}),)),
     "qkv": OperatorSpec((("attn", BSH),), ((("attn.q.weight", "attn.k.weight", "attn.v.weight"), {"g": 0, "h": 1}),
                                           (("attn.q.bias", "attn.k.bias", "attn.v.bias"), {"g": 0}))),
-    "attn": OperatorSpec((("attn.core.q", {"b": 0, "g": 1, "s": 2}), ("attn.core.kv", {"b": 0, "g": 1, "t": 2}))),
+    # the core reads the projections' outputs [b, s, heads x d] (whole heads, GQA groups consecutive)
+    "attn": OperatorSpec((("attn.core.q", {"b": 0, "s": 1, "g": 2}), ("attn.core.kv", {"b": 0, "t": 1, "g": 2}))),
     "proj": OperatorSpec((("attn.o", {"b": 0, "s": 1, "g": 2}),), ((("attn.o.weight",), {"h": 0, "g": 1}),)),
     "res1": OperatorSpec((("res1", BSH),), ((("attn.o.bias",), {"h": 0}),)),
     "ln2": OperatorSpec((("norm2", BSH),), ((("norm2.weight", "norm2.bias"), {"h": 0}),)),
@@ -97,8 +106,6 @@ class OperatorLayout:
 
     def placements(self, op: str, dims: dict[str, int]):
         """The DTensor placements, one per mesh axis, of an operator's tensor whose labels sit at ``dims``."""
-        from torch.distributed.tensor import Replicate, Shard
-
         return tuple(Shard(dims[lab]) if lab in dims else Replicate() for lab in self.axes(op))
 
     @staticmethod
@@ -166,19 +173,20 @@ def check_divides(layout: OperatorLayout, sizes: dict[str, int]) -> list[str]:
 # ---- applying a layout to the executor's model (torch from here on) ---------------------------------------
 def _to(x, mesh, placements):
     """``x`` (a DTensor, or a plain tensor every rank holds whole) in ``placements`` on ``mesh``."""
-    from torch.distributed.tensor import DTensor, Replicate
-
     if not isinstance(x, DTensor):
         x = DTensor.from_local(x, mesh, [Replicate()] * mesh.ndim, run_check=False)
     if tuple(x.placements) != tuple(placements):
         x = x.redistribute(mesh, placements)
+        local = x.to_local()
+        if local.untyped_storage().nbytes() > local.numel() * local.element_size():
+            # a shard that is a view of a larger buffer (gloo runs an all-to-all as an all-gather and a chunk): its
+            # own copy, so that what an operator saves for backward is the shard, as an all-to-all delivers it
+            x = x.clone()
     return x
 
 
 def _offset(x, dim: int) -> int:
     """The global index of this rank's first element of DTensor ``x`` along ``dim``."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
     _, offset = compute_local_shape_and_global_offset(x.shape, x.device_mesh, x.placements)
     return int(offset[dim])
 
@@ -193,8 +201,6 @@ def _get(root, path: str):
 
 
 def _distribute_params(root, spec: OperatorSpec, layout: OperatorLayout, op: str, mesh, done: dict) -> None:
-    import torch.nn as nn
-    from torch.distributed.tensor import distribute_tensor
 
     for paths, dims in spec.params:
         placements = layout.placements(op, dims)
@@ -252,14 +258,19 @@ def apply_operator_layout(model, mesh, layout: OperatorLayout, attention: str, r
         block.attn.rotary = False         # applied to each shard by its global positions (sharded_attention)
         block.attn.core.sharded = ShardedAttention(mesh, layout.placements("attn", OPERATORS["attn"].inputs[0][1]),
                                                    layout.placements("attn", OPERATORS["attn"].inputs[1][1]),
-                                                   flash=attention == "flash", rotary=rotary)
+                                                   block.attn.head_dim, flash=attention == "flash", rotary=rotary)
+    # between pipeline stages: each rank's shard of the last residual add's output (res2's cut), as Megatron hands
+    # on its sequence-parallel shard
+    boundary = layout.placements("res2", BSH)
+    if model.embed is None:
+        model.register_forward_pre_hook(_stage_input(mesh, boundary))
     if model.head is not None:
         _distribute_params(model, OPERATORS["lnf"], layout, "lnf", mesh, done)
         _distribute_params(model, OPERATORS["head"], layout, "head", mesh, done)
         model.norm.register_forward_pre_hook(_pre_hook(mesh, layout.placements("lnf", BSH)))
         model.head.register_forward_pre_hook(_pre_hook(mesh, layout.placements("head", BSH)))
     else:
-        model.register_forward_hook(_whole_output)
+        model.register_forward_hook(_stage_output(mesh, boundary))
 
 
 def _post_hook(mesh, placements):
@@ -268,11 +279,28 @@ def _post_hook(mesh, placements):
     return hook
 
 
-def _whole_output(module, args, output):
-    """A chunk without the LM head hands its activation on whole (the next stage gets a plain tensor)."""
-    from torch.distributed.tensor import DTensor
+def _stage_input(mesh, placements):
+    def hook(module, args):
+        x = args[0]
+        if not isinstance(x, DTensor):
+            x = DTensor.from_local(x, mesh, placements, run_check=False)
+        return (x,) + tuple(args[1:])
+    return hook
 
-    return output.full_tensor() if isinstance(output, DTensor) else output
+
+def _stage_output(mesh, placements):
+    def hook(module, args, output):
+        return _to(output, mesh, placements).to_local()
+    return hook
+
+
+def stage_activation_shape(layout: OperatorLayout, batch: int, seq: int, hidden: int) -> tuple[int, int, int]:
+    """The shape of the shard one rank hands to the next pipeline stage (res2's cut of [b, s, h])."""
+    shape = [batch, seq, hidden]
+    for lab, n in zip(layout.axes("res2"), layout.mesh_shape):
+        if lab in BSH:
+            shape[BSH[lab]] //= n
+    return tuple(shape)
 
 
 def _residual(mesh, placements):
@@ -281,26 +309,9 @@ def _residual(mesh, placements):
     return add
 
 
-def _dense_grad(x):
-    """``x``, whose gradient is handed back contiguous (a DTensor's views of it need that on every rank)."""
-    import torch
-
-    class _Dense(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, t):
-            return t.view_as(t)
-
-        @staticmethod
-        def backward(ctx, grad):
-            return grad.contiguous()
-
-    return _Dense.apply(x)
-
-
 def _shares(placements, readers):
     """The gradient placements of a tensor in ``placements`` read by shards in ``readers`` (both per mesh
     axis): Partial (each rank's gradient a share of the sum) where the tensor is whole and its reader cut."""
-    from torch.distributed.tensor import Partial, Replicate, Shard
 
     return tuple(Partial() if isinstance(p, Replicate) and isinstance(r, Shard) else p
                  for p, r in zip(placements, readers))
@@ -316,9 +327,6 @@ class ShardedLookup:
         self.mesh = mesh
 
     def __call__(self, tokens, weight):
-        import torch
-        import torch.nn.functional as F
-        from torch.distributed.tensor import DTensor, Partial, Shard
 
         # the table whole where the tokens are cut: each rank's gradient is its tokens' share
         ids, table = tokens.to_local(), weight.to_local(grad_placements=_shares(weight.placements, tokens.placements))
@@ -335,35 +343,35 @@ class ShardedLookup:
 
 
 class ShardedAttention:
-    """Causal attention on each rank's shards of q [b, heads, s, d] and k, v [b, kv_heads, t, d] in the
-    attention operator's placements: the query shard's global positions set its causal mask and its
-    rotary angles; the result keeps q's placements."""
+    """Causal attention on each rank's shards of the projections' outputs q [b, s, heads x d] and k, v
+    [b, t, kv_heads x d] in the attention operator's placements: the query shard's global positions set
+    its causal mask and its rotary angles; the result [b, s, heads x d] keeps q's placements. Heads are
+    split and merged on the local tensors (a DTensor view of a cut head dimension cannot always be one)."""
 
-    def __init__(self, mesh, q_placements, kv_placements, flash: bool, rotary: bool):
+    def __init__(self, mesh, q_placements, kv_placements, head_dim: int, flash: bool, rotary: bool):
         self.mesh, self.q_pl, self.kv_pl = mesh, tuple(q_placements), tuple(kv_placements)
-        self.flash, self.rotary = flash, rotary
+        self.head_dim, self.flash, self.rotary = head_dim, flash, rotary
 
     def __call__(self, q, k, v):
-        import torch
-        from torch.distributed.tensor import DTensor
-
-        from advisor.executor.model import _rotary, causal_attention
-
         q, k, v = _to(q, self.mesh, self.q_pl), _to(k, self.mesh, self.kv_pl), _to(v, self.mesh, self.kv_pl)
         # keys and values whole where the queries are cut by position: each rank's gradient is its queries' share
         grads = _shares(self.kv_pl, self.q_pl)
-        lq, lk, lv = (_dense_grad(x) for x in (q.to_local(), k.to_local(grad_placements=grads),
-                                              v.to_local(grad_placements=grads)))
-        start, s = _offset(q, 2), lq.shape[2]
+        lq, lk, lv = (_heads(x, self.head_dim) for x in (q.to_local(), k.to_local(grad_placements=grads),
+                                                         v.to_local(grad_placements=grads)))
+        start, s = _offset(q, 1), lq.shape[2]
         if self.rotary:
             lq = _rotary(lq, torch.arange(start, start + s), ((start, start + s),))
             lk = _rotary(lk)
-        # laid out [b, s, heads, d] in memory (the projection reads it that way: Attention.forward's transpose
-        # and reshape then view contiguous memory on every rank)
-        out = causal_attention(lq, lk, lv, self.flash, start).transpose(1, 2).contiguous().transpose(1, 2)
-        b, heads, s_all, d = q.shape
-        return DTensor.from_local(out, self.mesh, self.q_pl, run_check=False, shape=q.shape,
-                                  stride=(s_all * heads * d, d, heads * d, 1))
+        out = causal_attention(lq, lk, lv, self.flash, start)
+        b, s_local, width = q.to_local().shape
+        local = out.transpose(1, 2).reshape(b, s_local, width)
+        return DTensor.from_local(local, self.mesh, self.q_pl, run_check=False, shape=q.shape, stride=q.stride())
+
+
+def _heads(x, head_dim: int):
+    """[b, s, heads x d] -> [b, heads, s, d] (a view)."""
+    b, s, width = x.shape
+    return x.view(b, s, width // head_dim, head_dim).transpose(1, 2)
 
 
 class LayoutLoss:
@@ -372,7 +380,6 @@ class LayoutLoss:
     sequence shards averaged over the whole micro-batch."""
 
     def __init__(self, mesh, layout: OperatorLayout):
-        from torch.distributed.tensor import Replicate, Shard
 
         self.mesh = mesh
         self.logits_pl = layout.placements("loss", OPERATORS["loss"].inputs[0][1])
@@ -387,9 +394,7 @@ class LayoutLoss:
             self.group = mesh[names]._flatten("_".join(names)).get_group()
 
     def __call__(self, logits, targets):
-        from torch.distributed.tensor import DTensor
 
-        from advisor.executor.model import _VocabParallelCrossEntropy
 
         logits = _to(logits, self.mesh, self.logits_pl)
         targets = _to(targets, self.mesh, self.targets_pl)

@@ -18,7 +18,7 @@ from advisor.executor.measure import (ActivationTracker, ParameterProbe, gradien
 from advisor.executor.context_parallel import CPGroup
 from advisor.executor.swap import LayerSwap, swapped_blocks
 from advisor.executor.model import GPT, VocabParallelLoss, apply_context_parallel, apply_host_embedding, cross_entropy
-from advisor.executor.operator_layout import LayoutLoss, apply_operator_layout, layout_mesh
+from advisor.executor.operator_layout import LayoutLoss, apply_operator_layout, layout_mesh, stage_activation_shape
 from advisor.executor.parallel import (GradientAverager, ZeroOneOptimizer, apply_fsdp, apply_multi_copy,
                                        apply_recompute, apply_tensor_parallel, build_chunks, build_mesh, chunk_layout,
                                        host_state_tensors, make_torch_optimizer, optimizer_state_tensors, replica_mesh,
@@ -163,9 +163,12 @@ def _schedule(cfg: RunConfig, s: _Setup):
     mbs = p.micro_batch_size
     seq_cp = cfg.seq_length // p.cp
     seq_local = seq_cp // p.tp if p.sequence_parallel else seq_cp
-    # example tensors: static shapes (no shape-inference pass); requires_grad marks what flows back
+    # example tensors: static shapes (no shape-inference pass); requires_grad marks what flows back. Between
+    # stages: the sequence-parallel shard, or an operator layout's shard (operator_layout.stage_activation_shape)
     dtype = torch_dtype(cfg)
-    hidden = torch.zeros(mbs, seq_local, m.hidden_size, device=s.device, dtype=dtype, requires_grad=True)
+    shape = ((mbs, seq_local, m.hidden_size) if cfg.operator_layout is None
+             else stage_activation_shape(cfg.operator_layout, mbs, seq_cp, m.hidden_size))
+    hidden = torch.zeros(shape, device=s.device, dtype=dtype, requires_grad=True)
     stages = []
     for stage, chunk in s.chunks:
         inp = torch.zeros(mbs, seq_cp, dtype=torch.long, device=s.device) if stage == 0 else hidden
