@@ -25,7 +25,9 @@ Korthikanti et al. 2022 (section 4.1) tensor by tensor: each operator saves its 
 attention scores, softmax and dropout outputs, 5 bytes per score at 16 bits, or with flash
 attention (the job's default) only an fp32 log-sum-exp per query and head; dropout masks 1 byte per
 element; the GELU input, or SwiGLU's gate/up output), which adds up to sbh(34 + 5as/h) per layer
-without parallelism for math attention.
+without parallelism for math attention. Without dropout (the job's ``dropout``, off by default) no
+masks are kept and the scores are the softmax output alone: sbh(32 + 2as/h) at 16 bits, as
+advisor.cost.activations counts it.
 
 Dense and MoE layers are two templates, each listed once with ``count`` = its number of layers;
 links carry each layer's output to the next layer's input (as often as that transition occurs).
@@ -52,6 +54,7 @@ class _Builder:
         self.S = job.seq_length
         self.dt = job.dtype_bytes
         self.attention = getattr(job, "attention", "math")     # math | flash
+        self.dropout = bool(getattr(job, "dropout", True))    # dropout masks kept for backward (the job's)
         # keys each query's attention operator covers: the whole s x s product (what the operator-level
         # searchers shard), narrowed only by a sliding window
         self.keys = model.attended_keys(self.S, causal=False)
@@ -79,6 +82,9 @@ class _Builder:
             inputs.append(self.param("wpe", (S, H)))
             labels.append("sh")
         out = self.tensor("x_emb", (B, S, H))
+        if not self.dropout:
+            self.op("embed", "embedding", inputs, [out], labels + ["bsh"])
+            return out
         mask = self.tensor("emb_mask", (B, S, H), MASK_BYTES)
         self.op("embed", "embedding", inputs, [out], labels + ["bsh", "bsh"], internals=(mask,), saves=(mask,))
         return out
@@ -110,8 +116,9 @@ class _Builder:
                 no_cut=frozenset("rdk"), saves=(n1,), count=count)
         ctx = self.tensor(f"{p}ctx", (B, S, G, R, D))
         if self.attention == "math":
-            # softmax output, dropout mask and dropout output: 2 + 1 + 2 bytes per score at 16 bits
-            kept = self.tensor(f"{p}scores", (B, G, R, S, S), max(1, round(2.5 * self.dt)))
+            # softmax output, dropout mask and dropout output: 2 + 1 + 2 bytes per score at 16 bits (the softmax
+            # output alone without dropout)
+            kept = self.tensor(f"{p}scores", (B, G, R, S, S), max(1, round(2.5 * self.dt)) if self.dropout else self.dt)
             labels, passes = "bgrst", 2.0
         else:
             # flash attention keeps only the fp32 log-sum-exp per query and head (Dao et al. 2022)
@@ -132,6 +139,9 @@ class _Builder:
             ins.append(self.param(f"{p}{name}_bias", (H,)))
             labs.append("h")
         out = self.tensor(f"{p}{name}_out", (self.B, self.S, H))
+        if not self.dropout:
+            self.op(f"{p}{name}", "elementwise", ins, [out], labs + ["bsh"], count=count)
+            return out
         mask = self.tensor(f"{p}{name}_mask", (self.B, self.S, H), MASK_BYTES)
         self.op(f"{p}{name}", "elementwise", ins, [out], labs + ["bsh", "bsh"], internals=(mask,), saves=(mask,), count=count)
         return out
