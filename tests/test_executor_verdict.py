@@ -73,14 +73,20 @@ def test_an_operator_layout_is_read_with_megatrons_cut_for_the_operators_it_does
 @pytest.mark.parametrize("change, words", [
     (lambda p: p["operator_strategies"].update(mesh=[2, 3]), r"mesh: \[2, 3\] holds 6 devices, but parallel.tp is 4"),
     (lambda p: p["operator_strategies"]["operators"].update({"layer.router": {"mesh_axes": ["e", "e"]}}),
-     "layer.router: the executor runs dense transformer operators only"),
+     r"operators\['layer.router'\]: the executor runs dense transformer operators only"),
     (lambda p: p["operator_strategies"]["operators"]["layer.qkv"].update(mesh_axes=["r", "g"]),
-     "layer.qkv.mesh_axes: cuts 'r', which no tensor of the executor's qkv splits"),
+     r"operators\['layer.qkv'\].mesh_axes: cuts 'r', which no tensor of the executor's qkv splits"),
     (lambda p: p["operator_strategies"]["operators"]["layer.fc1"].update(mesh_axes=["f"]),
      "must list one label .* per mesh axis"),
     (lambda p: p["parallel"].update(cp=2), "operator_strategies with parallel.cp = 2: context parallelism"),
     (lambda p: p["operator_strategies"]["operators"]["layer.attn"].update(mesh_axes=["g", "g"]),
      r"attn cuts g \(2\) into 4 parts"),
+    # a norm's hidden size and attention's key positions are never cut (the graph's no_cut)
+    (lambda p: p["operator_strategies"]["operators"]["layer.ln1"].update(mesh_axes=["h", "s"]), "ln1 splits"),
+    (lambda p: p["operator_strategies"]["operators"]["layer.attn"].update(mesh_axes=["t", "g"]), "attn splits"),
+    # a name is quoted, escapes and all
+    (lambda p: p["operator_strategies"]["operators"].update({"layer.\x1b[31mqkv": {"mesh_axes": ["r", "g"]}}),
+     r"operators\['layer.\\x1b\[31mqkv'\]"),
 ])
 def test_an_operator_layout_the_executor_cannot_run_is_refused_naming_the_key(change, words):
     plan = layout_plan(dict(tp=4), [2, 2], LAYOUT_2D, "llama")

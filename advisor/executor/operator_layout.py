@@ -31,6 +31,7 @@ sequence-parallel shard).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,8 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from advisor.errors import AdvisorError
 from advisor.executor.model import _rotary, _VocabParallelCrossEntropy, causal_attention
-from advisor.specs.operator_strategies import MEGATRON_CUTS, SEQUENCE
+from advisor.specs.operator_strategies import MAX_OPERATORS, MEGATRON_CUTS, SEQUENCE
+from advisor.specs.untrusted import prefix
 
 BSH = {"b": 0, "s": 1, "h": 2}
 BS = {"b": 0, "s": 1}
@@ -71,20 +73,22 @@ class OperatorSpec:
 OPERATORS: dict[str, OperatorSpec] = {
     "embed": OperatorSpec((("embed", BS),), ((("embed.tok.weight",), {"v": 0, "h": 1}),
                                              (("embed.pos.weight",), {"s": 0, "h": 1})), in_layer=False),
-    "ln1": OperatorSpec((("norm1", BSH),), ((("norm1.weight", "norm1.bias"), {"h": 0}),)),
+    # a norm's h is never cut (the graph's no_cut): its weights whole, its input cut by batch or sequence only
+    "ln1": OperatorSpec((("norm1", BS),), ((("norm1.weight", "norm1.bias"), {}),)),
     "qkv": OperatorSpec((("attn", BSH),), ((("attn.q.weight", "attn.k.weight", "attn.v.weight"), {"g": 0, "h": 1}),
                                           (("attn.q.bias", "attn.k.bias", "attn.v.bias"), {"g": 0}))),
-    # the core reads the projections' outputs [b, s, heads x d] (whole heads, GQA groups consecutive)
-    "attn": OperatorSpec((("attn.core.q", {"b": 0, "s": 1, "g": 2}), ("attn.core.kv", {"b": 0, "t": 1, "g": 2}))),
+    # the core reads the projections' outputs [b, s, heads x d] (whole heads, GQA groups consecutive); the keys'
+    # positions t are never cut (the graph's no_cut: a cut of s gathers K and V)
+    "attn": OperatorSpec((("attn.core.q", {"b": 0, "s": 1, "g": 2}), ("attn.core.kv", {"b": 0, "g": 2}))),
     "proj": OperatorSpec((("attn.o", {"b": 0, "s": 1, "g": 2}),), ((("attn.o.weight",), {"h": 0, "g": 1}),)),
     "res1": OperatorSpec((("res1", BSH),), ((("attn.o.bias",), {"h": 0}),)),
-    "ln2": OperatorSpec((("norm2", BSH),), ((("norm2.weight", "norm2.bias"), {"h": 0}),)),
+    "ln2": OperatorSpec((("norm2", BS),), ((("norm2.weight", "norm2.bias"), {}),)),
     "fc1": OperatorSpec((("mlp", BSH),), ((("mlp.fc1.weight", "mlp.gate.weight", "mlp.up.weight"), {"f": 0, "h": 1}),
                                          (("mlp.fc1.bias", "mlp.gate.bias", "mlp.up.bias"), {"f": 0}))),
     "fc2": OperatorSpec((("mlp.out", {"b": 0, "s": 1, "f": 2}),),
                         ((("mlp.fc2.weight", "mlp.down.weight"), {"h": 0, "f": 1}),)),
     "res2": OperatorSpec((("res2", BSH),), ((("mlp.fc2.bias", "mlp.down.bias"), {"h": 0}),)),
-    "lnf": OperatorSpec((("norm", BSH),), ((("norm.weight", "norm.bias"), {"h": 0}),), in_layer=False),
+    "lnf": OperatorSpec((("norm", BS),), ((("norm.weight", "norm.bias"), {}),), in_layer=False),
     "head": OperatorSpec((("head", BSH),), ((("head.weight",), {"v": 0, "h": 1}),), in_layer=False),
     "loss": OperatorSpec((("loss.logits", {"b": 0, "s": 1, "v": 2}), ("loss.targets", BS)), in_layer=False),
 }
@@ -128,31 +132,32 @@ def layout_from_plan(rec: Any, tp: int, sequence_parallel: bool) -> OperatorLayo
     if math.prod(mesh) != tp:
         raise AdvisorError(f"{where}.mesh: {mesh} holds {math.prod(mesh)} devices, but parallel.tp is {tp}")
     operators = rec.get("operators")
-    if not isinstance(operators, dict):
-        raise AdvisorError(f"{where}.operators: must be a mapping of operator name to its cuts (a plan from "
-                           "advisor recommend --searcher drec|ilp)")
+    if not isinstance(operators, dict) or len(operators) > MAX_OPERATORS:
+        raise AdvisorError(f"{where}.operators: must be a mapping of at most {MAX_OPERATORS} operator names to their "
+                           "cuts (a plan from advisor recommend --searcher drec|ilp)")
     given: dict[str, tuple[str | None, ...]] = {}
     for name, op in operators.items():
         base = str(name).rsplit(".", 1)[-1]
         if base not in OPERATORS:
-            raise AdvisorError(f"{where}.operators.{str(name)[:60]}: the executor runs dense transformer "
+            raise AdvisorError(f"{where}.operators[{prefix(name)}]: the executor runs dense transformer "
                                f"operators only ({', '.join(OPERATORS)})")
         axes = op.get("mesh_axes") if isinstance(op, dict) else None
         if not isinstance(axes, list) or len(axes) != len(mesh) or not all(a is None or isinstance(a, str) for a in axes):
-            raise AdvisorError(f"{where}.operators.{name}.mesh_axes: must list one label (or null) per mesh axis "
-                               f"({len(mesh)}), got {axes!r}")
+            raise AdvisorError(f"{where}.operators[{prefix(name)}].mesh_axes: must list one label (or null) per mesh axis "
+                               f"({len(mesh)}), got {prefix(axes)}")
         unknown = sorted({a for a in axes if a is not None} - OPERATORS[base].labels)
         if unknown:
-            raise AdvisorError(f"{where}.operators.{name}.mesh_axes: cuts {', '.join(map(repr, unknown))}, which no "
+            raise AdvisorError(f"{where}.operators[{prefix(name)}].mesh_axes: cuts {', '.join(map(prefix, unknown))}, which no "
                                f"tensor of the executor's {base} splits (it can cut "
                                f"{', '.join(sorted(OPERATORS[base].labels))})")
         if base in given and given[base] != tuple(axes):
-            raise AdvisorError(f"{where}.operators.{name}: two layers of the template cut {base} differently")
+            raise AdvisorError(f"{where}.operators[{prefix(name)}]: two layers of the template cut {base} differently")
         given[base] = tuple(axes)
     fallback = SEQUENCE if sequence_parallel else None
     cuts = tuple((op, given.get(op, (MEGATRON_CUTS.get(op, fallback),) * len(mesh))) for op in OPERATORS)
-    searcher = rec.get("searcher") if isinstance(rec.get("searcher"), str) else "plan"
-    return OperatorLayout(tuple(mesh), cuts, tuple(op for op in OPERATORS if op in given), searcher[:20])
+    searcher = rec.get("searcher")
+    searcher = searcher if isinstance(searcher, str) and re.fullmatch(r"[A-Za-z0-9_-]{1,20}", searcher) else "plan"
+    return OperatorLayout(tuple(mesh), cuts, tuple(op for op in OPERATORS if op in given), searcher)
 
 
 def check_divides(layout: OperatorLayout, sizes: dict[str, int]) -> list[str]:
@@ -201,7 +206,6 @@ def _get(root, path: str):
 
 
 def _distribute_params(root, spec: OperatorSpec, layout: OperatorLayout, op: str, mesh, done: dict) -> None:
-
     for paths, dims in spec.params:
         placements = layout.placements(op, dims)
         for path in paths:
@@ -327,7 +331,6 @@ class ShardedLookup:
         self.mesh = mesh
 
     def __call__(self, tokens, weight):
-
         # the table whole where the tokens are cut: each rank's gradient is its tokens' share
         ids, table = tokens.to_local(), weight.to_local(grad_placements=_shares(weight.placements, tokens.placements))
         start, rows = _offset(weight, 0), table.shape[0]
@@ -380,7 +383,6 @@ class LayoutLoss:
     sequence shards averaged over the whole micro-batch."""
 
     def __init__(self, mesh, layout: OperatorLayout):
-
         self.mesh = mesh
         self.logits_pl = layout.placements("loss", OPERATORS["loss"].inputs[0][1])
         self.targets_pl = layout.placements("loss", BS)
@@ -394,8 +396,6 @@ class LayoutLoss:
             self.group = mesh[names]._flatten("_".join(names)).get_group()
 
     def __call__(self, logits, targets):
-
-
         logits = _to(logits, self.mesh, self.logits_pl)
         targets = _to(targets, self.mesh, self.targets_pl)
         per_token = _VocabParallelCrossEntropy.apply(logits.to_local(), targets.to_local(), self.group,
