@@ -110,3 +110,34 @@ def test_scip_backend_agrees_with_cp_sat():
     a = ilp_search(p, time_limit_s=20, backend="cp-sat").require()
     b = ilp_search(p, time_limit_s=20, backend="scip").require()
     assert b.cost_s == pytest.approx(a.cost_s, rel=1e-5)
+
+
+def test_a_fused_attentions_own_copy_of_its_output_is_priced_where_the_projection_cuts_it_otherwise():
+    """Flash attention keeps its output for backward (Operator.kept_outputs). Where the output projection saves it
+    in the same layout it is one tensor; where the projection's cut differs (a redistribution between them) both
+    copies stay, as the executor measures (tests/test_executor_verdict.py). The ILP's memory constraint counts the
+    same bytes as evaluate."""
+    hw = load_hardware("dgx-a100-80g")
+    job = replace(JOB, attention="flash")
+    graph = transformer_graph(tiny_transformer(), job, batch=8)
+    p = ShardingProblem(graph, DeviceMesh.for_devices(hw, 4, shape=(2, 2)), hw, job,
+                        ShardingOptions(activations_in_flight=1.0))
+    names = [info.op.name for info in p.info]
+    attn, proj = names.index("layer.attn"), names.index("layer.proj")
+    megatron = [("g", "g") if n.endswith(("qkv", "attn", "proj")) else ("v", "v") if n in ("embed", "head", "loss")
+                else ("f", "f") if n.endswith(("fc1", "fc2")) else ("*", "*") for n in names]
+    assert p.assignment_edge_memory(megatron) == 0.0
+    other = list(megatron)
+    other[proj] = ("s", "g")
+    ctx = graph.tensors["layer.ctx"]
+    count = p.info[attn].op.count
+    assert p.assignment_edge_memory(other) == ctx.nbytes / 4 * count
+    assert p.evaluate(other).memory_bytes == p.evaluate(megatron).memory_bytes + ctx.nbytes / 4 * count + (
+        sum(p.op_costs(proj, [other[proj]])[1]) - sum(p.op_costs(proj, [megatron[proj]])[1]))
+    # the program's memory of an assignment is evaluate's
+    for assignment in (megatron, other):
+        hint = drec_search(p)
+        hint = replace(hint, assignment=tuple(assignment))
+        prog, _ = build_program(p, hint)
+        counted = sum(b for var, b in zip(prog.memory_vars, prog.memory_bytes) if prog.hint[var])
+        assert counted == pytest.approx(p.evaluate(list(assignment)).memory_bytes, rel=1e-12)

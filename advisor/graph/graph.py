@@ -79,6 +79,10 @@ class Operator:
     label_map: tuple[tuple[str, str], ...] = ()
     saves: tuple[str, ...] = ()          # tensors kept for the backward pass (activation memory)
     count: int = 1                       # executions per micro-batch (layers sharing this template)
+    # outputs the operator itself keeps for the backward pass (a fused attention kernel keeps its output):
+    # one tensor with a consumer that saves it in the same layout, two where the consumer's layout differs
+    # (advisor.search.sharding_problem prices them on the edge to that consumer)
+    kept_outputs: tuple[str, ...] = ()
 
     @property
     def tensors(self) -> tuple[str, ...]:

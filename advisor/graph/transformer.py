@@ -124,9 +124,11 @@ class _Builder:
             # flash attention keeps only the fp32 log-sum-exp per query and head (Dao et al. 2022)
             kept = self.tensor(f"{p}lse", (B, G, R, S), FP32)
             labels, passes = "bgrs", 0.0
+        # a fused (flash) kernel keeps its output for the backward pass too (Dao et al. 2022, algorithm 2)
         self.op(f"{p}attn", "attention", [q, kv], [ctx], ["bsgrd", "btgkd", "bsgrd", labels],
                 internals=(kept,), flops=2.0 * B * S * self.keys * (m.q_size + m.attention_out_size), epilogue_passes=passes,
-                no_cut=frozenset("rdkt"), saves=(q, kv, kept), count=count)
+                no_cut=frozenset("rdkt"), saves=(q, kv, kept), count=count,
+                kept_outputs=(ctx,) if self.attention == "flash" else ())
         o = self.tensor(f"{p}attn_out", (B, S, H))
         self.op(f"{p}proj", "matmul", [ctx, self.param(f"{p}wo", (G, R, D, H))], [o], ["bsgrd", "grdh", "bsh"],
                 flops=2.0 * B * S * m.attention_out_size * H, no_cut=frozenset("rd"), saves=(ctx,), count=count)

@@ -191,8 +191,22 @@ def neighbourhood(problem: ShardingProblem, v: int, s: Strat) -> list[Strat]:
     return out
 
 
+def _local_memory(problem: ShardingProblem, v: int, cands: list[Strat], current: list[Strat]) -> np.ndarray:
+    """Operator v's bytes under each candidate, with the memory edges it shares with its neighbours as they stand
+    (ShardingProblem.edge_memory: a kept output's second copy)."""
+    mem = problem.op_costs(v, cands)[1]
+    for e in problem.memory_edges:
+        edge = problem.edges[e]
+        if edge.src == v:
+            mem = mem + problem.edge_memory(e, cands, [current[edge.dst]])[:, 0]
+        elif edge.dst == v:
+            mem = mem + problem.edge_memory(e, [current[edge.src]], cands)[0, :]
+    return mem
+
+
 def _memory(problem: ShardingProblem, current: list[Strat]) -> float:
-    return sum(float(problem.op_costs(v, [s])[1][0]) for v, s in enumerate(current))
+    return (sum(float(problem.op_costs(v, [s])[1][0]) for v, s in enumerate(current))
+            + problem.assignment_edge_memory(current))
 
 
 def _repair(problem: ShardingProblem, current: list[Strat]) -> int:
@@ -205,7 +219,7 @@ def _repair(problem: ShardingProblem, current: list[Strat]) -> int:
         for v in range(problem.num_ops):
             cands = neighbourhood(problem, v, current[v])
             cost = _local_costs(problem, v, cands, current)
-            mem = problem.op_costs(v, cands)[1]
+            mem = _local_memory(problem, v, cands, current)
             here = cands.index(current[v])
             saved = mem[here] - mem
             extra = cost - cost[here]
@@ -245,7 +259,7 @@ def _single_moves(problem: ShardingProblem, current: list[Strat]) -> int:
     for v in range(problem.num_ops):
         cands = neighbourhood(problem, v, current[v])
         cost = _local_costs(problem, v, cands, current)
-        mem = problem.op_costs(v, cands)[1]
+        mem = _local_memory(problem, v, cands, current)
         here = cands.index(current[v])
         allowed = (used - mem[here] + mem <= limit) if fits else (mem <= mem[here])
         cost = np.where(allowed, cost, np.inf)
@@ -267,7 +281,7 @@ def _swap(problem: ShardingProblem, current: list[Strat]) -> bool:
     for v in range(problem.num_ops):
         cands = neighbourhood(problem, v, current[v])
         cost = _local_costs(problem, v, cands, current)
-        mem = problem.op_costs(v, cands)[1]
+        mem = _local_memory(problem, v, cands, current)
         here = cands.index(current[v])
         for i in range(len(cands)):
             d_cost, d_mem = cost[i] - cost[here], mem[i] - mem[here]

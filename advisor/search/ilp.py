@@ -22,8 +22,10 @@ Formulation (the code follows the numbers):
    linearization of the product x[u,.] x[w,.]; tight on trees). An edge whose producer or consumer
    has one class adds its cost to the other side's x instead; an edge from an operator to itself
    (a one-operator template feeding its next repetition) adds to that operator's x.
-4. Memory. sum_{v,s} mem[v,s] x[v,s] <= M: parameters, gradients, optimizer states and saved
-   activations per device (in integer units of a millionth of the limit; the rounding stays within
+4. Memory. sum_{v,s} mem[v,s] x[v,s] + sum mem[e,a,b] y[e,a,b] <= M: parameters, gradients,
+   optimizer states and saved activations per device, and on the edge of a kept output (a fused
+   attention's own copy of its output, ShardingProblem.edge_memory) the producer's copy where the
+   consumer saves another layout (folded into one side's x like a cost) (in integer units of a millionth of the limit; the rounding stays within
    the 1e-4 tolerance with which every searcher compares memory to the limit).
 5. Objective. minimize sum c[v,s] x[v,s] + sum c[e,a,b] y[e,a,b]: compute + in-operator
    communication + gradient reduction + redistribution, seconds per step scaled to integers
@@ -160,14 +162,17 @@ def build_program(problem: ShardingProblem, hint: OperatorSolution | None) -> tu
     prog = Program(n_x=n, groups=groups, memory_limit_bytes=problem.memory_limit_bytes, upper_s=upper)
     chosen = [c.index(hint.assignment[v]) for v, c in enumerate(cands)] if hint else None
     y_cost, y_hint = [], []
-    # 3. edges: fold one-class sides into operator costs, pair variables for the rest
+    # 3. edges: fold one-class sides into operator costs (and memory), pair variables for the rest
     floor = sum(float(c.min()) for c in op_cost)
+    op_mem = [problem.op_costs(v, cands[v])[1] for v in range(problem.num_ops)]
     for ed in edges:
         if ed.mat.shape[1] == 1:
             op_cost[ed.u] = op_cost[ed.u] + ed.mat[ed.a_of, 0]
+            op_mem[ed.u] = op_mem[ed.u] + ed.mem[ed.a_of, 0]
             continue
         if ed.mat.shape[0] == 1:
             op_cost[ed.w] = op_cost[ed.w] + ed.mat[0, ed.b_of]
+            op_mem[ed.w] = op_mem[ed.w] + ed.mem[0, ed.b_of]
             continue
         a_hint = int(ed.a_of[chosen[ed.u]]) if hint else -1
         b_hint = int(ed.b_of[chosen[ed.w]]) if hint else -1
@@ -179,13 +184,16 @@ def build_program(problem: ShardingProblem, hint: OperatorSolution | None) -> tu
             cols[b].append(var)
             y_cost.append(float(ed.mat[a, b]))
             y_hint.append(int(a == a_hint and b == b_hint))
+            if ed.mem[a, b] > 0:
+                prog.memory_vars.append(var)
+                prog.memory_bytes.append(float(ed.mem[a, b]))
         for a, row in enumerate(rows):
             prog.equalities.append((row, [groups[ed.u][i] for i in np.flatnonzero(ed.a_of == a)]))
         for b, col in enumerate(cols):
             prog.equalities.append((col, [groups[ed.w][j] for j in np.flatnonzero(ed.b_of == b)]))
     # 4. memory
     for v in range(problem.num_ops):
-        for var, mb in zip(groups[v], problem.op_costs(v, cands[v])[1]):
+        for var, mb in zip(groups[v], op_mem[v]):
             if mb > 0:
                 prog.memory_vars.append(var)
                 prog.memory_bytes.append(float(mb))
@@ -285,6 +293,7 @@ class _EdgeData:
     a_of: np.ndarray      # producer candidate -> layout class
     b_of: np.ndarray      # consumer candidate -> layout class
     mat: np.ndarray       # seconds per step, classes x classes
+    mem: np.ndarray       # bytes per device, classes x classes (ShardingProblem.edge_key_memory)
 
 
 def _edges(problem: ShardingProblem, cands: list[list[Strat]]) -> tuple[list[np.ndarray], list[_EdgeData]]:
@@ -302,7 +311,7 @@ def _edges(problem: ShardingProblem, cands: list[list[Strat]]) -> tuple[list[np.
         a_index = {k: i for i, k in enumerate(a_keys)}
         b_index = {k: i for i, k in enumerate(b_keys)}
         out.append(_EdgeData(e, u, w, np.array([a_index[k] for k in pk]), np.array([b_index[k] for k in ck]),
-                             problem.edge_key_costs(e, a_keys, b_keys)))
+                             problem.edge_key_costs(e, a_keys, b_keys), problem.edge_key_memory(e, a_keys, b_keys)))
     return op_cost, out
 
 

@@ -35,7 +35,10 @@ Memory per device: each parameter once (its first consumer's layout), weights an
 like the parameter, optimizer states also divided over the parameter's replicas from ZeRO stage 1
 (MindSpore's optimizer parallelism; gradients from stage 2, weights from stage 3, which then
 gathers weights every micro-batch as FSDP does), plus the activations each operator saves for the
-backward pass, times the micro-batches in flight.
+backward pass, times the micro-batches in flight. An output the producer keeps itself (a fused
+attention keeps its output, Operator.kept_outputs) is one tensor with a consumer that saves it in
+the same layout and a second copy where the consumer's layout differs: that copy is priced on the
+edge (ShardingProblem.edge_memory; D-Rec's moves and the ILP's memory constraint count it).
 """
 
 from __future__ import annotations

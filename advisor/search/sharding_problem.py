@@ -84,6 +84,19 @@ class ShardingProblem:
         self._collective_s: dict[tuple[str, int, float], float] = {}
         self._strategies: dict[int, list[Strat]] = {}
         self._templates: dict[tuple, tuple] = {}
+        # outputs an operator keeps for backward itself (Operator.kept_outputs): priced on the first edge to a
+        # consumer (edge_memory), or with the operator where no edge carries them
+        self._kept_edges: dict[int, bool] = {}      # edge -> whether its consumer saves the tensor it gets
+        self._kept_unlinked: dict[int, list[int]] = {}   # operator -> its kept outputs' tensor indices
+        for v, info in enumerate(self.info):
+            for t in info.op.kept_outputs:
+                first = next((e for e, edge in enumerate(self.edges) if edge.src == v and edge.src_tensor == t
+                              and edge.dst != v), None)
+                if first is None:
+                    self._kept_unlinked.setdefault(v, []).append(info.op.tensors.index(t))
+                else:
+                    dst = self.info[self.edges[first].dst].op
+                    self._kept_edges[first] = self.edges[first].dst_tensor in dst.saves
         # operators whose strategy a user fixed (advisor.search.semi_auto): v -> the mesh strategies
         # that give the user's cuts, and every prefix of them (D-Rec decides one axis at a time)
         self.fixed: dict[int, list[Strat]] = {}
@@ -218,6 +231,7 @@ class ShardingProblem:
             mapped = _mask(labs, lambda lab: op.input_label(lab) != lab)
             per_mb.add("all_to_all", row, mapped, outs, 2.0)
             saved = sum(sh.local_bytes[op.tensors.index(t)] for t in op.saves)
+            saved += sum(sh.local_bytes[i] for i in self._kept_unlinked.get(v, ()))
             mem[row] = saved * opts.activations_in_flight
             for i in info.params:
                 t = info.tensors[i]
@@ -294,6 +308,39 @@ class ShardingProblem:
             hit = self._edge_arrays[key] = _frozen(self.edge_key_costs(e, pk, ck))
         return hit
 
+    # ---- memory on edges ---------------------------------------------------------------------------
+    @property
+    def memory_edges(self) -> tuple[int, ...]:
+        """The edges that carry memory (edge_memory): those of a kept output to its consumer."""
+        return tuple(self._kept_edges)
+
+    def edge_key_memory(self, e: int, pkeys: list, ckeys: list) -> np.ndarray:
+        """Bytes per device of edge e for each (producer layout, consumer layout) pair: the producer's kept copy of
+        the tensor (Operator.kept_outputs), unless the consumer saves it in the same layout (then it is the one
+        tensor the consumer's own memory counts). Zero on edges without a kept output."""
+        out = np.zeros((len(pkeys), len(ckeys)))
+        if e not in self._kept_edges:
+            return out
+        edge = self.edges[e]
+        op = self.info[edge.src].op
+        nbytes = float(self.graph.tensors[edge.src_tensor].nbytes)
+        scale = op.count * self.options.activations_in_flight
+        for i, a in enumerate(pkeys):
+            local = scale * nbytes / math.prod(n for n, d in zip(self.mesh.shape, a) if d >= 0)
+            for j, (b_in, _) in enumerate(ckeys):
+                out[i, j] = 0.0 if self._kept_edges[e] and a == b_in else local
+        return out
+
+    def edge_memory(self, e: int, src_strats: list[Strat], dst_strats: list[Strat]) -> np.ndarray:
+        pk = [self.producer_key(e, s) for s in src_strats]
+        ck = [self.consumer_key(e, s) for s in dst_strats]
+        return self.edge_key_memory(e, pk, ck)
+
+    def assignment_edge_memory(self, assignment: list[Strat]) -> float:
+        """The bytes per device the memory edges of an assignment add to its operators' (edge_memory)."""
+        return sum(float(self.edge_memory(e, [assignment[self.edges[e].src]], [assignment[self.edges[e].dst]])[0, 0])
+                   for e in self._kept_edges)
+
     # ---- whole assignments -----------------------------------------------------------------------
     def evaluate(self, assignment: list[Strat]) -> "Evaluation":
         key = tuple(assignment)
@@ -317,6 +364,7 @@ class ShardingProblem:
         edge_s = 0.0
         for e, edge in enumerate(self.edges):
             edge_s += float(self.edge_costs(e, [assignment[edge.src]], [assignment[edge.dst]])[0, 0])
+        mem += self.assignment_edge_memory(assignment)
         return Evaluation(op_s + edge_s, op_s, edge_s, mem, self.fits(mem), tuple(per_op), comm + edge_s,
                           tuple(per_op_mem))
 
