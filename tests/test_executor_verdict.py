@@ -176,19 +176,19 @@ def test_buckets_are_executed_and_a_failed_verdict_exits_1(tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_operator_layouts_run_as_planned_on_four_ranks():
-    """D-Rec/ILP-style layouts through DTensor placements (advisor.executor.operator_layout), on one launch of 4 gloo
-    ranks: the losses of one process, memory within the goal of the prediction with the layout, and every weight
-    cut as its operator says (the projection's weight by heads on one axis only, where Megatron cuts it by 4)."""
+    """A D-Rec/ILP-style layout through DTensor placements (advisor.executor.operator_layout) on 4 gloo ranks: the
+    losses of one process, memory within the goal of the prediction with the layout, and every weight cut as its
+    operator says (the projection's weight by heads on one axis only, where Megatron cuts it by 4)."""
     pytest.importorskip("torch")
     from advisor.commands.execute import ExecuteOptions, prepare_plan, run_prepared
     from advisor.executor.matrix import LAYOUTS
 
     opts = ExecuteOptions(steps=2, progress=False)
-    names = ("layout 2x2", "layout dp×tp zero1")
-    reports = run_prepared([prepare_plan(LAYOUTS[n], n, opts) for n in names], opts)
-    for name, report in zip(names, reports):
-        assert report["loss_max_rel_diff"] <= LOSS_GOAL, (name, report["loss_max_rel_diff"])
-        assert verdict(report)["ok"], (name, verdict(report))
+    # (ZeRO-1 and pipelining with a layout: the D-Rec plan below; every layout of LAYOUTS:
+    # benchmarks/executor_matrix.py --layouts)
+    reports = run_prepared([prepare_plan(LAYOUTS["layout 2x2"], "layout 2x2", opts)], opts)
+    assert reports[0]["loss_max_rel_diff"] <= LOSS_GOAL, reports[0]["loss_max_rel_diff"]
+    assert verdict(reports[0])["ok"], verdict(reports[0])
     # llama tiny, 4 kv heads, hidden 64, FFN 176, vocabulary 256, 4 layers, fp32: per rank the table and head cut
     # by 4 (v, h), q/k/v by 4 (h, g), the projection by 2 (g on the second axis), the MLP by 4, the norms whole
     per_layer = 64 + 3 * 64 * 64 // 4 + 64 * 64 // 2 + 64 + 3 * 176 * 64 // 4

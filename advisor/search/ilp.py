@@ -25,8 +25,9 @@ Formulation (the code follows the numbers):
 4. Memory. sum_{v,s} mem[v,s] x[v,s] + sum mem[e,a,b] y[e,a,b] <= M: parameters, gradients,
    optimizer states and saved activations per device, and on the edge of a kept output (a fused
    attention's own copy of its output, ShardingProblem.edge_memory) the producer's copy where the
-   consumer saves another layout (folded into one side's x like a cost) (in integer units of a millionth of the limit; the rounding stays within
-   the 1e-4 tolerance with which every searcher compares memory to the limit).
+   consumer saves another layout (folded into one side's x like a cost); in integer units of a
+   millionth of the limit (the rounding stays within the 1e-4 tolerance with which every searcher
+   compares memory to the limit).
 5. Objective. minimize sum c[v,s] x[v,s] + sum c[e,a,b] y[e,a,b]: compute + in-operator
    communication + gradient reduction + redistribution, seconds per step scaled to integers
    (the incumbent's cost = 1e8 units).
