@@ -177,8 +177,8 @@ def layout_activation_bytes(cfg: RunConfig, hardware) -> list[float]:
     def saved_per_micro_batch(layers: int, whole: bool) -> float:
         graph = transformer_graph(model, job, batch=p.micro_batch_size, layers=(0, layers), first_stage=whole,
                                   last_stage=whole)
-        executed = [tuple(REPLICATE if a is None else a for a in layout.axes(info.op.name.rsplit(".", 1)[-1]))
-                    for info in ShardingProblem(graph, mesh, hardware, job, ShardingOptions()).info]
+        executed = [tuple(REPLICATE if a is None else a for a in layout.axes(op.name.rsplit(".", 1)[-1]))
+                    for op in graph.operators]
         delta = []
         for flight in (1.0, 0.0):       # the difference is the saved activations of one micro-batch
             problem = ShardingProblem(graph, mesh, hardware, job, ShardingOptions(

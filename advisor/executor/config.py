@@ -638,7 +638,10 @@ def shrink_plan(plan: dict[str, Any], scale: int = 1) -> dict[str, Any]:
         par["recompute_layers"] = min(max(stage_layers), max(1, round(rl * max(stage_layers) / max(orig_layers))))
     par["stage_layers"] = stage_layers
     # at most 2 sequences, or as many as the plan's operator layout cuts the batch into
-    mbs = min(_int(par, "micro_batch_size", "parallel", 1), max(2, _batch_cut(plan.get("operator_strategies"))))
+    rec = plan.get("operator_strategies")
+    layout = layout_from_plan(rec, tp, _bool(par, "sequence_parallel", "parallel", False)) if rec and tp > 1 else None
+    batch_cut = max((layout.parts(op, "b") for op in layout.listed), default=1) if layout else 1
+    mbs = min(_int(par, "micro_batch_size", "parallel", 1), max(2, batch_cut))
     par["micro_batch_size"] = mbs
     dp, nmb = _int(par, "dp", "parallel"), _int(par, "num_micro_batches", "parallel", 1)
     train.update(seq_length=seq, global_batch_size=dp * mbs * nmb)
@@ -646,18 +649,6 @@ def shrink_plan(plan: dict[str, Any], scale: int = 1) -> dict[str, Any]:
     out.update(model=tiny_model, parallel=par, training=train)
     out["prediction"] = None   # the plan's prediction was for the full model
     return out
-
-
-def _batch_cut(rec: Any) -> int:
-    """The most parts any operator of a plan's operator layout cuts the batch into (1 without one)."""
-    if not isinstance(rec, dict) or not isinstance(rec.get("operators"), dict) or not isinstance(rec.get("mesh"), list):
-        return 1
-    most = 1
-    for op in rec["operators"].values():
-        axes = op.get("mesh_axes") if isinstance(op, dict) else None
-        if isinstance(axes, list) and len(axes) == len(rec["mesh"]):
-            most = max(most, math.prod(n for a, n in zip(axes, rec["mesh"]) if a == "b" and isinstance(n, int)))
-    return most
 
 
 def with_parallel(cfg: RunConfig, **changes) -> RunConfig:

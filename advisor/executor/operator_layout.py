@@ -108,6 +108,10 @@ class OperatorLayout:
     def axes(self, op: str) -> tuple[str | None, ...]:
         return dict(self.cuts)[op]
 
+    def parts(self, op: str, label: str) -> int:
+        """Into how many parts the operator's mesh axes cut ``label``."""
+        return math.prod(n for lab, n in zip(self.axes(op), self.mesh_shape) if lab == label)
+
     def placements(self, op: str, dims: dict[str, int]):
         """The DTensor placements, one per mesh axis, of an operator's tensor whose labels sit at ``dims``."""
         return tuple(Shard(dims[lab]) if lab in dims else Replicate() for lab in self.axes(op))
@@ -164,11 +168,8 @@ def check_divides(layout: OperatorLayout, sizes: dict[str, int]) -> list[str]:
     """Sentences for every cut the run's dimensions (``sizes``: label -> length) do not divide."""
     problems = []
     for op, axes in layout.cuts:
-        per_label: dict[str, int] = {}
-        for lab, n in zip(axes, layout.mesh_shape):
-            if lab is not None:
-                per_label[lab] = per_label.get(lab, 1) * n
-        for lab, parts in per_label.items():
+        for lab in dict.fromkeys(a for a in axes if a is not None):
+            parts = layout.parts(op, lab)
             if sizes.get(lab, 1) % parts:
                 problems.append(f"operator_strategies: {op} cuts {lab} ({sizes.get(lab)}) into {parts} parts, "
                                 "which do not divide it")
@@ -182,11 +183,6 @@ def _to(x, mesh, placements):
         x = DTensor.from_local(x, mesh, [Replicate()] * mesh.ndim, run_check=False)
     if tuple(x.placements) != tuple(placements):
         x = x.redistribute(mesh, placements)
-        local = x.to_local()
-        if local.untyped_storage().nbytes() > local.numel() * local.element_size():
-            # a shard that is a view of a larger buffer (gloo runs an all-to-all as an all-gather and a chunk): its
-            # own copy, so that what an operator saves for backward is the shard, as an all-to-all delivers it
-            x = x.clone()
     return x
 
 
@@ -300,11 +296,7 @@ def _stage_output(mesh, placements):
 
 def stage_activation_shape(layout: OperatorLayout, batch: int, seq: int, hidden: int) -> tuple[int, int, int]:
     """The shape of the shard one rank hands to the next pipeline stage (res2's cut of [b, s, h])."""
-    shape = [batch, seq, hidden]
-    for lab, n in zip(layout.axes("res2"), layout.mesh_shape):
-        if lab in BSH:
-            shape[BSH[lab]] //= n
-    return tuple(shape)
+    return batch // layout.parts("res2", "b"), seq // layout.parts("res2", "s"), hidden // layout.parts("res2", "h")
 
 
 def _residual(mesh, placements):
