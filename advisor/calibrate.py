@@ -57,6 +57,10 @@ from advisor.errors import AdvisorError, InfeasibleError
 from advisor.runtime.capacity import capacity_problems
 from advisor.runtime.files import temporary_folder
 
+# what a probing rank imports, for the rank starter to import once before it forks the ranks
+# (advisor.runtime.starter)
+PRELOAD = ("torch", "torch.distributed")
+
 
 __all__ = ["COLLECTIVES", "PIPELINE_PROBE", "PROBE_BATCH", "PROBE_MODEL", "CalibrateOptions", "RoundRule",
            "build_profile", "calibrate", "calibration_warnings", "default_nproc", "efficiency_curve", "elementwise_efficiency", "fit_alpha_beta", "fit_link",
@@ -129,7 +133,7 @@ def calibrate(options: CalibrateOptions, workdir: str | None = None) -> dict[str
         launch_module("advisor.calibrate", args, out,
                       LaunchOptions(nproc=nproc, timeout_s=options.timeout_s, pg_timeout_s=120.0,
                                     backend=options.backend),
-                      progress.ranks_progress(update, nproc) if options.progress else None)
+                      progress.ranks_progress(update, nproc) if options.progress else None, temporary=workdir is None)
         ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
     return build_profile(ranks, nproc)
 

@@ -220,23 +220,17 @@ def test_a_run_past_its_deadline_is_stopped(tmp_path):
 
 
 def _stop_rank_when_it_steps(folder: Path, rank: int, found: list) -> None:
-    """SIGSTOP the rank (found by its RANK in the environment of a process naming ``folder``) once its step mark
-    is there."""
+    """SIGSTOP the rank (its pid from the rank starter's folder/rank<R>.pid) once its step mark is there."""
     import signal
     import time
 
     end = time.monotonic() + 60
     while time.monotonic() < end and not (folder / f"rank{rank}.step").exists():
         time.sleep(0.05)
-    for pid in processes_naming(str(folder)):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in env:
-            os.kill(pid, signal.SIGSTOP)
-            found.append(pid)
-            return
+    pid = int((folder / f"rank{rank}.pid").read_text())
+    assert pid in processes_naming(str(folder))
+    os.kill(pid, signal.SIGSTOP)
+    found.append(pid)
 
 
 def test_a_stopped_rank_is_named_with_its_last_step(tmp_path):

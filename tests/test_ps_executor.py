@@ -162,6 +162,78 @@ def test_a_killed_worker_is_isolated_and_the_run_finishes(tmp_path, monkeypatch)
     assert report["loss"]["parallel"][2] != pytest.approx(full[2], rel=1e-3)
 
 
+class _Work:
+    def __init__(self, done: bool):
+        self.done, self.waited = done, False
+
+    def is_completed(self) -> bool:
+        return self.done
+
+    def wait(self) -> bool:
+        self.waited = True
+        return True
+
+
+class _Group:
+    def __init__(self, members: list[int], hangs: bool):
+        self.members, self.hangs, self.sums = list(members), hangs, 0
+
+    def allreduce(self, bufs):
+        self.sums += 1
+        return _Work(done=not self.hangs)
+
+
+class _Store:
+    def __init__(self, gone: set[int]):
+        self.gone = gone
+
+    def check(self, keys) -> bool:
+        from advisor.executor.ps.server import left_key
+
+        return all(any(k == left_key(w) for w in self.gone) for k in keys)
+
+
+def test_a_sum_waiting_on_a_member_that_gave_up_is_abandoned_when_a_worker_leaves():
+    """#33: worker 1 dies; worker 0's ring step fails at once, worker 2's waits on worker 0, which gave up: worker 2
+    must not wait out gloo's whole timeout (it did, under load: 60 s, then the servers had timed it out). The
+    scheduler's news ends the wait: the sum is abandoned (its group kept, destroying it would join the stuck
+    thread) and redone in a group without the worker that left."""
+    from advisor.executor.ps.worker import Worker
+
+    w = Worker.__new__(Worker)
+    w.index, w.members, w.abandoned = 2, [0, 1, 2], []
+    w.store = _Store(gone={1})
+    stuck = w.group = _Group([0, 1, 2], hangs=True)
+    formed = []
+
+    def form_group():
+        w.group = _Group(w.members, hangs=False)
+        formed.append(w.group)
+
+    w._form_group = form_group
+    flat = torch.ones(3)
+    # the news is already there: the first look at it regroups before any sum
+    total, count = w._allreduce(flat)
+    assert count == 2 and [g.members for g in formed] == [[0, 2]] and stuck.sums == 0 and w.abandoned == []
+    # the news comes while the sum hangs: it is abandoned and redone without worker 1
+    w.members, w.group, formed[:] = [0, 1, 2], stuck, []
+    w.store = _Store(gone=set())
+    calls = []
+    original = w._gone
+
+    def gone_later():
+        calls.append(1)
+        if len(calls) > 1:             # the first look (before the sum) sees nobody gone; a later one does
+            w.store.gone = {1}
+        return original()
+
+    w._gone = gone_later
+    total, count = w._allreduce(flat)
+    assert count == 2 and [g.members for g in formed] == [[0, 2]]
+    assert stuck.sums == 1 and len(w.abandoned) == 1 and w.abandoned[0][0] is stuck
+    assert formed[0].sums == 1
+
+
 def test_a_killed_server_stops_every_process_with_the_server_named(tmp_path, monkeypatch):
     monkeypatch.setenv("ADVISOR_PS_TEST_KILL_SERVER", "1:2")
     start = time.monotonic()

@@ -22,5 +22,5 @@ def launch(runs: list[dict], opts: LaunchOptions, progress: Progress | None = No
         spec = out / "spec.json"
         write_json(spec, {"runs": runs}, what="the runs for the workers")
         launch_module("advisor.executor.worker", ["--spec", str(spec), "--backend", opts.backend], out, opts,
-                      progress)
+                      progress, temporary=opts.workdir is None)
         return [json.loads((out / f"rank{r}.json").read_text())["runs"] for r in range(opts.nproc)]

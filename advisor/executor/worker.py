@@ -30,6 +30,9 @@ from typing import NoReturn
 from advisor.runtime.rank import (die_if_asked, fail, leave_without_finalization, mark_ready, report_progress,
                                   start_watchdog, write_result)
 
+# what main imports, for the rank starter to import once before it forks the ranks (advisor.runtime.starter)
+PRELOAD = ("torch", "torch.distributed", "advisor.executor.config", "advisor.executor.train")
+
 
 def _runs(args) -> list[dict]:
     from advisor.executor.config import run_config_from_plan, run_config_to_dict

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Callable
 
 from advisor.errors import AdvisorError
+from advisor.runtime import starter as starter_files
+from advisor.runtime.files import write_atomic
 
 
 class ExecutionFailed(AdvisorError):
@@ -76,33 +78,118 @@ def _rank_env(rank: int, opts: LaunchOptions, port: int, deadline: float) -> dic
 
 
 def launch_module(module: str, args: list[str], out: Path, opts: LaunchOptions,
-                  progress: Progress | None = None) -> None:
-    """Start ``python -m module *args --out-dir out`` once per rank and wait (see module doc). Each
-    rank writes out/rank<R>.json, or out/rank<R>.error.json when it fails."""
+                  progress: Progress | None = None, temporary: bool = False) -> None:
+    """Run ``python -m module *args --out-dir out`` once per rank, forked from one rank starter
+    (advisor.runtime.starter), and wait (see module doc). Each rank writes out/rank<R>.json, or
+    out/rank<R>.error.json when it fails. ``temporary``: ``out`` is the launch's temporary folder (the
+    starter removes it if this process dies without doing so)."""
     port = free_port()
     deadline = time.time() + opts.timeout_s
-    procs: list[subprocess.Popen] = []
-    logs = []
+    procs: list = []
     for rank in range(opts.nproc):      # a kept --workdir may hold an earlier run's files: never read those
         for name in (f"rank{rank}.json", f"rank{rank}.error.json", f"rank{rank}.ready", f"rank{rank}.step"):
             (out / name).unlink(missing_ok=True)
     (out / "progress.json").unlink(missing_ok=True)
     try:
-        for rank in range(opts.nproc):
-            log = open(out / f"rank{rank}.log", "w")
-            logs.append(log)
-            cmd = [sys.executable, "-m", module, *args, "--out-dir", str(out)]
-            procs.append(subprocess.Popen(cmd, env=_rank_env(rank, opts, port, deadline + 5), stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
-        exits, timed_out = _wait(procs, opts, deadline, out, progress)
-        states = {rank: process_state(p.pid) for rank, p in enumerate(procs) if p.poll() is None} if timed_out else {}
+        argv = [*args, "--out-dir", str(out)]
+        procs = start_ranks(module, [(argv, _rank_env(rank, opts, port, deadline + 5)) for rank in range(opts.nproc)],
+                            out, deadline + 5, temporary)
+        exits, timed_out = _wait(procs[:-1], opts, deadline, out, progress)
+        states = {rank: process_state(p.pid) for rank, p in enumerate(procs[:-1])
+                  if p.poll() is None and p.pid is not None} if timed_out else {}
     finally:
         stop(procs)
-        for log in logs:
-            log.close()
+    failed = starter_failed(procs, out)
+    if failed is not None:
+        raise failed
     if timed_out or any(code != 0 for code in exits.values()):
         rank, message = diagnose(out, exits, timed_out, opts.timeout_s, states)
         raise ExecutionFailed(message, rank=rank, timed_out=timed_out and rank is None, exit_codes=exits)
+
+
+class ForkedRank:
+    """A rank forked by the rank starter, as the launcher watches it: ``subprocess.Popen``'s ``pid``,
+    ``poll``, ``wait`` and ``returncode``, read from the pid and exit files the starter writes. ``pid`` is
+    None until the starter has forked the rank."""
+
+    def __init__(self, rank: int, status: Path, starter: subprocess.Popen):
+        self.rank, self.status, self.starter = rank, status, starter
+        self._pid: int | None = None
+        self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int | None:
+        if self._pid is None:
+            try:
+                self._pid = int(starter_files.pid_file(self.status, self.rank).read_text())
+            except (OSError, ValueError):
+                return None
+        return self._pid
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            self.returncode = int(starter_files.exit_file(self.status, self.rank).read_text())
+            return self.returncode
+        except (OSError, ValueError):
+            pass
+        code = self.starter.poll()
+        if code is not None and not self._alive():
+            # the starter ended without recording this rank's end: it was killed, or never forked the rank
+            self.returncode = code if code != 0 else 1
+        return self.returncode
+
+    def _alive(self) -> bool:
+        pid = self.pid
+        if pid is None:
+            return False
+        state = process_state(pid)
+        return state is not None and state not in ("Z", "X")
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(f"rank {self.rank}", timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+
+def start_ranks(module: str, ranks: list[tuple[list[str], dict[str, str]]], out: Path, deadline: float,
+                temporary: bool = False) -> list:
+    """Start one rank per (arguments, environment) with the rank starter; the ranks' handles
+    (ForkedRank), then the starter's own ``Popen`` last. The starter runs with rank 0's environment
+    (the same OpenMP threads, path and timeouts as every rank), its own deadline and this process as
+    its launcher; its output goes to out/starter.log and each rank's to out/rank<R>.log. ``temporary``:
+    ``out`` is a temporary folder, which the starter removes if this process dies."""
+    for rank in range(len(ranks)):
+        for path in (starter_files.pid_file(out, rank), starter_files.exit_file(out, rank)):
+            path.unlink(missing_ok=True)
+    env = {k: v for k, v in ranks[0][1].items() if k not in ("RANK", "LOCAL_RANK")}
+    env.update(ADVISOR_EXECUTOR_PARENT_PID=str(os.getpid()), ADVISOR_EXECUTOR_DEADLINE=str(deadline))
+    # the file holds each rank's differences from the starter's environment, never the environment itself
+    # (it may hold a user's credentials; the file lies in a shared temporary folder)
+    job = out / "starter.json"
+    write_atomic(job, json.dumps({"module": module, "status": str(out), "remove_if_orphaned": temporary, "ranks": [
+        {"argv": argv, "log": str(out / f"rank{rank}.log"),
+         "env_set": {k: v for k, v in rank_env.items() if env.get(k) != v},
+         "env_unset": sorted(set(env) - set(rank_env))} for rank, (argv, rank_env) in enumerate(ranks)]}),
+        what="the ranks for the starter")
+    with open(out / "starter.log", "w") as log:
+        starter = subprocess.Popen([sys.executable, "-m", "advisor.runtime.starter", str(job)], env=env,
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return [ForkedRank(rank, out, starter) for rank in range(len(ranks))] + [starter]
+
+
+def starter_failed(procs: list, out: Path) -> ExecutionFailed | None:
+    """The error to report when the rank starter (the last of ``procs``, from ``start_ranks``) ended badly before
+    it had started every rank (it could not import the rank's module, or it was killed); None otherwise."""
+    starter = procs[-1] if procs else None
+    if starter is None or not starter.poll() or all(p.pid is not None for p in procs[:-1]):
+        return None
+    return ExecutionFailed(f"the process starting the ranks exited with code {starter.returncode} before it started "
+                           f"them all:\n{_tail(out / 'starter.log')}")
 
 
 def stop(procs: list[subprocess.Popen], wait_s: float = 2.0) -> None:
@@ -110,6 +197,8 @@ def stop(procs: list[subprocess.Popen], wait_s: float = 2.0) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         alive = [p for p in procs if p.poll() is None]
         for p in alive:
+            if p.pid is None:       # a rank its starter has not forked (the starter is stopped with the rest)
+                continue
             try:
                 os.killpg(p.pid, sig)
             except (ProcessLookupError, PermissionError):

@@ -24,8 +24,6 @@ import datetime
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +32,7 @@ from advisor.executor.ps.config import PsConfig
 from advisor.executor.ps.node import EXIT_KEY, STORE_PORT
 from advisor.executor.ps.server import left_key, server_left_key, step_key
 from advisor.runtime.files import temporary_folder, write_json
-from advisor.runtime.launch import ExecutionFailed, process_state, stop
+from advisor.runtime.launch import ExecutionFailed, process_state, start_ranks, starter_failed, stop
 
 POLL_S = 0.05
 
@@ -78,20 +76,18 @@ def launch_ps(spec: dict, cfg: PsConfig, opts: PsLaunchOptions) -> dict:
         store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=opts.pg_timeout_s),
                               wait_for_workers=False)
         deadline = time.time() + opts.timeout_s
-        procs, logs = [], []
+        procs: list = []
         try:
-            for rank in range(world):
-                log = open(out / f"rank{rank}.log", "w")
-                logs.append(log)
-                env = _env(rank, world, store.port, opts, deadline + 5)
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "advisor.executor.ps.node", "--spec", str(out / "spec.json"),
-                     "--out-dir", str(out)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-            left, servers_left = _watch(procs, store, cfg, out, opts, deadline)
+            argv = ["--spec", str(out / "spec.json"), "--out-dir", str(out)]
+            procs = start_ranks("advisor.executor.ps.node",
+                                [(argv, _env(rank, world, store.port, opts, deadline + 5)) for rank in range(world)],
+                                out, deadline + 5, temporary=opts.workdir is None)
+            try:
+                left, servers_left = _watch(procs[:-1], store, cfg, out, opts, deadline)
+            except ExecutionFailed as exc:
+                raise starter_failed(procs, out) or exc
         finally:
             stop(procs)
-            for log in logs:
-                log.close()
             del store
         gone = {x["rank"] for x in left + servers_left}
         ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world) if r not in gone]
@@ -162,7 +158,7 @@ def _hung(procs, store, cfg: PsConfig, exits: dict[int, int]) -> str:
             continue
         key = step_key(rank)
         step = f" after step {store.get(key).decode()}" if rank < cfg.servers and store.check([key]) else ""
-        state = process_state(p.pid)
+        state = process_state(p.pid) if p.pid is not None else None
         if state in ("T", "t"):
             parts.append(f"{role(rank)} (rank {rank}) is stopped{step} (process state {state}: SIGSTOP or a debugger)")
         elif rank < cfg.servers:

@@ -85,6 +85,7 @@ class Worker:
         # shard -> step -> [pull request, its answer's values, the push and its layout]: the last two steps
         self.sent: dict[int, dict[int, list]] = {s: {} for s in range(cfg.servers)}
         self.takeovers: list[dict] = []
+        self.abandoned: list = []       # (group, operation, buffer) given up when a member left mid-sum
         self.memory = {"parameters": 0, "gradients": 0, "optimizer": 0, "activations_per_microbatch": 0}
 
     def run(self) -> dict:
@@ -279,6 +280,19 @@ class Worker:
     def _gone(self) -> list[int]:
         return [w for w in self.members if w != self.index and self.store.check([left_key(w)])]
 
+    def _completed(self, work) -> bool:
+        """Wait for ``work`` (True) or for a member of the group to be declared gone (False): short sleeps
+        first (a step's sum takes milliseconds), the scheduler's news read every POLL_S."""
+        pause, checked = 1e-4, time.monotonic()
+        while not work.is_completed():
+            if time.monotonic() - checked >= POLL_S:
+                if self._gone():
+                    return False
+                checked = time.monotonic()
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_S / 5)
+        return True
+
     def _allreduce(self, flat: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Sum over the live workers and their count; regroup without a worker that is gone."""
         while True:
@@ -289,8 +303,16 @@ class Worker:
             if self.group is None:
                 return flat, 1
             buf = flat.clone()
+            work = self.group.allreduce([buf])
+            # wait for the sum or for the news that a member is gone, whichever comes first: a member's death
+            # fails the ring at its neighbours only, and a member still waiting on a neighbour that has given up
+            # would wait out gloo's whole timeout. The abandoned operation ends on its own, in the old group,
+            # which is kept: destroying a group joins its threads, so would wait for that operation.
+            if not self._completed(work):
+                self.abandoned.append((self.group, work, buf))
+                continue
             try:
-                self.group.allreduce([buf]).wait()
+                work.wait()
                 return buf, len(self.members)
             except RuntimeError:
                 deadline = time.monotonic() + self.timeout_s

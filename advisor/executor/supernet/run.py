@@ -70,7 +70,7 @@ def run_supernet(plan, *, choices, orders, overtakes: int, tiny: bool, timeout_s
     with temporary_folder("advisor-supernet-", keep=workdir) as out:
         write_json(out / "spec.json", spec, what="the supernet run")
         launch_module("advisor.executor.supernet.worker", ["--spec", str(out / "spec.json")], out,
-                      LaunchOptions(nproc=s.pp, timeout_s=timeout_s, threads_per_rank=1))
+                      LaunchOptions(nproc=s.pp, timeout_s=timeout_s, threads_per_rank=1), temporary=workdir is None)
         ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(s.pp)]
     losses = [ranks[-1]["losses"][str(j)] for j in range(subnets)]
     diff = max(abs(a - b) for a, b in zip(losses, reference))

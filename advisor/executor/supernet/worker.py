@@ -17,6 +17,9 @@ from typing import NoReturn
 
 from advisor.runtime.rank import mark_ready, run_spec_rank, write_result
 
+# what the rank imports, for the rank starter to import once before it forks the ranks (advisor.runtime.starter)
+PRELOAD = ("torch", "torch.distributed", "advisor.executor.supernet.model")
+
 
 def _stage(spec: dict, rank: int, out: Path) -> None:
     import torch
