@@ -14,7 +14,9 @@
 * hybrid: the tensors not on servers live on every worker and their gradients are all-reduced over
   a gloo group of the workers only (averaged over the workers in it), then the same optimizer is
   applied locally. When a worker is gone (the scheduler's store says so) the others form a new group
-  without it and redo that all-reduce from their own gradients.
+  without it and redo that all-reduce from their own gradients. A worker waits for the sum or that word,
+  whichever comes first: a dead member fails the ring at its neighbours only, and a worker whose neighbour
+  gave up would otherwise wait out gloo's whole timeout.
 * a server that fails (``replicas`` 1, synchronous): its shard is served by its backup from the copy,
   from the step the copy had reached (advisor.executor.ps.server). The worker keeps each server's last
   two steps of messages; when a receive from a server fails it waits for the scheduler's word of the
