@@ -169,7 +169,10 @@ class _Work:
     def is_completed(self) -> bool:
         return self.done
 
-    def wait(self) -> bool:
+    def wait(self, timeout=None) -> bool:
+        if not self.done:               # gloo's wait with a timeout raises while the work runs on; without one it
+            assert timeout is not None, "a wait with no timeout on a stuck sum lasts gloo's whole timeout"
+            raise RuntimeError("Operation timed out!")
         self.waited = True
         return True
 
