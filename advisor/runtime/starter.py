@@ -59,11 +59,6 @@ def exit_file(status: Path, rank: int) -> Path:
     return status / f"rank{rank}.exit"
 
 
-def exit_code(wait_status: int) -> int:
-    """A ``waitpid`` status as ``subprocess.Popen.returncode`` writes it: the exit code, or minus the signal."""
-    return -os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else os.WEXITSTATUS(wait_status)
-
-
 def preload(module: str) -> None:
     """Import the rank module and what it names in PRELOAD (what its main imports when it runs)."""
     mod = importlib.import_module(module)
@@ -149,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         r = pids.pop(pid, None)
         if r is not None:
-            write_atomic(exit_file(status, r), str(exit_code(wait_status)), what="a rank's exit code")
+            write_atomic(exit_file(status, r), str(os.waitstatus_to_exitcode(wait_status)), what="a rank's exit code")
     return 0
 
 
