@@ -237,6 +237,53 @@ def test_a_sum_waiting_on_a_member_that_gave_up_is_abandoned_when_a_worker_leave
     assert formed[0].sums == 1
 
 
+
+class _ServerStore:
+    def __init__(self, left: set[int]):
+        self.left = left
+
+    def check(self, keys) -> bool:
+        from advisor.executor.ps.server import server_left_key
+
+        return all(any(k == server_left_key(s) for s in self.left) for k in keys)
+
+
+class _FinishingWork(_Work):
+    """Ends while a timed wait runs out: the timed wait raises, is_completed says True, a second wait returns."""
+
+    def __init__(self):
+        super().__init__(done=False)
+        self.timed_out = 0
+
+    def wait(self, timeout=None) -> bool:
+        if not self.done:
+            self.timed_out += 1
+            self.done = True
+            raise RuntimeError("Operation timed out!")
+        return super().wait(timeout)
+
+
+def test_a_servers_forwarding_to_a_backup_that_was_killed_ends_on_the_schedulers_word():
+    """#33: server 1 forwards its applied update to server 2, which was killed; the send hung until gloo's whole
+    timeout (under load the run finished 60 s after the kill). The scheduler's word that server 2 left ends the
+    wait: the copy is gone, server 1 trains on without one. A send that ends, or ends as a timed wait runs out, is
+    waited for."""
+    from advisor.executor.ps.server import Server
+
+    srv = Server.__new__(Server)
+    srv.index, srv.cfg = 1, ps_config_from_plan(_replicated("hybrid"), tiny=True, dtype="fp32")
+    assert srv.cfg.servers == 3
+    srv.store = _ServerStore(left={2})
+    stuck = _Work(done=False)
+    srv.replication = [(stuck, None)]
+    assert srv._replication_sent() is False
+    srv.store = _ServerStore(left=set())
+    sent, finishing = _Work(done=True), _FinishingWork()
+    srv.replication = [(sent, None), (finishing, None)]
+    assert srv._replication_sent() is True and sent.waited and finishing.waited and finishing.timed_out == 1
+    srv.replication = []
+    assert srv._replication_sent() is True
+
 def test_a_killed_server_stops_every_process_with_the_server_named(tmp_path, monkeypatch):
     monkeypatch.setenv("ADVISOR_PS_TEST_KILL_SERVER", "1:2")
     start = time.monotonic()

@@ -20,6 +20,7 @@ which is all a single process needs to replay the run (advisor.executor.ps.repla
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import time
@@ -183,9 +184,7 @@ class Server:
         self._start_round(self.index)
         while not self._finished():
             self._poll()
-        try:
-            wire.wait_all(self.replication)
-        except RuntimeError:
+        if not self._replication_sent():
             self.backup_gone = True
         for works in self.outgoing:
             self._finish_answer([works])
@@ -325,13 +324,36 @@ class Server:
         if self.store.check([server_left_key(backup)]):
             self.backup_gone = True
             return
+        if not self._replication_sent():
+            self.backup_gone = True
+            return
         try:
-            wire.wait_all(self.replication)
             ids = [i for i, _ in applied if i is not None]
             self.replication = wire.send(self.pg, backup, wire.Message(wire.REPLICA, step, ids, [v for _, v in applied]),
                                          replica_layout(self.cfg, self.index))
         except RuntimeError:
             self.backup_gone = True     # its copy is gone with it; this shard keeps training without one
+
+    def _replication_sent(self) -> bool:
+        """Wait for the update in flight to the backup (True), or for its failure or the scheduler's word that the
+        backup is gone (False). A send to a backup that was killed can hold out until gloo's whole timeout (it did,
+        under load: 60 s after the backup died, the run finished); the scheduler's news is read every POLL_S."""
+        backup = (self.index + 1) % self.cfg.servers
+        for work, _ in self.replication:
+            while True:
+                try:
+                    work.wait(timeout=datetime.timedelta(seconds=POLL_S))
+                    break
+                except RuntimeError:
+                    if work.is_completed():         # ended while the wait timed out, or failed: its wait says which
+                        try:
+                            work.wait()
+                            break
+                        except RuntimeError:
+                            return False
+                    if self.store.check([server_left_key(backup)]):
+                        return False
+        return True
 
     def _take_over(self) -> None:
         """The primary is gone (the scheduler says so) and every update it forwarded has been applied to the
