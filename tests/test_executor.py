@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -34,6 +35,23 @@ def test_run_config_round_trips_through_json():
     cfg = run_config_from_plan(tiny_plan(dict(pp=2, dp=2, num_micro_batches=4, zero_stage=1)))
     assert run_config_from_dict(json.loads(json.dumps(run_config_to_dict(cfg)))) == cfg
 
+
+
+def test_plans_that_differ_only_in_their_layout_share_one_reference():
+    """run_prepared computes one single-process reference per reference_key: the layout does not enter it,
+    the batch and its micro-batch slicing do (the two runs with equal keys give the same losses to the bit)."""
+    from advisor.executor.train import reference_key, run_reference
+
+    a = run_config_from_plan(tiny_plan(dict(dp=2, micro_batch_size=2, num_micro_batches=2, zero_stage=1)), steps=2)
+    b = run_config_from_plan(tiny_plan(dict(pp=2, micro_batch_size=2, num_micro_batches=4)), steps=2)
+    assert a.global_batch_size == b.global_batch_size == 8 and a.parallel != b.parallel
+    assert reference_key(a) == reference_key(b)
+    assert run_reference(a) == run_reference(b)
+    other_slicing = run_config_from_plan(tiny_plan(dict(pp=2, micro_batch_size=4, num_micro_batches=2)), steps=2)
+    assert other_slicing.global_batch_size == 8 and reference_key(other_slicing) != reference_key(a)
+    for changed in (replace(a, dtype="fp64"), replace(a, steps=3), replace(a, seed=7), replace(a, optimizer="sgd")):
+        assert reference_key(changed) != reference_key(a)
+    assert reference_key(replace(a, name="another")) == reference_key(a)
 
 @pytest.mark.parametrize("change, field", [
     (dict(cp=2, dp=1), "parallel.cp"),

@@ -18,6 +18,7 @@ Across machines, start the same worker with torchrun on every node, then compare
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import dataclass
@@ -374,7 +375,7 @@ def run_prepared(prepared: list[Prepared], options: ExecuteOptions) -> list[dict
     """Run prepared plans, one launch per world size (plans of one size share the processes), and
     report each against its single-process reference."""
     from advisor.executor.launch import LaunchOptions, launch
-    from advisor.executor.train import run_reference
+    from advisor.executor.train import reference_key, run_reference
     from advisor.runtime import progress
 
     backend = "nccl" if _device_type(options) == "cuda" else "gloo"
@@ -392,9 +393,13 @@ def run_prepared(prepared: list[Prepared], options: ExecuteOptions) -> list[dict
             per_rank = launch([run_config_to_dict(prepared[i].cfg) for i in indices], opts, hook)
             for j, i in enumerate(indices):
                 ranks_of[i] = [runs[j] for runs in per_rank]
+        references: dict[str, dict] = {}       # plans that differ only in their layout share one reference
         for i, prep in enumerate(prepared):
             update(i, len(prepared), "single-process reference")
-            reference = run_reference(prep.cfg)
+            key = reference_key(prep.cfg)
+            if key not in references:
+                references[key] = run_reference(prep.cfg)
+            reference = copy.deepcopy(references[key])
             reports.append(build_report(prep.cfg, ranks_of[i], reference, prep.memory_prediction, prep.time_estimate,
                                         backend, list(prep.notes), prep.calibrated_probe_us))
     return reports

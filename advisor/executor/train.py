@@ -3,6 +3,7 @@ with no parallelism at all (``run_reference``, the yardstick for the losses)."""
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -11,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from advisor.executor.config import TORCH_DTYPES, RunConfig, mixed_precision, torch_dtype
+from advisor.executor.config import TORCH_DTYPES, RunConfig, mixed_precision, run_config_to_dict, torch_dtype
 from advisor.executor.data import dp_slice, global_batch
 from advisor.executor.measure import (ActivationTracker, ParameterProbe, gradient_bytes, parameter_bytes,
                                       tensor_bytes)
@@ -39,6 +40,17 @@ def run_reference(cfg: RunConfig) -> dict:
         return _reference(cfg)
     finally:
         torch.set_num_threads(threads)
+
+
+def reference_key(cfg: RunConfig) -> str:
+    """What the single-process reference depends on: plans whose keys are equal have the same reference.
+    The layout does not enter it; the global batch, its micro-batch slicing (the order gradients are
+    summed in) and a host table do, and everything else of the run (model, dtype, optimizer, steps, seed)."""
+    d = run_config_to_dict(cfg)
+    for name in ("name", "notes", "parallel"):
+        d.pop(name)
+    d["batch"] = [cfg.global_batch_size, cfg.parallel.micro_batch_size, cfg.parallel.host_embedding]
+    return json.dumps(d, sort_keys=True, default=str)
 
 
 def _reference(cfg: RunConfig) -> dict:
@@ -352,7 +364,7 @@ def _synchronize_gradients(s: _Setup) -> None:
         s.averager()
 
 
-def run_distributed(cfg: RunConfig, device: torch.device, on_step=None) -> dict:
+def run_distributed(cfg: RunConfig, device: torch.device, on_step=None, probe_before_us: float | None = None) -> dict:
     """Train ``cfg`` on this rank; per-step global loss, gradient norm and time, and memory by part.
 
     A step's time runs from a barrier that lines the ranks up to the end of this rank's optimizer
@@ -360,7 +372,9 @@ def run_distributed(cfg: RunConfig, device: torch.device, on_step=None) -> dict:
     rank's is the step time. The measurements (gradient norm, bytes) are taken outside it, and the
     saved-tensor hooks only run in the first step, which the median leaves out. The process CPU
     time of the same interval is kept too: on a shared machine it shows how much of the wall time
-    was this rank's own work. ``on_step(k)``, when given, is called after step k (progress)."""
+    was this rank's own work. ``on_step(k)``, when given, is called after step k (progress).
+    ``probe_before_us``: the host probe taken right after the previous run of the same launch; it
+    stands for this run's first one (only this run's set-up lies between them)."""
     p = cfg.parallel
     rank = dist.get_rank()
     s = _Setup(cfg, device)
@@ -370,7 +384,7 @@ def run_distributed(cfg: RunConfig, device: torch.device, on_step=None) -> dict:
     sharded_at_rest = parameter_bytes(s.modules)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    probes = [_host_probe_us(device)]
+    probes = [_host_probe_us(device) if probe_before_us is None else probe_before_us]
     for step in range(cfg.steps):
         tokens = global_batch(step, cfg.global_batch_size, cfg.seq_length, cfg.model.vocab_size, cfg.seed)
         local = dp_slice(tokens, s.coords.dp, p.dp).to(device)

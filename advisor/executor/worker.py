@@ -100,7 +100,9 @@ def _main(args, out: Path, rank: int) -> int:
         def stepped(k, label=label, base=done, steps=cfg.steps):   # steps done so far, over every run
             report_progress(out, rank, base + k + 1, total, f"{label}, step {min(k + 2, steps)} of {steps}")
 
-        results.append(run_distributed(cfg, device, on_step=stepped))
+        # the host probe after one run is the one before the next (advisor.executor.train.run_distributed)
+        previous = results[-1]["host_probe_us"][-1] if results else None
+        results.append(run_distributed(cfg, device, on_step=stepped, probe_before_us=previous))
         done += cfg.steps
         write_result(out / f"rank{rank}.json", {"rank": rank, "backend": backend, "runs": results})
     report_progress(out, rank, total, total, "gathering results")
