@@ -36,7 +36,6 @@ def test_run_config_round_trips_through_json():
     assert run_config_from_dict(json.loads(json.dumps(run_config_to_dict(cfg)))) == cfg
 
 
-
 def test_plans_that_differ_only_in_their_layout_share_one_reference():
     """run_prepared computes one single-process reference per reference_key: the layout does not enter it,
     the batch and its micro-batch slicing do (the two runs with equal keys give the same losses to the bit)."""
@@ -52,6 +51,7 @@ def test_plans_that_differ_only_in_their_layout_share_one_reference():
     for changed in (replace(a, dtype="fp64"), replace(a, steps=3), replace(a, seed=7), replace(a, optimizer="sgd")):
         assert reference_key(changed) != reference_key(a)
     assert reference_key(replace(a, name="another")) == reference_key(a)
+
 
 @pytest.mark.parametrize("change, field", [
     (dict(cp=2, dp=1), "parallel.cp"),

@@ -237,7 +237,6 @@ def test_a_sum_waiting_on_a_member_that_gave_up_is_abandoned_when_a_worker_leave
     assert formed[0].sums == 1
 
 
-
 class _ServerStore:
     def __init__(self, left: set[int]):
         self.left = left
@@ -283,6 +282,7 @@ def test_a_servers_forwarding_to_a_backup_that_was_killed_ends_on_the_schedulers
     assert srv._replication_sent() is True and sent.waited and finishing.waited and finishing.timed_out == 1
     srv.replication = []
     assert srv._replication_sent() is True
+
 
 def test_a_killed_server_stops_every_process_with_the_server_named(tmp_path, monkeypatch):
     monkeypatch.setenv("ADVISOR_PS_TEST_KILL_SERVER", "1:2")
