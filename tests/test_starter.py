@@ -42,6 +42,9 @@ def test_ranks_are_forked_from_one_starter_that_imported_their_module_once(tmp_p
         assert r["preloaded_by"] == starter                      # imported once, before the fork
         assert r["parent_env"] == str(starter)                   # the watchdog watches the starter
         assert r["secret"] == "s3cret-token"                     # the user's environment reaches every rank...
+        # the rendezvous port is held by the launcher's store for the whole launch, every rank its client: a port
+        # found free and released for rank 0 was taken by another process under parallel tests (EADDRINUSE)
+        assert r["agent_store"] == "True" and r["port_held"]
         assert r["name"] == "__main__" and r["argv"] == ["--code", "0", "--out-dir", str(tmp_path)]
         assert int((tmp_path / f"rank{r['rank']}.pid").read_text()) == r["pid"]
         assert (tmp_path / f"rank{r['rank']}.exit").read_text() == "0"

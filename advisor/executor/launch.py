@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 
 from advisor.runtime.files import temporary_folder, write_json
-from advisor.runtime.launch import ExecutionFailed, LaunchOptions, Progress, free_port, launch_module
+from advisor.runtime.launch import ExecutionFailed, LaunchOptions, Progress, launch_module
 
-__all__ = ["ExecutionFailed", "LaunchOptions", "free_port", "launch", "launch_module"]
+__all__ = ["ExecutionFailed", "LaunchOptions", "launch", "launch_module"]
 
 
 def launch(runs: list[dict], opts: LaunchOptions, progress: Progress | None = None) -> list[list[dict]]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -59,10 +58,17 @@ class LaunchOptions:
 Progress = Callable[[Path, list], None]
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def agent_store(timeout_s: float):
+    """The launch's rendezvous store: a TCPStore server on a port the operating system picks, held by this
+    process for the whole launch. Every rank connects to it as a client (TORCHELASTIC_USE_AGENT_STORE, as
+    torchrun's agent hosts it; torch.distributed.rendezvous), so no other process can take the port between
+    its choice and the ranks' start: a port found free and released for rank 0 to listen on was taken in that
+    gap under parallel tests (EADDRINUSE)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
 def _rank_env(rank: int, opts: LaunchOptions, port: int, deadline: float) -> dict[str, str]:
@@ -70,7 +76,8 @@ def _rank_env(rank: int, opts: LaunchOptions, port: int, deadline: float) -> dic
     threads = opts.threads_per_rank or max(1, (os.cpu_count() or 1) // opts.nproc)
     src = str(Path(__file__).resolve().parents[2])
     env.update(RANK=str(rank), WORLD_SIZE=str(opts.nproc), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(opts.nproc),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
+               OMP_NUM_THREADS=str(threads),
                ADVISOR_EXECUTOR_THREADS=str(threads), ADVISOR_EXECUTOR_PG_TIMEOUT_S=str(opts.pg_timeout_s),
                ADVISOR_EXECUTOR_PARENT_PID=str(os.getpid()), ADVISOR_EXECUTOR_DEADLINE=str(deadline),
                PYTHONPATH=src + os.pathsep + env.get("PYTHONPATH", ""))
@@ -83,7 +90,7 @@ def launch_module(module: str, args: list[str], out: Path, opts: LaunchOptions,
     (advisor.runtime.starter), and wait (see module doc). Each rank writes out/rank<R>.json, or
     out/rank<R>.error.json when it fails. ``temporary``: ``out`` is the launch's temporary folder (the
     starter removes it if this process dies without doing so)."""
-    port = free_port()
+    store = agent_store(opts.pg_timeout_s)      # held until the ranks are stopped (this function's end)
     deadline = time.time() + opts.timeout_s
     procs: list = []
     for rank in range(opts.nproc):      # a kept --workdir may hold an earlier run's files: never read those
@@ -92,13 +99,14 @@ def launch_module(module: str, args: list[str], out: Path, opts: LaunchOptions,
     (out / "progress.json").unlink(missing_ok=True)
     try:
         argv = [*args, "--out-dir", str(out)]
-        procs = start_ranks(module, [(argv, _rank_env(rank, opts, port, deadline + 5)) for rank in range(opts.nproc)],
-                            out, deadline + 5, temporary)
+        envs = [_rank_env(rank, opts, store.port, deadline + 5) for rank in range(opts.nproc)]
+        procs = start_ranks(module, [(argv, env) for env in envs], out, deadline + 5, temporary)
         exits, timed_out = _wait(procs[:-1], opts, deadline, out, progress)
         states = {rank: process_state(p.pid) for rank, p in enumerate(procs[:-1])
                   if p.poll() is None and p.pid is not None} if timed_out else {}
     finally:
         stop(procs)
+        del store
     failed = starter_failed(procs, out)
     if failed is not None:
         raise failed
