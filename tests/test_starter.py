@@ -67,6 +67,18 @@ def test_a_starter_that_cannot_import_the_module_is_named_with_its_error(tmp_pat
     assert processes_naming(str(tmp_path)) == []
 
 
+
+def test_a_deadline_that_passes_while_the_starter_imports_is_named_as_the_deadline(tmp_path, monkeypatch):
+    """A starter still importing the rank's module when the launch's deadline passes (PyTorch's import took longer
+    than a 3 s test deadline under load) is stopped by the launcher: the deadline is the error, not the starter's
+    exit by the launcher's own SIGTERM."""
+    monkeypatch.setenv("PROBE_PRELOAD_SLEEP_S", "30")
+    with pytest.raises(ExecutionFailed, match="did not finish within 1 s") as err:
+        launch_module("_rank_probe", ["--code", "0"], tmp_path, LaunchOptions(nproc=2, timeout_s=1))
+    assert "the process starting the ranks" not in str(err.value)
+    assert err.value.timed_out and err.value.exit_codes == {}
+    assert processes_naming(str(tmp_path)) == []
+
 LAUNCHER = """
 import sys
 from advisor.runtime.files import temporary_folder

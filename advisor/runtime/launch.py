@@ -104,10 +104,11 @@ def launch_module(module: str, args: list[str], out: Path, opts: LaunchOptions,
         exits, timed_out = _wait(procs[:-1], opts, deadline, out, progress)
         states = {rank: process_state(p.pid) for rank, p in enumerate(procs[:-1])
                   if p.poll() is None and p.pid is not None} if timed_out else {}
+        # judged before stop(): a starter this launcher stops at the deadline, still starting the ranks, did not fail
+        failed = starter_failed(procs, out)
     finally:
         stop(procs)
         del store
-    failed = starter_failed(procs, out)
     if failed is not None:
         raise failed
     if timed_out or any(code != 0 for code in exits.values()):
