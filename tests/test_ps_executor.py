@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -247,39 +248,48 @@ class _ServerStore:
         return all(any(k == server_left_key(s) for s in self.left) for k in keys)
 
 
-class _FinishingWork(_Work):
-    """Ends while a timed wait runs out: the timed wait raises, is_completed says True, a second wait returns."""
+class _Send:
+    """A gloo send as the server waits for it: ``wait`` blocks until the peer receives (``release``) or fails; a
+    wait with a timeout is refused, since gloo's closes every pair of the group when it expires."""
 
-    def __init__(self):
-        super().__init__(done=False)
-        self.timed_out = 0
+    def __init__(self, fails: bool = False):
+        self.received, self.fails = threading.Event(), fails
+
+    def release(self) -> None:
+        self.received.set()
 
     def wait(self, timeout=None) -> bool:
-        if not self.done:
-            self.timed_out += 1
-            self.done = True
-            raise RuntimeError("Operation timed out!")
-        return super().wait(timeout)
+        assert timeout is None, "a timed wait on a gloo send closes every pair of the process group when it expires"
+        self.received.wait()
+        if self.fails:
+            raise RuntimeError("Connection closed by peer")
+        return True
 
 
 def test_a_servers_forwarding_to_a_backup_that_was_killed_ends_on_the_schedulers_word():
     """#33: server 1 forwards its applied update to server 2, which was killed; the send hung until gloo's whole
     timeout (under load the run finished 60 s after the kill). The scheduler's word that server 2 left ends the
-    wait: the copy is gone, server 1 trains on without one. A send that ends, or ends as a timed wait runs out, is
-    waited for."""
+    wait: the copy is gone, server 1 trains on without one. A send that ends is waited for; one that fails means
+    the backup is gone. No gloo wait with a timeout is used (one that expires closes the group's pairs)."""
     from advisor.executor.ps.server import Server
 
     srv = Server.__new__(Server)
     srv.index, srv.cfg = 1, ps_config_from_plan(_replicated("hybrid"), tiny=True, dtype="fp32")
-    assert srv.cfg.servers == 3
+    assert srv.cfg.servers == 3 and srv._backup == 2
     srv.store = _ServerStore(left={2})
-    stuck = _Work(done=False)
+    stuck = _Send()
     srv.replication = [(stuck, None)]
     assert srv._replication_sent() is False
+    stuck.release()                     # the thread left waiting on it ends
     srv.store = _ServerStore(left=set())
-    sent, finishing = _Work(done=True), _FinishingWork()
-    srv.replication = [(sent, None), (finishing, None)]
-    assert srv._replication_sent() is True and sent.waited and finishing.waited and finishing.timed_out == 1
+    sends = [_Send(), _Send()]
+    srv.replication = [(w, None) for w in sends]
+    threading.Timer(0.2, lambda: [w.release() for w in sends]).start()     # received a little later
+    assert srv._replication_sent() is True
+    failed = _Send(fails=True)
+    failed.release()
+    srv.replication = [(failed, None)]
+    assert srv._replication_sent() is False
     srv.replication = []
     assert srv._replication_sent() is True
 

@@ -20,7 +20,6 @@ which is all a single process needs to replay the run (advisor.executor.ps.repla
 
 from __future__ import annotations
 
-import datetime
 import os
 import signal
 import time
@@ -320,7 +319,7 @@ class Server:
         """Forward the update just applied to this server's backup, which applies it to its copy."""
         if not self.cfg.replicas or self.backup_gone:
             return
-        backup = (self.index + 1) % self.cfg.servers
+        backup = self._backup
         if self.store.check([server_left_key(backup)]):
             self.backup_gone = True
             return
@@ -334,26 +333,20 @@ class Server:
         except RuntimeError:
             self.backup_gone = True     # its copy is gone with it; this shard keeps training without one
 
+    @property
+    def _backup(self) -> int:
+        """The server keeping this server's copy (the next one; Li et al. 2014, section 4.3)."""
+        return (self.index + 1) % self.cfg.servers
+
     def _replication_sent(self) -> bool:
         """Wait for the update in flight to the backup (True), or for its failure or the scheduler's word that the
-        backup is gone (False). A send to a backup that was killed can hold out until gloo's whole timeout (it did,
-        under load: 60 s after the backup died, the run finished); the scheduler's news is read every POLL_S."""
-        backup = (self.index + 1) % self.cfg.servers
-        for work, _ in self.replication:
-            while True:
-                try:
-                    work.wait(timeout=datetime.timedelta(seconds=POLL_S))
-                    break
-                except RuntimeError:
-                    if work.is_completed():         # ended while the wait timed out, or failed: its wait says which
-                        try:
-                            work.wait()
-                            break
-                        except RuntimeError:
-                            return False
-                    if self.store.check([server_left_key(backup)]):
-                        return False
-        return True
+        backup is gone (False): a send to a backup that was killed waits out gloo's whole timeout (it did, under
+        load: the run finished 60 s after the backup died), and cannot be polled (wire.sent_unless)."""
+        try:
+            return wire.sent_unless(self.replication, lambda: self.store.check([server_left_key(self._backup)]),
+                                    POLL_S)
+        except RuntimeError:
+            return False
 
     def _take_over(self) -> None:
         """The primary is gone (the scheduler says so) and every update it forwarded has been applied to the

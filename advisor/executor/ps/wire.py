@@ -114,6 +114,32 @@ def wait_all(works: list) -> None:
         work.wait()
 
 
+def sent_unless(works: list, gone: Callable[[], bool], poll_s: float) -> bool:
+    """Wait for sends (True when every one ended; a failed one raises its error) unless ``gone()``, read every
+    ``poll_s``, says first that their peer is gone (False). A send to a peer that never posts its receive (it
+    was killed) ends only at gloo's process-group timeout, and it cannot be polled: gloo's wait with a timeout
+    on a point-to-point operation, once it expires, closes every pair of the process group ("Application
+    timeout caused pair closure", gloo/transport/tcp/unbound_buffer.cc), and is_completed stays False until a
+    wait. So the sends are waited for on a thread of their own; one given up on is left to end there."""
+    done, failure = threading.Event(), []
+
+    def wait() -> None:
+        try:
+            wait_all(works)
+        except BaseException as exc:        # handed to the caller's thread
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=wait, daemon=True).start()
+    while not done.wait(poll_s):
+        if gone():
+            return False
+    if failure:
+        raise failure[0]
+    return True
+
+
 def receive(pg, src: int, layout: Layout, tag: int = TAG) -> Message:
     """Block until the next message from ``src`` has arrived (gloo's process-group timeout bounds it)."""
     buf = torch.empty(layout.nbytes, dtype=torch.uint8)
