@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
 from advisor.cost.estimate import MEMORY_PARTS, TIME_PARTS, Estimate, estimate, estimate_batch, from_batch
-from advisor.cost.memory import ALLOCATOR_OVERHEAD, GIB
+from advisor.cost.memory import ALLOCATOR_OVERHEAD, GIB, memory, peak_stages
 from advisor.space.rules import legal_mask, violations
 from advisor.space.strategy import MESH_DIMS, Strategy, StrategyBatch, even_stage_layers
 from advisor.specs.hardware import HardwareProfile, bundled_hardware, load_hardware
@@ -532,3 +532,35 @@ def test_estimate_batch_of_a_sub_batch_is_the_same(case):
     assert np.allclose(rev.memory.total, whole.memory.total[order], rtol=RTOL, atol=0.0)
     for i, s in enumerate(strategies):
         assert batch.strategy(i).resolved_stage_layers(model.num_layers) == s.resolved_stage_layers(model.num_layers)
+
+
+@FEW
+@given(batches(), st.data())
+def test_memory_over_the_peak_stages_equals_memory_over_every_stage(case, data):
+    """The search's memory (every_stage=False: the stages that can hold the peak, advisor.cost.memory.peak_stages)
+    gives every worst-stage figure and the worst stage itself exactly as memory over every stage does, with
+    uneven stages, partial recomputation and swapped layers (whose saving grows with the micro-batches in flight)."""
+    model, hw, cluster, job, strategies = case
+    swapped = []
+    for s in strategies:
+        layers = s.resolved_stage_layers(model.num_layers)
+        swap = tuple(data.draw(st.integers(0, n)) for n in layers) if data.draw(st.booleans()) else None
+        swapped.append(replace(s, swap_layers=swap if swap and any(swap) else None))
+    batch = StrategyBatch.from_strategies(swapped, model.num_layers)
+    every = memory(model, job, batch)
+    peak = memory(model, job, batch, every_stage=False)
+    for k in ("parameters", "gradients", "optimizer", "activations", "buffers", "total", "host_optimizer",
+              "worst_stage", "activation_per_microbatch", "host_activations", "host_params"):
+        assert np.array_equal(getattr(every, k), getattr(peak, k)), k
+    assert peak.stage_total is None and peak.stage_parts is None
+
+
+def test_the_peak_stages_of_an_even_pipeline_are_its_first_two_and_last_two():
+    """64 equal stages of a dense model: the first (the embedding), the second (the most micro-batches in flight of
+    the plain stages), the last plain one and the last (the head); the memory search prices 4 columns, not 64."""
+    model = load_model("megatron-1t")
+    s = Strategy(dp=1, tp=8, pp=64, cp=1, ep=1, micro_batch_size=1, num_micro_batches=128, pipeline_schedule="1f1b")
+    batch = StrategyBatch.from_strategies([s, replace(s, pp=32, stage_layers=None)], model.num_layers)
+    fewer = peak_stages(model, batch)
+    assert fewer.stage_index.tolist() == [[0, 1, 62, 63], [0, 1, 30, 31]]
+    assert fewer.stage_layers.tolist() == [[2, 2, 2, 2], [4, 4, 4, 4]]

@@ -36,7 +36,7 @@ Sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -70,15 +70,22 @@ def stage_layer_counts(model: ModelSpec, b: StrategyBatch):
     layers = b.stage_layers.astype(np.int64)
     if model.moe is None:
         return layers, np.zeros_like(layers)
-    end = np.cumsum(layers, axis=1)
-    moe = model.moe_layers_before(end) - model.moe_layers_before(end - layers)
+    start = np.cumsum(layers, axis=1) - layers if b.stage_start_layer is None else b.stage_start_layer
+    moe = model.moe_layers_before(start + layers) - model.moe_layers_before(start)
     return layers - moe, moe
+
+
+def stage_columns(b: StrategyBatch) -> np.ndarray:
+    """Each column's stage index, (N, P) (or (1, P) when column i is stage i)."""
+    if b.stage_index is not None:
+        return b.stage_index
+    return np.arange(b.stage_layers.shape[1])[None, :]
 
 
 @cached
 def stage_masks(b: StrategyBatch):
     """(active, first, last) boolean (N, P) masks over the padded stage axis."""
-    cols = np.arange(b.stage_layers.shape[1])[None, :]
+    cols = stage_columns(b)
     pp = b.pp[:, None]
     return cols < pp, cols == 0, cols == pp - 1
 
@@ -86,7 +93,7 @@ def stage_masks(b: StrategyBatch):
 @cached
 def in_flight(b: StrategyBatch):
     """Micro-batches' worth of activations held at the peak on each stage, (N, P) float array."""
-    cols = np.arange(b.stage_layers.shape[1])[None, :].astype(float)
+    cols = stage_columns(b).astype(float)
     p = b.pp[:, None].astype(float)
     m = b.num_micro_batches[:, None].astype(float)
     v = b.virtual_pipeline_stages[:, None].astype(float)
@@ -96,6 +103,46 @@ def in_flight(b: StrategyBatch):
     chunks = np.minimum((p - cols - 1) * 2 + (v - 1) * p + 1, m * v)
     inter = chunks / v
     return np.select([sched == GPIPE, sched == INTERLEAVED], [np.broadcast_to(m, one_f.shape), inter], one_f)
+
+
+@cached
+def peak_stages(model: ModelSpec, b: StrategyBatch) -> StrategyBatch:
+    """The batch cut to the stages that can hold each candidate's memory peak (stage_index says which).
+
+    A stage's memory depends on where it sits in the pipeline only through the micro-batches it holds in
+    flight, which never grow down the pipeline (in_flight), and it is affine in them (swapped layers
+    included: advisor.cost.swap); everything else follows from the stage's layer counts, its recomputed
+    and swapped layers and whether it is the first or last. So within a run of consecutive stages alike in
+    all of those, both the peak and the first stage reaching it lie at one end of the run: the runs' ends
+    are all memory() needs to find the worst stage (a 64-stage pipeline of equal stages has four)."""
+    if b.stage_index is not None:
+        return b
+    dense_n, moe_n = stage_layer_counts(model, b)
+    active, first, last = stage_masks(b)
+    same = active[:, 1:] & ~first[:, :-1] & ~last[:, 1:]       # column c + 1 continues column c's run
+    for part in (dense_n, moe_n, b.recompute_layers, b.swap_layers):
+        same &= part[:, 1:] == part[:, :-1]
+    ends = np.ones(active.shape, dtype=bool)
+    ends[:, 1:] &= ~same            # a run's first column
+    ends[:, :-1] |= ~same           # ... or its last
+    ends &= active
+    counts = ends.sum(axis=1)
+    width = int(counts.max(initial=1))
+    if width >= active.shape[1]:
+        return b
+    rows, cols = np.nonzero(ends)                      # row by row, each row's kept columns in order
+    at = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)     # their places in the row
+
+    def gather(x, pad):
+        out = np.broadcast_to(pad, (len(b), width)).copy()
+        out[rows, at] = x[rows, cols]
+        return out
+
+    start = np.cumsum(b.stage_layers, axis=1) - b.stage_layers
+    index = np.broadcast_to(stage_columns(b), ends.shape)
+    return replace(b, stage_layers=gather(b.stage_layers, 0), recompute_layers=gather(b.recompute_layers, -1),
+                   swap_layers=gather(b.swap_layers, 0), stage_index=gather(index, col(b.pp)),
+                   stage_start_layer=gather(start, 0))
 
 
 @cached
@@ -134,7 +181,8 @@ class MemoryArrays:
     host_optimizer: np.ndarray
     worst_stage: np.ndarray
     activation_per_microbatch: np.ndarray
-    stage_total: np.ndarray | None = None      # (N, P): every stage's total (-1 where a stage is inactive)
+    stage_total: np.ndarray | None = None      # (N, P): every stage's total (-1 where a stage is inactive); None
+                                               # from memory(every_stage=False), as stage_parts
     host_activations: np.ndarray | None = None  # (N,): activations swapped to the host per device (advisor.cost.swap)
     host_params: np.ndarray | None = None       # (N,): offloaded weight and gradient shards per device
     host_embedding: np.ndarray | None = None    # (N,): the word-embedding slice on the host (cost.host_embedding)
@@ -238,7 +286,15 @@ def swapped_layer_bytes(model: ModelSpec, job: TrainingJob, b: StrategyBatch):
     return swap.layer_bytes(dense_n, moe_n, dense, moe)
 
 
-def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch) -> MemoryArrays:
+def memory(model: ModelSpec, job: TrainingJob, b: StrategyBatch, every_stage: bool = True) -> MemoryArrays:
+    """Each candidate's memory on its worst stage. ``every_stage`` False: only the worst stage's figures are
+    needed (the search's), and they are computed over the stages that can hold the peak (peak_stages);
+    stage_total and stage_parts are then None."""
+    if not every_stage:
+        fewer = peak_stages(model, b)
+        m = memory(model, job, fewer)
+        worst = m.worst_stage if fewer.stage_index is None else fewer.stage_index[np.arange(len(b)), m.worst_stage]
+        return replace(m, worst_stage=worst, stage_total=None, stage_parts=None)
     dense, expert = stage_params(model, b)
     dp_group = (b.dp * b.cp)[:, None].astype(float)
     # the experts' data-parallel group: tp x dp x cp ranks over ep x the experts' own tp (dp x cp / ep unfolded)

@@ -2,7 +2,7 @@
 
 Every part of an estimate (memory, stage times, placements, the data-parallel and pipeline terms) reads
 the same derived arrays of the batch (its mesh layout, stage masks, per-stage parameters); the batch is
-immutable, so they are kept for the batch being priced (one at a time, held weakly) and handed out
+immutable, so they are kept for the batch being priced (and the one priced before it, held weakly) and handed out
 read-only.
 """
 
@@ -16,17 +16,23 @@ import numpy as np
 
 T = TypeVar("T")
 
-# [the batch (weak reference), {key: value}]
-_CURRENT: list = [None, {}]
+# [(the batch (weak reference), {key: value})], the latest first: a batch and the one priced within it (the
+# stages that can hold its memory peak, advisor.cost.memory.peak_stages) keep theirs
+_RECENT: list = []
+_KEPT = 2
 
 
 def per_batch(b, key, make: Callable[[], T], of: object = None) -> T:
     """make() for batch b, computed once while b is the batch being priced; arrays in the value are
     made read-only (they are shared by every reader). ``of``: an object the value also depends on (a model),
     told apart by identity and kept alive with the entry, so that its identity is not reused meanwhile."""
-    if _CURRENT[0] is None or _CURRENT[0]() is not b:
-        _CURRENT[0], _CURRENT[1] = weakref.ref(b), {}
-    cache = _CURRENT[1]
+    hit = next((i for i, (ref, _) in enumerate(_RECENT) if ref() is b), None)
+    if hit is None:
+        _RECENT.insert(0, (weakref.ref(b), {}))
+        del _RECENT[_KEPT:]
+    elif hit:
+        _RECENT.insert(0, _RECENT.pop(hit))
+    cache = _RECENT[0][1]
     full = (key, id(of))
     if full not in cache:
         value = make()

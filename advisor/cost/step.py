@@ -65,9 +65,11 @@ class EstimateBatch:
         return self.fits & self.host_fits
 
 
-def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, b: StrategyBatch) -> EstimateBatch:
-    """Score N candidates at once. Legality is not checked here (see advisor.space.rules)."""
-    mem = memory(model, job, b)
+def estimate_batch(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job: TrainingJob, b: StrategyBatch,
+                   every_stage: bool = True) -> EstimateBatch:
+    """Score N candidates at once. Legality is not checked here (see advisor.space.rules). ``every_stage``
+    False: the memory figures of the worst stage only (advisor.cost.memory.memory; the search's)."""
+    mem = memory(model, job, b, every_stage)
     active, first, last = stage_masks(b)
     groups = placements(hw, b, ("tp", "cp", "dp_cp", "ep", "edp"))    # the groups the step's collectives use
     st = stage_time.micro_batch(model, hw, job, b, groups, active, first, last)

@@ -118,6 +118,8 @@ def _concat(parts: list[StrategyBatch], like: StrategyBatch) -> StrategyBatch:
     for f in fields(like):
         if f.name == "mesh_order":
             values[f.name] = tuple(o for p in parts for o in p.mesh_order) if like.mesh_order else ()
+        elif getattr(like, f.name) is None:
+            values[f.name] = None
         else:
             values[f.name] = np.concatenate([getattr(p, f.name) for p in parts]) if parts else getattr(like, f.name)[:0]
     return StrategyBatch(**values)
@@ -129,6 +131,9 @@ def _merge(b: StrategyBatch, variants: StrategyBatch, origin: np.ndarray, chosen
     for f in fields(b):
         if f.name == "mesh_order":
             values[f.name] = b.mesh_order
+            continue
+        if getattr(b, f.name) is None:
+            values[f.name] = None
             continue
         merged = getattr(b, f.name).copy()
         merged[origin[chosen]] = getattr(variants, f.name)[chosen]

@@ -272,7 +272,7 @@ class _Scoring:
         for idx in chunks_by_pp(rows):
             part = _take(rows, idx)
             batch = to_batch(model, job, part)
-            e = estimate_batch(model, hw, cluster, job, batch)
+            e = estimate_batch(model, hw, cluster, job, batch, every_stage=False)
             self.scored += len(idx)
             ok = e.feasible   # all of them while memory does not depend on links or placement
             _add(self.pruned, DEVICE_MEMORY_REASON, int((~ok).sum()))

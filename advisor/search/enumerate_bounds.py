@@ -119,7 +119,7 @@ def bound_estimate(model: ModelSpec, bound_hw: HardwareProfile, cluster: Cluster
         ulysses = {**_take(rows, a2a), "cp_comm": np.ones(int(a2a.sum()), dtype=np.int64)}
         ring = rows if "cp_comm" in rows else {**rows, "cp_comm": np.zeros(n, dtype=np.int64)}
         both = _concat([ring, ulysses], ring)
-    e = estimate_batch(model, bound_hw, cluster, job, to_batch(model, job, both))
+    e = estimate_batch(model, bound_hw, cluster, job, to_batch(model, job, both), every_stage=False)
     priced = step_of(e)
     step = priced[:n].copy()
     step[a2a] = np.minimum(step[a2a], priced[n:])
@@ -147,12 +147,12 @@ def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job
     for idx in chunks_by_pp(rows):
         part = _take(rows, idx)
         leanest = _with_lean_memory(part, options, lean[0])
-        fits = memory(model, job, to_batch(model, job, leanest)).total <= capacity
+        fits = memory(model, job, to_batch(model, job, leanest), every_stage=False).total <= capacity
         for pair in lean[1:]:
             todo = ~fits & (part["dp"] * part["cp"] > 1)
             if todo.any():
                 other = _take(_with_lean_memory(part, options, pair), todo)
-                fits[todo] = memory(model, job, to_batch(model, job, other)).total <= capacity
+                fits[todo] = memory(model, job, to_batch(model, job, other), every_stage=False).total <= capacity
         # one replica: parameter offload's fetched layers can outweigh a small stage's own weights,
         # so the other lone pairs are tried too
         for z, o in _lone_options(options)[:-1]:
@@ -161,7 +161,7 @@ def bound_skeletons(model: ModelSpec, hw: HardwareProfile, cluster: Cluster, job
                 other = {**_take(part, todo)}
                 other["zero"] = np.full(int(todo.sum()), z, dtype=np.int64)
                 other["offload"] = np.full(int(todo.sum()), o, dtype=np.int64)
-                fits[todo] = memory(model, job, to_batch(model, job, other)).total <= capacity
+                fits[todo] = memory(model, job, to_batch(model, job, other), every_stage=False).total <= capacity
         # the time bound only where some pair may fit (the others are dropped for memory)
         if fits.any():
             if hosted:

@@ -254,7 +254,7 @@ def _fits_all(model: ModelSpec, job: TrainingJob, partitions: list[tuple[Strateg
         return []
     batch = StrategyBatch.from_strategies([replace(s, stage_layers=tuple(int(x) for x in layers)) for s, layers in partitions],
                                           model.num_layers)
-    return [bool(x) for x in memory(model, job, batch).total <= capacity_bytes]
+    return [bool(x) for x in memory(model, job, batch, every_stage=False).total <= capacity_bytes]
 
 
 def _partition(model: ModelSpec, sm: StageModel, p: int, v: int) -> tuple[int, ...] | None:

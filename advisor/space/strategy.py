@@ -315,6 +315,10 @@ class StrategyBatch:
     offload_fraction: np.ndarray | None = None     # None: all 1
     host_embedding: np.ndarray | None = None       # bool; None: all on the device
     fold_experts: np.ndarray | None = None         # bool; None: experts split over tp (no folding)
+    # a batch of some of each candidate's stages (advisor.cost.memory.peak_stages): (N, P) each column's stage
+    # index (pp on a padding column) and first layer; None: column i is stage i (every stage, in order)
+    stage_index: np.ndarray | None = None
+    stage_start_layer: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.fold_experts is None:
@@ -394,7 +398,7 @@ class StrategyBatch:
                 picked = np.arange(len(self))[idx] if idx.dtype == bool else idx
                 values[fl.name] = tuple(v[int(i)] for i in np.atleast_1d(picked)) if v else ()
             else:
-                values[fl.name] = v[idx]
+                values[fl.name] = None if v is None else v[idx]
         return StrategyBatch(**values)
 
     def strategy(self, i: int) -> Strategy:
