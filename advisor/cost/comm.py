@@ -24,6 +24,8 @@ candidates at once.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from advisor.specs.hardware import HardwareProfile, Link
@@ -69,12 +71,6 @@ def _ring_factor(op: str, g):
     raise ValueError(op)
 
 
-def _tier_time(op: str, message_bytes, g, link: Link):
-    link = link.for_op(op)
-    bw_factor, steps = _ring_factor(op, g)
-    return bw_factor * message_bytes / link.effective_bandwidth_bytes_per_s + steps * link.latency_s
-
-
 def collective_time_s(hw: HardwareProfile, op: str, message_bytes, n, stride):
     """Seconds for one collective over groups of n ranks at `stride` (aligned); message_bytes is the
     full buffer."""
@@ -85,8 +81,13 @@ def collective_time_s(hw: HardwareProfile, op: str, message_bytes, n, stride):
 
 
 def group_time_s(hw: HardwareProfile, op: str, message_bytes, group) -> np.ndarray:
-    """Seconds for one collective over a placed group (advisor.cost.placement.GroupPlacement)."""
-    return fanout_time_s(hw, op, message_bytes, group.g0, group.g1, group.g2)
+    """Seconds for one collective over a placed group (advisor.cost.placement.GroupPlacement). What the time
+    owes to the group and the links alone is kept with the group (a step prices several collectives on each)."""
+    key = (op, id(hw))
+    held = group.priced.get(key)
+    if held is None or held[0] is not hw:
+        held = group.priced[key] = (hw, Fanout.of(hw, op, group.g0, group.g1, group.g2))
+    return held[1].time_s(message_bytes)
 
 
 def fanout_time_s(hw: HardwareProfile, op: str, message_bytes, g0, g1, g2):
@@ -96,43 +97,63 @@ def fanout_time_s(hw: HardwareProfile, op: str, message_bytes, g0, g1, g2):
     Groups of one member cost nothing. Under contention-free assumptions every member uses its own
     links (rail-optimised fat tree: one NIC per device), so parallel groups do not slow each other.
     """
-    message_bytes = np.asarray(message_bytes, dtype=float)
-    g0, g1, g2 = (np.asarray(g, dtype=float) for g in (g0, g1, g2))
-    n = g0 * g1 * g2
-    l0, l1, l2 = _tier_links(hw)
-    if op == "all_to_all":
-        l0, l1, l2 = l0.for_op(op), l1.for_op(op), l2.for_op(op)
-        # Each member sends (n-1)/n of its buffer; the part bound for other nodes crosses the NIC,
-        # the part for other fast groups the cross link; tiers run concurrently (max), latency per peer.
-        nf = np.maximum(n, 1.0)
-        inside0 = (g0 - 1.0) / nf
-        inside1 = g0 * (g1 - 1.0) / nf
-        outside = (nf - g0 * g1) / nf
-        t = np.maximum.reduce([
-            inside0 * message_bytes / l0.effective_bandwidth_bytes_per_s,
-            inside1 * message_bytes / l1.effective_bandwidth_bytes_per_s,
-            outside * message_bytes / l2.effective_bandwidth_bytes_per_s,
-        ])
-        lat = np.where(g2 > 1, l2.latency_s, np.where(g1 > 1, l1.latency_s, l0.latency_s))
-        return np.where(n > MORE_THAN_ONE, t + (nf - 1.0) * lat, 0.0)
-    # Hierarchical: the message shrinks by each lower tier's fan-out before the next tier.
-    # (All-reduce: reduce-scatter up, all-reduce at the top, all-gather down; in the ring formulas a
-    # reduce-scatter plus an all-gather at one tier cost exactly that tier's all-reduce.)
-    t = (
-        _tier_time(op, message_bytes, g0, l0)
-        + _tier_time(op, message_bytes / g0, g1, l1)
-        + _tier_time(op, message_bytes / (g0 * g1), g2, l2)
-    )
-    # Flat ring over every member at the slowest tier spanned (that tier's bandwidth and latency chosen per
-    # candidate, then one ring formula: the same arithmetic as pricing each tier and selecting).
-    f0, f1, f2 = (link.for_op(op) for link in (l0, l1, l2))
-    across, inside = g2 > 1, g1 > 1
-    bandwidth = np.where(across, f2.effective_bandwidth_bytes_per_s,
-                         np.where(inside, f1.effective_bandwidth_bytes_per_s, f0.effective_bandwidth_bytes_per_s))
-    latency = np.where(across, f2.latency_s, np.where(inside, f1.latency_s, f0.latency_s))
-    bw_factor, steps = _ring_factor(op, n)
-    flat = bw_factor * message_bytes / bandwidth + steps * latency
-    return np.where(n > MORE_THAN_ONE, np.minimum(t, flat), 0.0)
+    return Fanout.of(hw, op, g0, g1, g2).time_s(message_bytes)
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """One collective over groups of g0 x g1 x g2 members (fanout_time_s), all but its message: per tier the
+    ring's bandwidth factor and the link's bandwidth, and the latency terms; the same for the flat ring over
+    the slowest tier spanned (all-to-all: each tier's share of the buffer, and the latency per peer)."""
+
+    op: str
+    g0: np.ndarray
+    g01: np.ndarray                 # g0 * g1
+    tiers: tuple                    # per tier (bandwidth factor or share, bytes per second, latency term)
+    flat: tuple                     # (bandwidth factor, bytes per second, latency term); all-to-all: ()
+    latency_s: np.ndarray | float   # all-to-all: (members - 1) x the latency of the slowest tier spanned
+    several: np.ndarray             # groups of more than one member
+
+    @staticmethod
+    def of(hw: HardwareProfile, op: str, g0, g1, g2) -> "Fanout":
+        g0, g1, g2 = (np.asarray(g, dtype=float) for g in (g0, g1, g2))
+        n = g0 * g1 * g2
+        links = tuple(link.for_op(op) for link in _tier_links(hw))
+        bandwidth = [link.effective_bandwidth_bytes_per_s for link in links]
+        if op == "all_to_all":
+            # Each member sends (n-1)/n of its buffer; the part bound for other nodes crosses the NIC,
+            # the part for other fast groups the cross link; tiers run concurrently (max), latency per peer.
+            nf = np.maximum(n, 1.0)
+            shares = ((g0 - 1.0) / nf, g0 * (g1 - 1.0) / nf, (nf - g0 * g1) / nf)
+            lat = np.where(g2 > 1, links[2].latency_s, np.where(g1 > 1, links[1].latency_s, links[0].latency_s))
+            return Fanout(op, g0, g0 * g1, tuple(zip(shares, bandwidth, (0.0,) * 3)), (), (nf - 1.0) * lat,
+                          n > MORE_THAN_ONE)
+        # Hierarchical: the message shrinks by each lower tier's fan-out before the next tier.
+        # (All-reduce: reduce-scatter up, all-reduce at the top, all-gather down; in the ring formulas a
+        # reduce-scatter plus an all-gather at one tier cost exactly that tier's all-reduce.)
+        tiers = []
+        for g, link, bw in zip((g0, g1, g2), links, bandwidth):
+            factor, steps = _ring_factor(op, g)
+            tiers.append((factor, bw, steps * link.latency_s))
+        # Flat ring over every member at the slowest tier spanned (that tier's bandwidth and latency chosen per
+        # candidate, then one ring formula: the same arithmetic as pricing each tier and selecting).
+        across, inside = g2 > 1, g1 > 1
+        flat_bw = np.where(across, bandwidth[2], np.where(inside, bandwidth[1], bandwidth[0]))
+        latency = np.where(across, links[2].latency_s, np.where(inside, links[1].latency_s, links[0].latency_s))
+        factor, steps = _ring_factor(op, n)
+        return Fanout(op, g0, g0 * g1, tuple(tiers), (factor, flat_bw, steps * latency), 0.0, n > MORE_THAN_ONE)
+
+    def time_s(self, message_bytes) -> np.ndarray:
+        message_bytes = np.asarray(message_bytes, dtype=float)
+        if self.op == "all_to_all":
+            t = np.maximum.reduce([share * message_bytes / bw for share, bw, _ in self.tiers])
+            return np.where(self.several, t + self.latency_s, 0.0)
+        sizes = (message_bytes, message_bytes / self.g0, message_bytes / self.g01)
+        (f0, b0, l0), (f1, b1, l1), (f2, b2, l2) = self.tiers
+        t = (f0 * sizes[0] / b0 + l0) + (f1 * sizes[1] / b1 + l1) + (f2 * sizes[2] / b2 + l2)
+        factor, bw, lat = self.flat
+        flat = factor * message_bytes / bw + lat
+        return np.where(self.several, np.minimum(t, flat), 0.0)
 
 
 def tier_busy_s(hw: HardwareProfile, op: str, message_bytes, group) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -35,7 +35,7 @@ pp-1 -> 0 for interleaved schedules; the cp ring) get the slowest tier any pair 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -55,6 +55,9 @@ class GroupPlacement:
     n: np.ndarray
     nodes: np.ndarray
     fast_groups: np.ndarray
+    # what its collectives' times owe to the group and the links alone, kept as they are priced
+    # (advisor.cost.comm.group_time_s)
+    priced: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def per_node(self) -> np.ndarray:
