@@ -34,8 +34,10 @@ candidates: families, then skeletons (memory alone first, then time on the faste
 ZeRO/offload parts), then ZeRO/offload pairs, before any mesh order is priced exactly. The search's memory
 is priced on the stages that can hold each candidate's peak only (advisor.cost.memory.peak_stages: the ends
 of each run of like stages, 4 columns of a 64-stage even pipeline instead of 64): 533,360 stage cells of
-the 1T search's exact calls become 75,704, and the 1T search took 0.83-0.89 s against 0.90-1.00 s before
-(best of 7, three alternations; the figures are exactly the same).
+the 1T search's exact calls become 75,704; and each placed group keeps the message-free part of its
+collectives' times (advisor.cost.comm.Fanout). With both (the figures bit for bit the same), this machine,
+one run after the other, best of 5: 1T 1.04 -> 0.84 s, Mixtral 2.27 -> 2.05 s, GPT-3 0.43 -> 0.40 s,
+530B 0.49 -> 0.47 s; the issue's 1T command as a process 2.6-2.7 -> 2.0-2.2 s.
 
 --scale runs each size in a process of its own (so that its peak memory is its own): `advisor recommend` of
 SCALE_MODEL on dgx-h100 at 1,024 to 98,304 devices (the command line's default batch, whose data-parallel
