@@ -312,6 +312,8 @@ def _main(interrupted: type[BaseException]) -> None:
             message = " ".join(exc.format_message().split())
             given = _offending_value(exc)
             if given is not None:
+                if len(given) > 40:     # click's own message quotes the whole value (typer before 0.29)
+                    message = message.replace(given, given[:40] + "...")
                 message += f" (got {given[:40]!r}{'...' if len(given) > 40 else ''})"
             err_console.print(f"error: {message} (see 'advisor --help')", markup=False, highlight=False, soft_wrap=True)
             sys.exit(2)
