@@ -1,4 +1,5 @@
-"""`advisor estimate` end to end: the command is run as a subprocess (`python -m advisor estimate ...`).
+"""`advisor estimate` end to end: the command is run as a process of its own (`python -m advisor estimate ...`,
+forked after its imports: tests/_cli_process.py).
 
 Checked: a good call exits 0; --json prints one JSON object and nothing else on stdout, with figures
 that agree with each other; bad input exits 2 with one sentence on stderr that names the file, key or
@@ -12,11 +13,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from _cli_process import run_advisor
 
 from advisor.plan import Plan, plan_to_dict
 from advisor.space.strategy import Strategy
@@ -33,8 +35,7 @@ MEMORY_KEYS = {"parameters", "gradients", "optimizer", "activations", "buffers",
 
 def advisor_estimate(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "advisor", "estimate", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=120)
+    return run_advisor(["estimate", *args], env, cwd=ROOT, timeout=120)
 
 
 def assert_no_traceback(r: subprocess.CompletedProcess) -> None:
