@@ -5,9 +5,9 @@ traceback) pays about 0.35 s of imports per run here, most of a small command's 
 the command to a zygote: one process per test process and environment that has made the imports
 `python -m advisor` makes (advisor.cli) and forks one child per command. The child is a process of its own,
 with its own stdin (empty), stdout and stderr (files) and exit status, and runs what `python -m advisor` runs
-after its imports (advisor/__main__.py, through runpy as -m does). Environment variables read at import (the
-terminal width rich reads from COLUMNS) are the zygote's, so each environment gets its own zygote
-(the test pytest names in PYTEST_CURRENT_TEST aside).
+after its imports (advisor/__main__.py, through advisor.runtime.starter.run_as_main, as the executor's rank
+starter runs its ranks). Environment variables read at import (the terminal width rich reads from COLUMNS)
+are the zygote's, so each environment gets its own zygote (the test pytest names in PYTEST_CURRENT_TEST aside).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 _ZYGOTE = r"""
-import json, os, runpy, sys, traceback
+import json, os, sys, traceback
 import advisor.cli                      # the imports `python -m advisor` makes before it runs
+from advisor.runtime.starter import run_as_main
 protocol = os.fdopen(os.dup(1), "w")    # the answers; fd 1 becomes each child's stdout
 for line in sys.stdin:
     ask = json.loads(line)
@@ -34,7 +35,6 @@ for line in sys.stdin:
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        code = 1
         try:
             os.setpgid(0, 0)
             os.chdir(ask["cwd"])
@@ -42,21 +42,10 @@ for line in sys.stdin:
                                                 (ask["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
                                                 (ask["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC))):
                 os.dup2(os.open(path, flags, 0o600), fd)
-            sys.argv = ["advisor", *ask["argv"]]
-            runpy.run_module("advisor", run_name="__main__", alter_sys=True)
-            code = 0
-        except SystemExit as done:
-            if isinstance(done.code, str):
-                print(done.code, file=sys.stderr)
-            code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
         except BaseException:
             traceback.print_exc()
-        finally:
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
+            os._exit(1)
+        run_as_main("advisor.__main__", ask["argv"])      # what `python -m advisor` runs: the package's __main__
     protocol.write(json.dumps({"pid": pid}) + "\n")
     protocol.flush()
     _, status = os.waitpid(pid, 0)

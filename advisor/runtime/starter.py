@@ -68,7 +68,6 @@ def preload(module: str) -> None:
 
 def _run_rank(module: str, rank: dict) -> NoReturn:
     """In the forked child: a session of its own, its environment and log, then the module as ``__main__``."""
-    code = 1
     try:
         os.setsid()
         log = os.open(rank["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
@@ -79,7 +78,19 @@ def _run_rank(module: str, rank: dict) -> NoReturn:
             os.environ.pop(key, None)
         os.environ.update(rank["env_set"])
         os.environ["ADVISOR_EXECUTOR_PARENT_PID"] = str(os.getppid())
-        sys.argv = [module, *rank["argv"]]
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    run_as_main(module, rank["argv"])
+
+
+def run_as_main(module: str, argv: list[str]) -> NoReturn:
+    """In a forked child: the module as ``__main__`` with ``argv``, as ``python -m module`` runs it once its
+    imports are made, and the end a fresh interpreter has: the exit code, a message exit's text on stderr (code
+    1), an uncaught exception's traceback (code 1)."""
+    code = 1
+    try:
+        sys.argv = [module, *argv]
         sys.modules.pop(module, None)       # run afresh as __main__, as ``python -m`` would (its imports stay)
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
