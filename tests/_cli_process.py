@@ -77,7 +77,8 @@ def _answer(z: subprocess.Popen, timeout_s: float) -> dict:
     return json.loads(line)
 
 
-def run_advisor(args: list[str], env: dict[str, str], cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_advisor(args: list[str], env: dict[str, str], cwd: Path = ROOT,
+                timeout: float = 120) -> subprocess.CompletedProcess:
     """What ``subprocess.run([python, "-m", "advisor", *args], capture_output=True, text=True)`` gives."""
     z = _zygote(env)
     with tempfile.TemporaryDirectory(prefix="advisor-cli-") as scratch:

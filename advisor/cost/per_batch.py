@@ -2,8 +2,8 @@
 
 Every part of an estimate (memory, stage times, placements, the data-parallel and pipeline terms) reads
 the same derived arrays of the batch (its mesh layout, stage masks, per-stage parameters); the batch is
-immutable, so they are kept for the batch being priced (and the one priced before it, held weakly) and handed out
-read-only.
+immutable, so they are kept for the batch being priced and the one priced before it (held weakly), and
+handed out read-only.
 """
 
 from __future__ import annotations
