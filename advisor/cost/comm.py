@@ -83,11 +83,16 @@ def collective_time_s(hw: HardwareProfile, op: str, message_bytes, n, stride):
 def group_time_s(hw: HardwareProfile, op: str, message_bytes, group) -> np.ndarray:
     """Seconds for one collective over a placed group (advisor.cost.placement.GroupPlacement). What the time
     owes to the group and the links alone is kept with the group (a step prices several collectives on each)."""
+    return _placed(hw, op, group).time_s(message_bytes)
+
+
+def _placed(hw: HardwareProfile, op: str, group) -> "Fanout":
+    """The group's Fanout for ``op`` on ``hw``, made once and kept with the group."""
     key = (op, id(hw))
     held = group.priced.get(key)
     if held is None or held[0] is not hw:
         held = group.priced[key] = (hw, Fanout.of(hw, op, group.g0, group.g1, group.g2))
-    return held[1].time_s(message_bytes)
+    return held[1]
 
 
 def fanout_time_s(hw: HardwareProfile, op: str, message_bytes, g0, g1, g2):
@@ -143,16 +148,23 @@ class Fanout:
         factor, steps = _ring_factor(op, n)
         return Fanout(op, g0, g0 * g1, tuple(tiers), (factor, flat_bw, steps * latency), 0.0, n > MORE_THAN_ONE)
 
-    def time_s(self, message_bytes) -> np.ndarray:
+    def busy_s(self, message_bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Seconds each tier's link of a member is busy with data: the bandwidth terms, no latency
+        (all-to-all: each tier's share of the buffer; otherwise the message shrunk by the lower tiers' fan-out)."""
         message_bytes = np.asarray(message_bytes, dtype=float)
         if self.op == "all_to_all":
-            t = np.maximum.reduce([share * message_bytes / bw for share, bw, _ in self.tiers])
-            return np.where(self.several, t + self.latency_s, 0.0)
+            return tuple(share * message_bytes / bw for share, bw, _ in self.tiers)
         sizes = (message_bytes, message_bytes / self.g0, message_bytes / self.g01)
-        (f0, b0, l0), (f1, b1, l1), (f2, b2, l2) = self.tiers
-        t = (f0 * sizes[0] / b0 + l0) + (f1 * sizes[1] / b1 + l1) + (f2 * sizes[2] / b2 + l2)
+        return tuple(factor * size / bw for (factor, bw, _), size in zip(self.tiers, sizes))
+
+    def time_s(self, message_bytes) -> np.ndarray:
+        busy = self.busy_s(message_bytes)
+        if self.op == "all_to_all":      # the tiers run concurrently
+            return np.where(self.several, np.maximum.reduce(busy) + self.latency_s, 0.0)
+        (_, _, l0), (_, _, l1), (_, _, l2) = self.tiers
+        t = (busy[0] + l0) + (busy[1] + l1) + (busy[2] + l2)
         factor, bw, lat = self.flat
-        flat = factor * message_bytes / bw + lat
+        flat = factor * np.asarray(message_bytes, dtype=float) / bw + lat
         return np.where(self.several, np.minimum(t, flat), 0.0)
 
 
@@ -160,19 +172,7 @@ def tier_busy_s(hw: HardwareProfile, op: str, message_bytes, group) -> tuple[np.
     """Seconds one collective keeps each tier's link of a member busy with data (fast group, node,
     between nodes): the bandwidth terms of the hierarchical schedule above, without start-up latency
     (what another transfer on the same link has to share; advisor.cost.contention)."""
-    message_bytes = np.asarray(message_bytes, dtype=float)
-    g0, g1, g2 = (np.asarray(g, dtype=float) for g in group.fanouts)
-    links = [link.for_op(op) for link in _tier_links(hw)]
-    if op == "all_to_all":
-        nf = np.maximum(g0 * g1 * g2, 1.0)
-        shares = ((g0 - 1.0) / nf, g0 * (g1 - 1.0) / nf, (nf - g0 * g1) / nf)
-        return tuple(s * message_bytes / link.effective_bandwidth_bytes_per_s for s, link in zip(shares, links))
-    out = []
-    for g, size, link in ((g0, message_bytes, links[0]), (g1, message_bytes / g0, links[1]),
-                          (g2, message_bytes / (g0 * g1), links[2])):
-        bw_factor, _ = _ring_factor(op, g)
-        out.append(bw_factor * size / link.effective_bandwidth_bytes_per_s)
-    return tuple(out)
+    return _placed(hw, op, group).busy_s(message_bytes)
 
 
 def tier_p2p_busy_s(hw: HardwareProfile, message_bytes, tier) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
