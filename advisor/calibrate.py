@@ -56,10 +56,11 @@ from advisor.calibration.rounds import RoundRule, calibration_warnings
 from advisor.errors import AdvisorError, InfeasibleError
 from advisor.runtime.capacity import capacity_problems
 from advisor.runtime.files import temporary_folder
+from advisor.runtime.rank import TORCH_PRELOAD
 
 # what a probing rank imports, for the rank starter to import once before it forks the ranks
 # (advisor.runtime.starter)
-PRELOAD = ("torch", "torch.distributed")
+PRELOAD = (*TORCH_PRELOAD, "torch.distributed.pipelining")
 
 
 __all__ = ["COLLECTIVES", "PIPELINE_PROBE", "PROBE_BATCH", "PROBE_MODEL", "CalibrateOptions", "RoundRule",

@@ -111,3 +111,31 @@ def test_a_killed_launcher_leaves_no_rank_and_no_temporary_folder(tmp_path):
         launcher.stdout.close()
     assert not out.exists()
     assert processes_naming(str(out)) == []
+
+
+
+def test_a_rank_that_builds_an_optimizer_imports_nothing_its_starter_did_not():
+    """The rank modules that build a torch.optim optimizer preload TORCH_PRELOAD, and it holds what the first
+    optimizer step imports (torch._dynamo and torch._inductor, about 1 s of CPU per rank otherwise): in a fresh
+    interpreter that imported only TORCH_PRELOAD, the executor's AdamW (as its ranks and the calibration probe
+    build it) imports no module of torch._dynamo or torch._inductor."""
+    pytest.importorskip("torch")
+    import importlib
+
+    from advisor.runtime.rank import TORCH_PRELOAD
+
+    for module in ("advisor.executor.worker", "advisor.executor.ps.node", "advisor.calibrate"):
+        assert set(TORCH_PRELOAD) <= set(importlib.import_module(module).PRELOAD), module
+    code = (
+        "import importlib, json, sys\n"
+        "from advisor.runtime.rank import TORCH_PRELOAD\n"
+        "for name in TORCH_PRELOAD: importlib.import_module(name)\n"
+        "import torch\n"
+        "from advisor.executor.parallel import make_torch_optimizer\n"
+        "before = set(sys.modules)\n"
+        "p = torch.nn.Parameter(torch.ones(4)); p.grad = torch.ones(4)\n"
+        "make_torch_optimizer('adamw', 1e-3)([p]).step()\n"
+        "print(json.dumps(sorted(set(sys.modules) - before)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    new = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [m for m in new if m.startswith(("torch._dynamo", "torch._inductor"))] == []

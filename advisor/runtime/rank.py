@@ -30,6 +30,13 @@ from advisor.runtime.files import write_atomic
 
 TEST_SIGKILL_RANK = "ADVISOR_TEST_SIGKILL_RANK"
 
+# What a PyTorch rank that builds a torch.optim optimizer imports on first use, for the rank starter to import
+# once before it forks the ranks (advisor.runtime.starter; the PRELOAD of the executor's worker, the
+# parameter-server roles and the calibration probes starts with it). The first optimizer imports torch._dynamo, and
+# with it torch._inductor (torch._compile._disable_dynamo imports it lazily): about 1 s of CPU in every rank, paid
+# once per launch when the starter has imported it.
+TORCH_PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
+
 
 def start_watchdog(poll_s: float = 0.5) -> None:
     parent = os.environ.get("ADVISOR_EXECUTOR_PARENT_PID")

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from advisor.runtime.rank import mark_ready, run_spec_rank, write_result
+from advisor.runtime.rank import TORCH_PRELOAD, mark_ready, run_spec_rank, write_result
 
 # what a role imports, for the rank starter to import once before it forks the roles (advisor.runtime.starter)
-PRELOAD = ("torch", "torch.distributed", "advisor.executor.ps.config", "advisor.executor.ps.server",
+PRELOAD = (*TORCH_PRELOAD, "advisor.executor.ps.config", "advisor.executor.ps.server",
            "advisor.executor.ps.worker")
 STORE_PORT = "ADVISOR_PS_STORE_PORT"
 EXIT_KEY = "ps/exit"
