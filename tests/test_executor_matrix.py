@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 from advisor.commands.execute import COMPARED_PARTS, ExecuteOptions, Prepared, execute, prepare_plan, run_prepared  # noqa: E402
 from advisor.executor.config import run_config_from_plan, run_config_to_dict  # noqa: E402
 from advisor.executor.launch import ExecutionFailed, LaunchOptions, launch  # noqa: E402
-from advisor.executor.matrix import MATRIX, llama3_8b_plan, matrix_plans, tiny_plan  # noqa: E402
+from advisor.executor.matrix import LAYOUTS, MATRIX, llama3_8b_plan, matrix_plans, tiny_plan  # noqa: E402
 from advisor.validation.execute_report import verdict  # noqa: E402
 from _procs import processes_naming  # noqa: E402
 
@@ -87,12 +87,17 @@ HOST_TABLE = {
                                       model=dict(num_kv_heads=4), training=dict(framework="mindspore")),
 }
 
+# a D-Rec/ILP-style operator layout through DTensor placements (advisor.executor.operator_layout); ZeRO-1 and
+# pipelining with a layout: tests/test_executor_verdict.py's D-Rec plan; every layout of LAYOUTS:
+# benchmarks/executor_matrix.py --layouts
+LAYOUT = {"layout 2x2": LAYOUTS["layout 2x2"]}
+
 
 @pytest.fixture(scope="module")
 def reports() -> dict[str, dict]:
     """Every plan in fp32 (the issue's check), and again in fp64 for 3 steps (where any real
-    difference shows above 1e-9; fp32 noise could hide a small one), some in bf16, all in three
-    launches."""
+    difference shows above 1e-9; fp32 noise could hide a small one), some in bf16, the swapping, multi-copy,
+    host-table and operator-layout plans in fp32, all in three launches."""
     opts = ExecuteOptions(timeout_s=900)
     plans = {**matrix_plans(), **ZERO_BUBBLE}
     prepared = [prepare_plan(plan, name, opts) for name, plan in plans.items()]
@@ -102,12 +107,13 @@ def reports() -> dict[str, dict]:
     half = [prepare_plan(plans[n], n, replace(opts, dtype="bf16")) for n in BF16]
     half.append(prepare_plan(llama3_8b_plan(), "llama3-8b --tiny", replace(opts, tiny=True)))
     half += [prepare_plan(plan, name, opts) for name, plan in OFFLOAD.items()]
-    swapped = [prepare_plan(plan, name, opts) for name, plan in {**SWAP, **MULTI_COPY, **HOST_TABLE}.items()]
+    others = {**SWAP, **MULTI_COPY, **HOST_TABLE, **LAYOUT}
+    swapped = [prepare_plan(plan, name, opts) for name, plan in others.items()]
     reps = run_prepared(prepared + exact + half + swapped, opts)
     n, h = len(names), len(half)
     return {**dict(zip(names, reps)), **{f"{x} fp64": r for x, r in zip(names, reps[n:2 * n])},
             **{f"{x} bf16": r for x, r in zip([*BF16, "llama3-8b --tiny", *OFFLOAD], reps[2 * n:2 * n + h])},
-            **dict(zip(list(SWAP) + list(MULTI_COPY) + list(HOST_TABLE), reps[2 * n + h:]))}
+            **dict(zip(others, reps[2 * n + h:]))}
 
 
 @pytest.mark.parametrize("name", list(MATRIX) + list(ZERO_BUBBLE) + ["llama3-8b --tiny"])
@@ -405,3 +411,17 @@ def test_a_share_of_the_optimizer_is_offloaded_as_priced(reports):
     share = next(r for r in rep["memory"]["ranks"] if r["rank"] == 0)["measured_bytes"]
     # the same states, split (the one tensor cut in two adds one 4-byte Adam step count)
     assert share["optimizer"] + share["host_optimizer"] == pytest.approx(whole["host_optimizer"], abs=4)
+
+
+def test_an_operator_layout_runs_as_planned_on_four_ranks(reports):
+    """A D-Rec/ILP-style layout on 4 gloo ranks: the losses of one process, memory within the goal of the
+    prediction with the layout, and every weight cut as its operator says (the projection's weight by heads on one
+    axis only, where Megatron cuts it by 4)."""
+    rep = reports["layout 2x2"]
+    assert rep["loss_max_rel_diff"] <= LOSS_GOAL, rep["loss_max_rel_diff"]
+    assert verdict(rep)["ok"], verdict(rep)
+    # llama tiny, 4 kv heads, hidden 64, FFN 176, vocabulary 256, 4 layers, fp32: per rank the table and head cut
+    # by 4 (v, h), q/k/v by 4 (h, g), the projection by 2 (g on the second axis), the MLP by 4, the norms whole
+    per_layer = 64 + 3 * 64 * 64 // 4 + 64 * 64 // 2 + 64 + 3 * 176 * 64 // 4
+    expected = 4 * (2 * 256 * 64 // 4 + 4 * per_layer + 64)
+    assert {r["measured_bytes"]["parameters"] for r in rep["memory"]["ranks"]} == {expected}
