@@ -108,8 +108,8 @@ def reports() -> dict[str, dict]:
     half.append(prepare_plan(llama3_8b_plan(), "llama3-8b --tiny", replace(opts, tiny=True)))
     half += [prepare_plan(plan, name, opts) for name, plan in OFFLOAD.items()]
     others = {**SWAP, **MULTI_COPY, **HOST_TABLE, **LAYOUT}
-    swapped = [prepare_plan(plan, name, opts) for name, plan in others.items()]
-    reps = run_prepared(prepared + exact + half + swapped, opts)
+    rest = [prepare_plan(plan, name, opts) for name, plan in others.items()]
+    reps = run_prepared(prepared + exact + half + rest, opts)
     n, h = len(names), len(half)
     return {**dict(zip(names, reps)), **{f"{x} fp64": r for x, r in zip(names, reps[n:2 * n])},
             **{f"{x} bf16": r for x, r in zip([*BF16, "llama3-8b --tiny", *OFFLOAD], reps[2 * n:2 * n + h])},
