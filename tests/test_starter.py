@@ -115,16 +115,16 @@ def test_a_killed_launcher_leaves_no_rank_and_no_temporary_folder(tmp_path):
 
 
 def test_a_rank_that_builds_an_optimizer_imports_nothing_its_starter_did_not():
-    """The rank modules that build a torch.optim optimizer preload TORCH_PRELOAD, and it holds what the first
+    """The parameter-server roles and the calibration probes preload TORCH_PRELOAD, and it holds what the first
     optimizer step imports (torch._dynamo and torch._inductor, about 1 s of CPU per rank otherwise): in a fresh
-    interpreter that imported only TORCH_PRELOAD, the executor's AdamW (as its ranks and the calibration probe
-    build it) imports no module of torch._dynamo or torch._inductor."""
+    interpreter that imported only TORCH_PRELOAD, the executor's AdamW (as the calibration probe builds it)
+    imports no module of torch._dynamo or torch._inductor."""
     pytest.importorskip("torch")
     import importlib
 
     from advisor.runtime.rank import TORCH_PRELOAD
 
-    for module in ("advisor.executor.worker", "advisor.executor.ps.node", "advisor.calibrate"):
+    for module in ("advisor.executor.ps.node", "advisor.calibrate"):
         assert set(TORCH_PRELOAD) <= set(importlib.import_module(module).PRELOAD), module
     code = (
         "import importlib, json, sys\n"

@@ -31,10 +31,10 @@ from advisor.runtime.files import write_atomic
 TEST_SIGKILL_RANK = "ADVISOR_TEST_SIGKILL_RANK"
 
 # What a PyTorch rank that builds a torch.optim optimizer imports on first use, for the rank starter to import
-# once before it forks the ranks (advisor.runtime.starter; the PRELOAD of the executor's worker, the
-# parameter-server roles and the calibration probes starts with it). The first optimizer imports torch._dynamo, and
-# with it torch._inductor (torch._compile._disable_dynamo imports it lazily): about 1 s of CPU in every rank, paid
-# once per launch when the starter has imported it.
+# once before it forks the ranks (advisor.runtime.starter; the PRELOAD of the parameter-server roles and of the
+# calibration probes starts with it; advisor.executor.worker says why its does not). The first optimizer imports
+# torch._dynamo, and with it torch._inductor (torch._compile._disable_dynamo imports it lazily): about 1 s of CPU
+# in every rank, paid once per launch when the starter has imported it.
 TORCH_PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
 
 
