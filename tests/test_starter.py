@@ -113,7 +113,6 @@ def test_a_killed_launcher_leaves_no_rank_and_no_temporary_folder(tmp_path):
     assert processes_naming(str(out)) == []
 
 
-
 def test_a_rank_that_builds_an_optimizer_imports_nothing_its_starter_did_not():
     """The parameter-server roles and the calibration probes preload TORCH_PRELOAD, and it holds what the first
     optimizer step imports (torch._dynamo and torch._inductor, about 1 s of CPU per rank otherwise): in a fresh

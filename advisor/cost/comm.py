@@ -158,13 +158,14 @@ class Fanout:
         return tuple(factor * size / bw for (factor, bw, _), size in zip(self.tiers, sizes))
 
     def time_s(self, message_bytes) -> np.ndarray:
+        message_bytes = np.asarray(message_bytes, dtype=float)
         busy = self.busy_s(message_bytes)
         if self.op == "all_to_all":      # the tiers run concurrently
             return np.where(self.several, np.maximum.reduce(busy) + self.latency_s, 0.0)
         (_, _, l0), (_, _, l1), (_, _, l2) = self.tiers
         t = (busy[0] + l0) + (busy[1] + l1) + (busy[2] + l2)
         factor, bw, lat = self.flat
-        flat = factor * np.asarray(message_bytes, dtype=float) / bw + lat
+        flat = factor * message_bytes / bw + lat
         return np.where(self.several, np.minimum(t, flat), 0.0)
 
 

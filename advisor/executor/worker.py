@@ -32,8 +32,8 @@ from advisor.runtime.rank import (die_if_asked, fail, leave_without_finalization
 
 # what main imports, for the rank starter to import once before it forks the ranks (advisor.runtime.starter).
 # Not advisor.runtime.rank.TORCH_PRELOAD's torch._dynamo: with it, one launch of the executor matrix hung once
-# (stop 51: four ranks in one collective of the multi-copy pp x tp run for 812 s), not yet explained, and its
-# saving was not measurable over the matrix's noise.
+# (its four ranks stuck 812 s in one collective of the multi-copy pp x tp plan, 1 of 7 runs; not yet explained),
+# and its saving was not measurable over the matrix's run-to-run noise.
 PRELOAD = ("torch", "torch.distributed", "advisor.executor.config", "advisor.executor.train")
 
 
