@@ -419,4 +419,18 @@ def test_context_parallelism_with_the_unfused_attention_is_refused():
     r = advisor_estimate(*GPT, "--devices", "8", "--tp", "2", "--cp", "2", "--gbs", "16", "--pp", "2",
                          "--attention", "math", "--framework", "pytorch")
     assert r.returncode == 2
-    assert "context parallelism on a fused attention kernel only (give --attention flash)" in r.stderr
+    assert "does not run context parallelism on this attention" in r.stderr
+    assert "on the fused attention kernels sdpa only (give --attention flash)" in r.stderr
+
+
+def test_context_parallelism_on_a_kernel_without_a_ring_is_refused():
+    """llm-foundry's attn_impl "triton" calls flash-attn 1.x's Triton kernel, which torch's context_parallel (a
+    ring in place of the SDPA operators) does not reach: a PyTorch plan with cp > 1 on it cannot run as priced."""
+    r = advisor_estimate(*GPT, "--devices", "8", "--tp", "2", "--cp", "2", "--gbs", "16", "--pp", "2",
+                         "--attention-kernel", "triton", "--framework", "pytorch")
+    assert r.returncode == 2
+    assert "does not run context parallelism on this attention" in r.stderr
+    assert "attention kernel = triton" in r.stderr
+    ok = advisor_estimate(*GPT, "--devices", "8", "--tp", "2", "--cp", "2", "--gbs", "16", "--pp", "2",
+                          "--attention-kernel", "sdpa", "--framework", "pytorch")
+    assert ok.returncode == 0, ok.stderr

@@ -157,6 +157,21 @@ def test_cuda_graph_scopes_follow_the_model():
     assert _masks(DENSE, router, BASE)["cuda graphs"]
 
 
+@pytest.mark.parametrize("framework, kernel, legal", [
+    ("megatron", "te", True), ("megatron", "sdpa", False),        # TEDotProductAttention only
+    ("pytorch", "sdpa", True), ("pytorch", "triton", False),      # torch's ring replaces the SDPA operators
+    ("torchtitan", "triton", False), ("deepspeed", "triton", True),  # Ulysses wraps any local attention
+])
+def test_context_parallelism_runs_on_the_kernels_its_framework_rings(framework, kernel, legal):
+    s = replace(BASE, dp=1, cp=2, num_micro_batches=8, cp_comm="a2a" if framework == "deepspeed" else "p2p")
+    job = replace(JOB, framework=framework, attention_kernel=kernel)
+    assert _masks(DENSE, job, s)["framework cp attention"] == (not legal)
+    assert not _masks(DENSE, job, BASE)["framework cp attention"]                     # no cp: any kernel
+    if not legal:
+        sentence = next(v for v in violations(DENSE, CLUSTER, job, s) if "context parallelism on this attention" in v)
+        assert f"attention kernel = {kernel}" in sentence and "fused attention kernels" in sentence
+
+
 def test_ulysses_needs_whole_heads_per_rank():
     # tp x cp = 8 does not divide the 4 key/value heads (nor the 12 query heads)
     s = Strategy(dp=1, tp=4, pp=1, cp=2, micro_batch_size=2, num_micro_batches=8, cp_comm="a2a")

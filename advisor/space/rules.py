@@ -245,9 +245,11 @@ def _framework_cp(m, c, j, b):
 
 
 def _framework_cp_attention(m, c, j, b):
+    """Context parallelism on an attention the framework's context parallelism does not run: the unfused (math)
+    one for the kinds of Framework.cp_unfused_attention, a fused kernel outside Framework.cp_attention_kernels."""
     fw = j.framework_record
     if j.attention != "math":
-        return np.zeros(len(b), dtype=bool)
+        return (b.cp > 1) & (j.kernel not in fw.cp_attention_kernels)
     kinds = np.zeros(len(b), dtype=np.int64) if b.cp_comm is None else b.cp_comm
     return (b.cp > 1) & ~np.isin(kinds, [CP_COMM.index(kind) for kind in fw.cp_unfused_attention])
 
@@ -341,8 +343,8 @@ RULES: dict[str, tuple[Rule, str]] = {
     "framework schedule": (_framework_schedule, "the framework does not run this pipeline schedule"),
     "framework stage layers": (_framework_stages, "the framework does not run these pipeline stage sizes"),
     "framework context parallel": (_framework_cp, "the framework does not run this context parallelism"),
-    "framework cp attention": (_framework_cp_attention, "the framework runs context parallelism on a fused "
-                               "attention kernel only (give --attention flash)"),
+    "framework cp attention": (_framework_cp_attention, "the framework does not run context parallelism on this "
+                               "attention"),
     "framework recompute": (_framework_recompute, "the framework does not launch this recomputation"),
     "framework sequence parallel": (_framework_sp, "the framework does not run tensor parallelism with this "
                                     "sequence-parallel setting"),
@@ -441,6 +443,14 @@ def _zero_detail(fw: Framework, s: Strategy) -> str:
                                f", ep = {s.ep}, cp = {s.cp}")
 
 
+def _cp_attention_detail(j: TrainingJob, s: Strategy) -> str:
+    fw = j.framework_record
+    fused = f"{j.framework} runs it on the fused attention kernels {', '.join(fw.cp_attention_kernels)}"
+    unfused = (f" and with the math attention for cp_comm {', '.join(fw.cp_unfused_attention)}"
+               if fw.cp_unfused_attention else " only (give --attention flash)")
+    return f"{fused}{unfused}; cp = {s.cp}, attention = {j.attention}, attention kernel = {j.kernel}"
+
+
 def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) -> str:
     details = {
         "device count": f"{s.dp} x {s.tp} x {s.pp} x {s.cp} = {s.devices}, devices = {c.devices}",
@@ -481,6 +491,7 @@ def _detail(name: str, m: ModelSpec, c: Cluster, j: TrainingJob, s: Strategy) ->
         "framework context parallel": f"{j.framework} runs cp_comm {', '.join(j.framework_record.cp_kinds)}"
                                       + ("" if j.framework_record.cp_under_pipeline else " and no cp with pp > 1")
                                       + f"; cp = {s.cp}, cp_comm = {s.cp_comm}, pp = {s.pp}",
+        "framework cp attention": _cp_attention_detail(j, s),
         "framework sequence parallel": f"{j.framework} runs sequence_parallel = "
                                        f"{' or '.join(str(v).lower() for v in j.framework_record.sequence_parallel)} "
                                        f"with tp > 1; tp = {s.tp}, sequence_parallel = {str(s.sequence_parallel).lower()}",

@@ -203,6 +203,16 @@ class Framework:
     (torch's context_parallel runs on SDPA's cuDNN, flash and memory-efficient kernels, torchtitan
     models/attention.py @v0.2.0); DeepSpeed's Ulysses wraps whatever local attention the model has
     (DistributedAttention). MindSpore is not restricted here (no source checked)."""
+    cp_attention_kernels: tuple[str, ...]
+    """The fused attention kernels (ATTENTION_KERNELS) its context parallelism runs on: Megatron-Core's only on
+    Transformer Engine's (TEDotProductAttention, "Context parallelism is only supported by TEDotProductAttention!",
+    transformer/dot_product_attention.py @core_v0.15.0); PyTorch's and torchtitan's on SDPA only (torch's
+    context_parallel puts its ring in place of the SDPA flash, memory-efficient and cuDNN operators only,
+    torch/distributed/tensor/experimental/_context_parallel/_attention.py in torch 2.13; torchtitan
+    models/attention.py @v0.2.0), so not on flash-attn 1.x's Triton kernel, which
+    llm-foundry's attn_impl "triton" calls directly and which has no context-parallel form; DeepSpeed's Ulysses
+    wraps whatever local attention the model has (DistributedAttention). MindSpore is not restricted here (no
+    source checked)."""
     cp_under_pipeline: bool
     """Context parallelism together with pipeline parallelism (DeepSpeed's Ulysses sequence parallelism is not
     wired into its pipeline engine)."""
@@ -282,7 +292,7 @@ MEGATRON = Framework(
                             "arrives in core_v0.16.0)"),
     zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1), optimizer_offload=True,
     schedules=("1f1b", "interleaved-1f1b"), uneven_stages=True, uneven_chunks=True, cp_kinds=("p2p", "a2a"),
-    cp_unfused_attention=(), cp_under_pipeline=True,
+    cp_unfused_attention=(), cp_attention_kernels=("te",), cp_under_pipeline=True,
     sequence_parallel=(False, True), dtypes=("fp32", "tf32", "fp16", "bf16", "fp8"),
     fp8_recipes=("delayed", "tensorwise", "mxfp8", "blockwise", "nvfp4"),
     mesh_orders=(("pp", "dp", "cp", "tp"), ("dp", "pp", "cp", "tp")), experts_from_sharded_dp=False,
@@ -314,7 +324,7 @@ PYTORCH = Framework(
     activation_swap=False,
     zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1, 2, 3), optimizer_offload=False,
     schedules=("gpipe", "1f1b", "interleaved-1f1b"), uneven_stages=True, uneven_chunks=False, cp_kinds=("p2p",),
-    cp_unfused_attention=(), cp_under_pipeline=True,
+    cp_unfused_attention=(), cp_attention_kernels=("sdpa",), cp_under_pipeline=True,
     sequence_parallel=(False, True), dtypes=("fp32", "tf32", "fp16", "bf16", "fp8"), mesh_orders=None,
     fp8_recipes=("delayed", "tensorwise", "mxfp8", "blockwise"), experts_from_sharded_dp=False,
 )
@@ -337,7 +347,8 @@ DEEPSPEED = replace(
     PYTORCH, name="deepspeed", title="DeepSpeed", bucket_params=500_000_000, bucket_params_per_dp_rank=0, cpu_adam="deepspeed",
     bf16_grad_reduce_bytes=2.0, fp16_grad_reduce_bytes=2.0, offload_fraction_zero_stages=(3,),
     zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1), optimizer_offload=True, schedules=("1f1b",),
-    uneven_stages=False, cp_kinds=("a2a",), cp_unfused_attention=("a2a",), cp_under_pipeline=False,
+    uneven_stages=False, cp_kinds=("a2a",), cp_unfused_attention=("a2a",), cp_attention_kernels=ATTENTION_KERNELS,
+    cp_under_pipeline=False,
     sequence_parallel=(False,),
     dtypes=("fp32", "tf32", "fp16", "bf16"), fp8_recipes=(), mesh_orders=(("pp", "dp", "cp", "tp"),),
     recompute_kinds=("none", "full"), recompute_some_layers=False,
@@ -359,7 +370,8 @@ MINDSPORE = Framework(
     activation_swap=True,
     zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1, 2, 3), optimizer_offload=True,
     schedules=("1f1b", "interleaved-1f1b"), uneven_stages=True, uneven_chunks=True, cp_kinds=("p2p", "a2a"),
-    cp_unfused_attention=("p2p", "a2a"), cp_under_pipeline=True, sequence_parallel=(False, True),
+    cp_unfused_attention=("p2p", "a2a"), cp_attention_kernels=ATTENTION_KERNELS, cp_under_pipeline=True,
+    sequence_parallel=(False, True),
     dtypes=("fp32", "fp16", "bf16"), fp8_recipes=(),
     mesh_orders=(("pp", "dp", "cp", "tp"),), experts_from_sharded_dp=False,
 )
