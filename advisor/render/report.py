@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Iterator
 
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from advisor.cost.estimate import Estimate
@@ -203,6 +202,8 @@ def search_progress(console: Console, enabled: bool) -> Iterator[ProgressHook]:
         if "bar" not in state:
             if time.perf_counter() - start < PROGRESS_AFTER_S:
                 return
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
             bar = Progress(TextColumn("searching"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
                            console=console, transient=True)
             bar.start()

@@ -43,7 +43,6 @@ from advisor.cost.bubble import pipeline_time_s
 from advisor.cost.memory import GIB, in_flight, stage_masks
 from advisor.graph.transformer import transformer_graph
 from advisor.search.drec import drec_search
-from advisor.search.ilp import ilp_search
 from advisor.search.semi_auto import check_strategies, fix_strategies, strategies_record
 from advisor.search.sharding import (
     MEMORY_TOLERANCE, REPLICATE, DeviceMesh, OperatorSolution, ShardingOptions, ShardingProblem, solution,
@@ -198,6 +197,8 @@ def choose_layout(problem: ShardingProblem, key: LayoutKey, headroom_bytes: floa
     best = drec if forced or (drec.fits and drec.cost_s < reference.cost_s) else reference
     info = None
     if searcher == "ilp" and ilp_seconds > 0:
+        from advisor.search.ilp import ilp_search     # the ILP's module only where it solves (9 ms)
+
         result = ilp_search(problem, time_limit_s=ilp_seconds, warm_start=best)
         info = {"status": result.status, "gap": result.gap, "seconds": result.seconds, "bound_s": result.bound_s}
         if result.solution is not None and result.solution.fits and (result.solution.cost_s < best.cost_s
@@ -223,6 +224,8 @@ def _forced_without_reference(problem: ShardingProblem, key: LayoutKey, headroom
     best = drec_search(problem) if key.tp > 1 else solution(problem, "megatron", allowance.assignment, 0.0)
     info = None
     if searcher == "ilp" and ilp_seconds > 0 and key.tp > 1:
+        from advisor.search.ilp import ilp_search     # the ILP's module only where it solves (9 ms)
+
         result = ilp_search(problem, time_limit_s=ilp_seconds, warm_start=best)
         info = {"status": result.status, "gap": result.gap, "seconds": result.seconds, "bound_s": result.bound_s}
         if result.solution is not None and result.solution.fits and (result.solution.cost_s < best.cost_s or not best.fits):

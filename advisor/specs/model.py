@@ -29,7 +29,6 @@ import numpy as np
 from advisor.errors import AdvisorError
 from advisor.specs import _fields as f
 from advisor.specs import limits as lim
-from advisor.specs import hf_config as hf
 from advisor.specs.bundled import bundled_dir
 from advisor.specs.blocks import Linear, MLASpec, MoESpec, mla_from_dict, moe_from_dict
 from advisor.families import FAMILIES, family, family_of_model
@@ -391,8 +390,11 @@ def load_model(name_or_path: str) -> ModelSpec:
     """A bundled name, a model description file, or a Hugging Face config.json (advisor.specs.hf_config)."""
     path = f.resolve_bundled(name_or_path, MODELS_DIR, "model")
     data = f.read_mapping(path, "model description")
-    if path.suffix == ".json" and hf.is_hf_config(data):
-        data = hf.model_from_hf_config(data, str(path), hf.default_name(data, path))
+    if path.suffix == ".json":
+        from advisor.specs import hf_config as hf     # only a .json model can be a Hugging Face config (10 ms)
+
+        if hf.is_hf_config(data):
+            data = hf.model_from_hf_config(data, str(path), hf.default_name(data, path))
     return model_from_dict(data, str(path))
 
 
