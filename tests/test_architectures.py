@@ -42,3 +42,23 @@ def test_an_unknown_architecture_is_refused_naming_the_key():
     with pytest.raises(AdvisorError, match="architecture"):
         hardware_from_dict(raw, "my.yaml")
     assert set(ARCHITECTURES) >= {"volta", "ampere", "hopper", "blackwell", "davinci"}
+
+
+@pytest.mark.parametrize("hardware, kernel", [("dgx-h100", "npu"), ("dgx-a100-80g", "npu"), ("ascend-910b", "te"),
+                                              ("ascend-910b", "sdpa"), ("ascend-910b", "triton")])
+def test_an_attention_kernel_the_device_does_not_run_is_refused(hardware, kernel):
+    """Ascend's FlashAttentionScore runs on no NVIDIA GPU, the CUDA kernels on no Ascend NPU: a plan priced on one
+    of them cannot run as priced."""
+    with pytest.raises(AdvisorError, match=rf"--attention-kernel {kernel}: this attention kernel does not run on the "
+                                           rf".* of profile '{hardware}' \(.* runs [a-z, ]+; advisor/specs/architectures.py\)"):
+        resolve_inputs("llama3-8b", hardware, nodes=1, framework="pytorch", attention_kernel=kernel)
+
+
+def test_each_architecture_runs_the_kernels_of_its_vendor():
+    assert resolve_inputs("llama3-8b", "ascend-910b", nodes=1, framework="pytorch", attention_kernel="npu").job.kernel == "npu"
+    for kernel in ("te", "sdpa", "triton"):
+        assert resolve_inputs("llama3-8b", "dgx-h100", nodes=1, framework="pytorch", attention_kernel=kernel).job.kernel == kernel
+    # the math attention needs no fused kernel: the given one is not checked against the device
+    assert resolve_inputs("llama3-8b", "dgx-v100", nodes=1, framework="pytorch", attention_kernel="sdpa").job.attention == "math"
+    assert ARCHITECTURES["volta"].attention_kernels == () and not ARCHITECTURES["volta"].flash_attention
+    assert all(bool(a.attention_kernels) == a.flash_attention for a in ARCHITECTURES.values())

@@ -158,9 +158,10 @@ def test_cuda_graph_scopes_follow_the_model():
 
 
 @pytest.mark.parametrize("framework, kernel, legal", [
-    ("megatron", "te", True), ("megatron", "sdpa", False),        # TEDotProductAttention only
+    ("megatron", "te", True), ("megatron", "npu", True),          # TEDotProductAttention; MindSpeed's on Ascend
     ("pytorch", "sdpa", True), ("pytorch", "triton", False),      # torch's ring replaces the SDPA operators
-    ("torchtitan", "triton", False), ("deepspeed", "triton", True),  # Ulysses wraps any local attention
+    ("pytorch", "te", False), ("torchtitan", "sdpa", True),
+    ("deepspeed", "triton", True),                                # Ulysses wraps any local attention
 ])
 def test_context_parallelism_runs_on_the_kernels_its_framework_rings(framework, kernel, legal):
     s = replace(BASE, dp=1, cp=2, num_micro_batches=8, cp_comm="a2a" if framework == "deepspeed" else "p2p")
@@ -249,3 +250,23 @@ def test_each_virtual_stage_holds_a_layer():
     s = Strategy(dp=8, pp=8, virtual_pipeline_stages=8, pipeline_schedule="interleaved-1f1b",
                  micro_batch_size=1, num_micro_batches=64)      # 4 layers a stage, 8 chunks
     assert any("a layer per virtual stage" in v for v in violations(small.model, small.cluster, small.job, s))
+
+
+@pytest.mark.parametrize("framework, kernel", [("megatron", "triton"), ("megatron", "sdpa"), ("torchtitan", "te"),
+                                               ("torchtitan", "triton"), ("mindspore", "te"), ("mindspore", "sdpa")])
+def test_an_attention_kernel_the_framework_does_not_call_is_refused(framework, kernel):
+    from advisor.errors import AdvisorError
+
+    with pytest.raises(AdvisorError, match=rf"attention_kernel'? = {kernel}: framework {framework} runs the attention "
+                                           r"kernels [a-z, ]+ \(advisor/specs/frameworks.py\)"):
+        replace(JOB, framework=framework, attention_kernel=kernel)
+
+
+def test_every_framework_runs_its_own_default_kernel_and_its_context_parallel_kernels():
+    from advisor.specs.frameworks import ATTENTION_KERNELS, FRAMEWORKS
+
+    for fw in FRAMEWORKS.values():
+        assert fw.attention_kernel in fw.attention_kernels, fw.name
+        assert set(fw.attention_kernels) <= set(ATTENTION_KERNELS), fw.name
+        assert set(fw.cp_attention_kernels) <= set(ATTENTION_KERNELS), fw.name
+    assert FRAMEWORKS["pytorch"].attention_kernels == ATTENTION_KERNELS                  # whatever the model calls

@@ -112,6 +112,12 @@ def job_from_values(spec, hw: HardwareProfile, cluster: Cluster, values: dict[st
                                f"of profile '{hw.name}' ({arch.title}; FlashAttention needs NVIDIA Ampere or newer, "
                                "advisor/specs/architectures.py): use --attention math")
         v["attention"] = "math"      # the default where the device runs no fused kernel
+    kernel = v.get("attention_kernel")
+    if arch is not None and kernel is not None and v.get("attention") != "math" and kernel not in arch.attention_kernels:
+        runs = ", ".join(arch.attention_kernels) or "no fused attention"
+        raise AdvisorError(f"{flag_or_key('attention_kernel')} {kernel}: this attention kernel does not run on the "
+                           f"{hw.device.name} of profile '{hw.name}' ({arch.title} runs {runs}; "
+                           "advisor/specs/architectures.py)")
     job = _Defaults(v)
     check_job_relations(job, flag_or_key)
     moe = getattr(spec, "moe", None) is not None

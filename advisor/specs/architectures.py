@@ -9,6 +9,12 @@ Each fact with its source:
   scaled_dot_product_attention picks its flash kernel from sm80 (torch/backends/cuda: "flash attention
   requires sm80 or newer"); Blackwell runs Transformer Engine's cuDNN fused attention; Ascend runs
   FlashAttentionScore (MindSpore ops, Atlas A2 training series).
+* Which fused attention kernels (advisor.specs.frameworks.ATTENTION_KERNELS) run where: Transformer Engine's
+  fused attention (cuDNN, and flash-attn behind TE), PyTorch SDPA's flash backend and flash-attn 1.x's Triton kernel
+  are CUDA kernels for NVIDIA Ampere and later (the FlashAttention sources above; Triton's FlashAttention tutorial
+  and flash_attn_triton.py were written and tested for sm80); Ascend's FlashAttentionScore ("npu") is an Ascend
+  operator (CANN's aclnnFlashAttentionScore, called by MindSpore and by torch_npu's npu_fusion_attention) and
+  runs on no NVIDIA device.
 * Block-scaled FP8 (MXFP8, 1x32 blocks with E8M0 scales): Blackwell's fifth-generation tensor cores
   (NVIDIA Blackwell architecture technical brief; Transformer Engine's MXFP8BlockScaling recipe needs compute
   capability 10.0). Hopper runs per-tensor and blockwise FP8 (Transformer Engine Float8BlockScaling), not MXFP8.
@@ -30,6 +36,9 @@ class Architecture:
     """A fused (FlashAttention-style) attention kernel runs on it."""
     block_scaled_fp8: bool
     """MXFP8 (block-scaled FP8 with E8M0 scales) runs on its tensor cores."""
+    attention_kernels: tuple[str, ...] = ()
+    """The fused attention kernels (advisor.specs.frameworks.ATTENTION_KERNELS) that run on it; () with
+    flash_attention off."""
     fp4_per_fp8_peak: float | None = None
     """Dense NVFP4 over dense FP8 tensor-core peak (None: no FP4 tensor cores): 2 on Blackwell (B200 and GB200:
     9 and 4.5 PFLOPS per GPU), 3 on Blackwell Ultra (GB300 15 and 5, B300 14 and 4.5): NVIDIA's technical blog
@@ -39,17 +48,26 @@ class Architecture:
     """The generation as messages name it ("NVIDIA Volta")."""
 
 
+# the CUDA fused attention kernels of Ampere and later
+CUDA_ATTENTION = ("te", "sdpa", "triton")
+
 ARCHITECTURES = {a.name: a for a in (
     Architecture("volta", flash_attention=False, block_scaled_fp8=False, title="NVIDIA Volta"),
     Architecture("turing", flash_attention=False, block_scaled_fp8=False, title="NVIDIA Turing"),
-    Architecture("ampere", flash_attention=True, block_scaled_fp8=False, title="NVIDIA Ampere"),
-    Architecture("ada", flash_attention=True, block_scaled_fp8=False, title="NVIDIA Ada"),
-    Architecture("hopper", flash_attention=True, block_scaled_fp8=False, title="NVIDIA Hopper"),
-    Architecture("blackwell", flash_attention=True, block_scaled_fp8=True, fp4_per_fp8_peak=2.0,
+    Architecture("ampere", flash_attention=True, block_scaled_fp8=False, attention_kernels=CUDA_ATTENTION,
+                 title="NVIDIA Ampere"),
+    Architecture("ada", flash_attention=True, block_scaled_fp8=False, attention_kernels=CUDA_ATTENTION,
+                 title="NVIDIA Ada"),
+    Architecture("hopper", flash_attention=True, block_scaled_fp8=False, attention_kernels=CUDA_ATTENTION,
+                 title="NVIDIA Hopper"),
+    Architecture("blackwell", flash_attention=True, block_scaled_fp8=True, attention_kernels=CUDA_ATTENTION,
+                 fp4_per_fp8_peak=2.0,
                  title="NVIDIA Blackwell"),
-    Architecture("blackwell-ultra", flash_attention=True, block_scaled_fp8=True, fp4_per_fp8_peak=3.0,
+    Architecture("blackwell-ultra", flash_attention=True, block_scaled_fp8=True, attention_kernels=CUDA_ATTENTION,
+                 fp4_per_fp8_peak=3.0,
                  title="NVIDIA Blackwell Ultra"),
-    Architecture("davinci", flash_attention=True, block_scaled_fp8=False, title="Huawei Ascend (Da Vinci)"),
+    Architecture("davinci", flash_attention=True, block_scaled_fp8=False, attention_kernels=("npu",),
+                 title="Huawei Ascend (Da Vinci)"),
     Architecture("cpu", flash_attention=False, block_scaled_fp8=False, title="a CPU"),
 )}
 

@@ -55,6 +55,13 @@ class Framework:
     Linear and GroupedLinear save the quantized copy; advisor.cost.activations)."""
     attention_kernel: str
     """The fused attention kernel it runs by default (ATTENTION_KERNELS)."""
+    attention_kernels: tuple[str, ...]
+    """The fused attention kernels it can run (ATTENTION_KERNELS; the training setting attention_kernel is one of
+    them): Megatron-Core's attention goes through Transformer Engine's DotProductAttention (--attention-backend
+    flash/fused/auto pick among TE's backends, megatron/training/arguments.py @core_v0.15.0), and on Ascend through
+    MindSpeed's patch to torch_npu's npu_fusion_attention (Ascend/MindSpeed); torchtitan 0.2's models call SDPA
+    (or FlexAttention, which advisor does not price; models/attention.py @v0.2.0); MindSpore's fused attention is
+    Ascend's FlashAttentionScore; plain PyTorch and DeepSpeed run whatever kernel the model calls."""
     expert_gemm_per_expert: bool
     """Grouped expert GEMMs issued as one GEMM launch per local expert (Transformer Engine's GroupedLinear,
     multi_stream_cublas_gemm) rather than one grouped kernel (torch._grouped_mm, MindSpore GroupedMatmul;
@@ -206,7 +213,9 @@ class Framework:
     cp_attention_kernels: tuple[str, ...]
     """The fused attention kernels (ATTENTION_KERNELS) its context parallelism runs on: Megatron-Core's only on
     Transformer Engine's (TEDotProductAttention, "Context parallelism is only supported by TEDotProductAttention!",
-    transformer/dot_product_attention.py @core_v0.15.0); PyTorch's and torchtitan's on SDPA only (torch's
+    transformer/dot_product_attention.py @core_v0.15.0), and on Ascend on MindSpeed's ring and Ulysses attention
+    over npu_fusion_attention (--context-parallel-algo megatron_cp_algo / ulysses_cp_algo, Ascend/MindSpeed
+    features_manager/context_parallel); PyTorch's and torchtitan's on SDPA only (torch's
     context_parallel puts its ring in place of the SDPA flash, memory-efficient and cuDNN operators only,
     torch/distributed/tensor/experimental/_context_parallel/_attention.py in torch 2.13; torchtitan
     models/attention.py @v0.2.0), so not on flash-attn 1.x's Triton kernel, which
@@ -272,7 +281,7 @@ class Framework:
 
 MEGATRON = Framework(
     name="megatron", title="Megatron-LM",
-    fused_kernels=True, one_qkv_weight=True, norm_fused_linears=True, quantized_saved_inputs=True, attention_kernel="te", expert_gemm_per_expert=True,
+    fused_kernels=True, one_qkv_weight=True, norm_fused_linears=True, quantized_saved_inputs=True, attention_kernel="te", attention_kernels=("te", "npu"), expert_gemm_per_expert=True,
     keeps_gathered_sp_inputs=False, loss_logit_bytes=(4.0, None), selective_recompute=None,
     recompute_layer_counts="uniform", selective_layer_counts=False,
     reshards_under_pipeline=True, grad_buffer_in_reduce_dtype=True, fp16_grad_reduce_bytes=2.0, bf16_grad_reduce_bytes=4.0,
@@ -292,7 +301,7 @@ MEGATRON = Framework(
                             "arrives in core_v0.16.0)"),
     zero_stages=(0, 1, 2, 3), zero_stages_under_pipeline=(0, 1), optimizer_offload=True,
     schedules=("1f1b", "interleaved-1f1b"), uneven_stages=True, uneven_chunks=True, cp_kinds=("p2p", "a2a"),
-    cp_unfused_attention=(), cp_attention_kernels=("te",), cp_under_pipeline=True,
+    cp_unfused_attention=(), cp_attention_kernels=("te", "npu"), cp_under_pipeline=True,
     sequence_parallel=(False, True), dtypes=("fp32", "tf32", "fp16", "bf16", "fp8"),
     fp8_recipes=("delayed", "tensorwise", "mxfp8", "blockwise", "nvfp4"),
     mesh_orders=(("pp", "dp", "cp", "tp"), ("dp", "pp", "cp", "tp")), experts_from_sharded_dp=False,
@@ -310,7 +319,7 @@ MEGATRON = Framework(
 
 PYTORCH = Framework(
     name="pytorch", title="PyTorch",
-    fused_kernels=False, one_qkv_weight=False, norm_fused_linears=False, quantized_saved_inputs=False, attention_kernel="sdpa", expert_gemm_per_expert=False,
+    fused_kernels=False, one_qkv_weight=False, norm_fused_linears=False, quantized_saved_inputs=False, attention_kernel="sdpa", attention_kernels=ATTENTION_KERNELS, expert_gemm_per_expert=False,
     keeps_gathered_sp_inputs=True, loss_logit_bytes=(None, None), selective_recompute=("core_attn",),
     recompute_layer_counts=None, selective_layer_counts=False,
     reshards_under_pipeline=True, grad_buffer_in_reduce_dtype=False, fp16_grad_reduce_bytes=4.0, bf16_grad_reduce_bytes=4.0,
@@ -334,6 +343,7 @@ PYTORCH = Framework(
 # its data parallelism is DDP or FSDP2 (no optimizer-only sharding), its tensor parallelism always sequence-parallel
 TORCHTITAN = replace(
     PYTORCH, name="torchtitan", title="torchtitan", loss_logit_bytes=(4.0, 8.0), selective_recompute=("op_sac",),
+    attention_kernels=("sdpa",),
     reshards_under_pipeline=False, zero_stages=(0, 2, 3), zero_stages_under_pipeline=(0, 2, 3), uneven_chunks=True,
     sequence_parallel=(True,), dtypes=("fp32", "tf32", "bf16", "fp8"), fp8_recipes=("tensorwise", "mxfp8"),
     mesh_orders=(("pp", "dp", "cp", "tp"),), experts_from_sharded_dp=True, shards_over_cp=True,
@@ -356,7 +366,7 @@ DEEPSPEED = replace(
 
 MINDSPORE = Framework(
     name="mindspore", title="MindSpore",
-    fused_kernels=True, one_qkv_weight=False, norm_fused_linears=False, quantized_saved_inputs=False, attention_kernel="npu", expert_gemm_per_expert=False,
+    fused_kernels=True, one_qkv_weight=False, norm_fused_linears=False, quantized_saved_inputs=False, attention_kernel="npu", attention_kernels=("npu",), expert_gemm_per_expert=False,
     keeps_gathered_sp_inputs=False, loss_logit_bytes=(4.0, 4.0), selective_recompute=("ffn_act", "math_scores"),
     recompute_layer_counts="per_stage", selective_layer_counts=True,
     reshards_under_pipeline=True, grad_buffer_in_reduce_dtype=False, fp16_grad_reduce_bytes=4.0, bf16_grad_reduce_bytes=4.0,

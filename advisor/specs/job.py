@@ -111,6 +111,9 @@ def check_job_relations(job, where: Callable[[str], str]) -> None:
             raise AdvisorError(f"{where('framework_release')} = {job.framework_release}: framework {job.framework} "
                                f"{recorded}")
         record = for_release(record, job.framework_release)
+    if job.attention_kernel is not None and job.attention_kernel not in record.attention_kernels:
+        raise AdvisorError(f"{where('attention_kernel')} = {job.attention_kernel}: framework {job.framework} runs the "
+                           f"attention kernels {', '.join(record.attention_kernels)} (advisor/specs/frameworks.py)")
     if job.dtype not in record.dtypes:
         raise AdvisorError(f"{where('dtype')} = {job.dtype}: framework {job.framework} trains in "
                            f"{', '.join(record.dtypes)} only")
@@ -264,7 +267,8 @@ class Runtime:
         None, kind="choice", choices=ATTENTION_KERNELS, optional=True, flags=("--attention-kernel",),
         help="te | sdpa | triton | npu: the fused attention kernel (Transformer Engine/cuDNN, PyTorch SDPA flash, "
              "flash-attn Triton, Ascend FlashAttentionScore; default: the framework's)",
-        doc="The fused attention kernel (ATTENTION_KERNELS); None: the framework's.")
+        doc="The fused attention kernel (ATTENTION_KERNELS): one the framework calls (Framework.attention_kernels) "
+            "and the device runs (Architecture.attention_kernels); None: the framework's.")
     fp8_param_gather: bool = setting(
         False, kind="boolean", flags=("--fp8-param-gather",),
         help="with --dtype fp8: FP8 primary weights, gathered in FP8 (Megatron --fp8-param-gather, torchtitan "
