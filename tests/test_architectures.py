@@ -62,3 +62,15 @@ def test_each_architecture_runs_the_kernels_of_its_vendor():
     assert resolve_inputs("llama3-8b", "dgx-v100", nodes=1, framework="pytorch", attention_kernel="sdpa").job.attention == "math"
     assert ARCHITECTURES["volta"].attention_kernels == () and not ARCHITECTURES["volta"].flash_attention
     assert all(bool(a.attention_kernels) == a.flash_attention for a in ARCHITECTURES.values())
+
+
+def test_a_framework_default_kernel_the_device_does_not_run_gives_way_to_the_framework_kernel_that_runs_there():
+    """Megatron-LM's default (Transformer Engine) does not run on Ascend; there Megatron-LM runs through MindSpeed on
+    FlashAttentionScore, and PyTorch through torch_npu: the job and the plan say npu, not te priced on npu's curve."""
+    for framework in ("megatron", "pytorch"):
+        job = resolve_inputs("llama3-8b", "ascend-910b", nodes=1, framework=framework).job
+        assert (job.attention_kernel, job.kernel) == ("npu", "npu")
+    assert resolve_inputs("llama3-8b", "dgx-h100", nodes=1, framework="megatron").job.attention_kernel is None
+    assert resolve_inputs("llama3-8b", "ascend-910b", nodes=1, framework="mindspore").job.attention_kernel is None
+    # a framework with no kernel the device runs keeps its default, priced on another curve with its note
+    assert resolve_inputs("llama3-8b", "ascend-910b", nodes=1, framework="torchtitan").job.kernel == "sdpa"

@@ -13,6 +13,7 @@ from advisor.families import RECOMMENDATION, SUPERNET, family_of_model
 from advisor.specs import limits
 from advisor.specs.architectures import architecture_of
 from advisor.specs.hardware import HardwareProfile, load_hardware
+from advisor.specs.frameworks import FRAMEWORKS as FRAMEWORK_RECORDS, for_release
 from advisor.specs.job import Cluster, TrainingJob, check_cuda_graphs, check_job_relations
 from advisor.specs.setting import field_default, settings_of
 from advisor.specs.model import ModelSpec, load_model
@@ -120,6 +121,13 @@ def job_from_values(spec, hw: HardwareProfile, cluster: Cluster, values: dict[st
                            "advisor/specs/architectures.py)")
     job = _Defaults(v)
     check_job_relations(job, flag_or_key)
+    if arch is not None and job.attention != "math" and kernel is None:
+        # the framework's default kernel does not run on this device: the framework's kernel that does stands for
+        # it (Megatron-LM and PyTorch on Ascend call FlashAttentionScore through MindSpeed and torch_npu: npu)
+        record = for_release(FRAMEWORK_RECORDS[job.framework], job.framework_release)
+        runnable = [k for k in record.attention_kernels if k in arch.attention_kernels]
+        if record.attention_kernel not in arch.attention_kernels and runnable:
+            v["attention_kernel"] = runnable[0]
     moe = getattr(spec, "moe", None) is not None
     if not job.moe_dropless and not moe:
         raise AdvisorError(f"{flag_or_key('moe_dropless')}: {spec.name} has no mixture-of-experts layers")
@@ -144,8 +152,6 @@ def job_from_values(spec, hw: HardwareProfile, cluster: Cluster, values: dict[st
 
 
 def _windowed(record) -> list[str]:
-    from advisor.specs.frameworks import for_release
-
     return [r for r in record.releases if for_release(record, r).sliding_window]
 
 
