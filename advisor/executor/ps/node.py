@@ -2,7 +2,7 @@
 
     python -m advisor.executor.ps.node --spec spec.json --out-dir DIR      (started by ps.launch)
 
-It joins the scheduler's store (127.0.0.1:ADVISOR_PS_STORE_PORT) and the gloo group of all roles,
+It joins the scheduler's store (127.0.0.1:ADVISOR_PS_STORE_PORT) and a gloo group with each other role,
 runs its role, writes DIR/rank<R>.json, and waits for the scheduler's "ps/exit" before leaving,
 so that nobody leaves while a peer still reads from it. A rank that raises writes
 DIR/rank<R>.error.json and exits 1 (advisor.runtime.rank). Knobs: ADVISOR_EXECUTOR_PG_TIMEOUT_S,
@@ -37,6 +37,7 @@ def _main(spec: dict, out: Path, rank: int) -> None:
     import torch.distributed as dist
 
     from advisor.executor.ps.config import ps_config_from_plan
+    from advisor.executor.ps.wire import PairGroups
     from advisor.executor.ps.server import Server
     from advisor.executor.ps.worker import Worker
 
@@ -46,7 +47,7 @@ def _main(spec: dict, out: Path, rank: int) -> None:
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore("127.0.0.1", int(os.environ[STORE_PORT]), None, False, timeout)
     world = cfg.servers + cfg.workers
-    pg = dist.ProcessGroupGloo(dist.PrefixStore("ps/world/", store), rank, world, timeout)
+    pg = PairGroups(store, rank, world, timeout)       # one group per pair: a dead peer closes only its own
     mark_ready(out, rank)
     role = Server(cfg, rank, pg, store, timeout_s) if rank < cfg.servers else Worker(cfg, rank - cfg.servers, pg, store, timeout_s)
     result = role.run()

@@ -19,6 +19,11 @@ pair), so a server receives from each worker on a thread of its own (``Inbox``) 
 that worker only; the server's main thread reads the inbox and can thus stop waiting for a worker
 the scheduler has declared gone. A receive from a process that died ends at once with gloo's
 "Connection closed by peer" error: the inbox hands that error on.
+
+Each pair of roles that talk has a gloo process group of its own (``PairGroups``): when a send to a dead peer
+reaches gloo's timeout, gloo closes every pair of that send's process group ("Application timeout caused pair
+closure"). In one group of all roles, that closed the live pairs too, so a run that went on for longer than the
+timeout after a server was taken over failed then; a group per pair closes only the dead peer's.
 """
 
 from __future__ import annotations
@@ -109,6 +114,33 @@ def send(pg, dst: int, msg: Message, layout: Layout, tag: int = TAG) -> list:
     return [(pg.send([buf], dst, tag), buf)]
 
 
+class PairGroups:
+    """The send and recv of a process group over global ranks, each pair of ranks on a two-rank gloo group of its
+    own (module docstring). Built in one order of pairs on every rank (gloo's constructor waits for its peer), so
+    that no two ranks wait for each other's later pair."""
+
+    def __init__(self, store, rank: int, world: int, timeout, prefix: str = "ps/pair/"):
+        import torch.distributed as dist
+
+        self.rank = rank
+        self.groups = {}
+        for peer in range(world):
+            if peer != rank:
+                low, high = min(rank, peer), max(rank, peer)
+                self.groups[peer] = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}{low}-{high}/", store),
+                                                          0 if rank == low else 1, 2, timeout)
+
+    def _local(self, peer: int) -> int:
+        """The peer's rank in the pair's group: the lower global rank is 0."""
+        return 0 if peer < self.rank else 1
+
+    def send(self, tensors: list, dst: int, tag: int):
+        return self.groups[dst].send(tensors, self._local(dst), tag)
+
+    def recv(self, tensors: list, src: int, tag: int):
+        return self.groups[src].recv(tensors, self._local(src), tag)
+
+
 def wait_all(works: list) -> None:
     for work, _ in works:
         work.wait()
@@ -120,7 +152,8 @@ def sent_unless(works: list, gone: Callable[[], bool], poll_s: float) -> bool:
     was killed) ends only at gloo's process-group timeout, and it cannot be polled: gloo's wait with a timeout
     on a point-to-point operation, once it expires, closes every pair of the process group ("Application
     timeout caused pair closure", gloo/transport/tcp/unbound_buffer.cc), and is_completed stays False until a
-    wait. So the sends are waited for on a thread of their own; one given up on is left to end there."""
+    wait. So the sends are waited for on a thread of their own; one given up on is left to end there, closing
+    only its pair's group (PairGroups)."""
     done, failure = threading.Event(), []
 
     def wait() -> None:

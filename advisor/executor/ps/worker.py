@@ -128,20 +128,29 @@ class Worker:
         return sends, counts, unique, batch
 
     def _send(self, s: int, msg: wire.Message, layout) -> list:
-        """Start sending to the server holding shard s; a server gone is found out by the next receive."""
+        """Start sending to the server holding shard s; a server gone is found out by the next receive. With
+        replicas each send carries the server it went to, for _wait."""
+        host = self.owner[s]
         try:
-            return wire.send(self.pg, self.owner[s], msg, layout, role_tag(s, self.owner[s]))
+            works = wire.send(self.pg, host, msg, layout, role_tag(s, host))
         except RuntimeError:
             if not self.cfg.replicas:
                 raise
             return []
+        return [(work, (buf, host)) for work, buf in works] if self.cfg.replicas else works
 
     def _wait(self, works: list) -> None:
-        try:
+        """Wait for sends. With replicas a send to a server the scheduler has declared gone is given up on: it was
+        never received, and would end only at gloo's timeout (it closes its pair's group then, wire.PairGroups);
+        the shard's takeover replays what it carried."""
+        if not self.cfg.replicas:
             wire.wait_all(works)
-        except RuntimeError:
-            if not self.cfg.replicas:
-                raise
+            return
+        for work, (buf, host) in works:
+            try:
+                wire.sent_unless([(work, buf)], lambda host=host: self.store.check([server_left_key(host)]), POLL_S)
+            except RuntimeError:
+                pass
 
     def _answers(self, counts, unique, step: int) -> dict[str, nn.Parameter]:
         answers = {}
@@ -217,7 +226,7 @@ class Worker:
         sends of step k - 1 are done by then (each server has answered the pull that followed them)."""
         sends, counts, unique, batch = ahead
         pulled = self._answers(counts, unique, step)
-        wire.wait_all(sends + in_flight)
+        self._wait(sends + in_flight)
         following = self._pull(step + 1) if step + 1 < self.cfg.steps else None
         loss, pushes = self._compute_and_push(step, pulled, counts, unique, batch)
         return loss, following, pushes
