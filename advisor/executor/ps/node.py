@@ -47,7 +47,10 @@ def _main(spec: dict, out: Path, rank: int) -> None:
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore("127.0.0.1", int(os.environ[STORE_PORT]), None, False, timeout)
     world = cfg.servers + cfg.workers
-    pg = PairGroups(store, rank, world, timeout)       # one group per pair: a dead peer closes only its own
+    # one group per pair that talks (a dead peer closes only its own): a server with every role, a worker with the
+    # servers (the workers' all-reduce has groups of its own, advisor.executor.ps.worker)
+    peers = range(world) if rank < cfg.servers else range(cfg.servers)
+    pg = PairGroups(store, rank, list(peers), timeout)
     mark_ready(out, rank)
     role = Server(cfg, rank, pg, store, timeout_s) if rank < cfg.servers else Worker(cfg, rank - cfg.servers, pg, store, timeout_s)
     result = role.run()

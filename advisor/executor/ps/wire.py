@@ -115,16 +115,16 @@ def send(pg, dst: int, msg: Message, layout: Layout, tag: int = TAG) -> list:
 
 
 class PairGroups:
-    """The send and recv of a process group over global ranks, each pair of ranks on a two-rank gloo group of its
-    own (module docstring). Built in one order of pairs on every rank (gloo's constructor waits for its peer), so
-    that no two ranks wait for each other's later pair."""
+    """The send and recv of a process group over global ranks, each pair of ranks that talk (``peers``: the ranks
+    this one talks to) on a two-rank gloo group of its own (module docstring). Built in one order of pairs on every
+    rank (gloo's constructor waits for its peer), so that no two ranks wait for each other's later pair."""
 
-    def __init__(self, store, rank: int, world: int, timeout, prefix: str = "ps/pair/"):
+    def __init__(self, store, rank: int, peers: list[int], timeout, prefix: str = "ps/pair/"):
         import torch.distributed as dist
 
         self.rank = rank
         self.groups = {}
-        for peer in range(world):
+        for peer in sorted(peers):      # ascending: every rank meets its pairs in one global order
             if peer != rank:
                 low, high = min(rank, peer), max(rank, peer)
                 self.groups[peer] = dist.ProcessGroupGloo(dist.PrefixStore(f"{prefix}{low}-{high}/", store),
