@@ -22,8 +22,8 @@ the scheduler has declared gone. A receive from a process that died ends at once
 
 Each pair of roles that talk has a gloo process group of its own (``PairGroups``): when a send to a dead peer
 reaches gloo's timeout, gloo closes every pair of that send's process group ("Application timeout caused pair
-closure"). In one group of all roles, that closed the live pairs too, so a run that went on for longer than the
-timeout after a server was taken over failed then; a group per pair closes only the dead peer's.
+closure"). In one group of all roles that closed the live pairs too (a takeover under load once ended so: "lost
+worker 0: Application timeout caused pair closure"); a group per pair closes only the dead peer's.
 """
 
 from __future__ import annotations
