@@ -5,7 +5,7 @@ Shared by every command that takes --model/--hardware/--nodes|--devices/--gbs/--
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from advisor.errors import AdvisorError
@@ -13,7 +13,7 @@ from advisor.families import RECOMMENDATION, SUPERNET, family_of_model
 from advisor.specs import limits
 from advisor.specs.architectures import architecture_of
 from advisor.specs.hardware import HardwareProfile, load_hardware
-from advisor.specs.frameworks import FRAMEWORKS as FRAMEWORK_RECORDS, for_release
+from advisor.specs.frameworks import for_release
 from advisor.specs.job import Cluster, TrainingJob, check_cuda_graphs, check_job_relations
 from advisor.specs.setting import field_default, settings_of
 from advisor.specs.model import ModelSpec, load_model
@@ -121,13 +121,6 @@ def job_from_values(spec, hw: HardwareProfile, cluster: Cluster, values: dict[st
                            "advisor/specs/architectures.py)")
     job = _Defaults(v)
     check_job_relations(job, flag_or_key)
-    if arch is not None and job.attention != "math" and kernel is None:
-        # the framework's default kernel does not run on this device: the framework's kernel that does stands for
-        # it (Megatron-LM and PyTorch on Ascend call FlashAttentionScore through MindSpeed and torch_npu: npu)
-        record = for_release(FRAMEWORK_RECORDS[job.framework], job.framework_release)
-        runnable = [k for k in record.attention_kernels if k in arch.attention_kernels]
-        if record.attention_kernel not in arch.attention_kernels and runnable:
-            v["attention_kernel"] = runnable[0]
     moe = getattr(spec, "moe", None) is not None
     if not job.moe_dropless and not moe:
         raise AdvisorError(f"{flag_or_key('moe_dropless')}: {spec.name} has no mixture-of-experts layers")
@@ -136,6 +129,12 @@ def job_from_values(spec, hw: HardwareProfile, cluster: Cluster, values: dict[st
     _grid_needs_tokens(job)
     out = TrainingJob(**v)
     record = out.framework_record
+    if arch is not None and out.attention != "math" and out.kernel not in arch.attention_kernels:
+        # the framework's default kernel does not run on this device: the framework's kernel that does stands for
+        # it (Megatron-LM and PyTorch on Ascend call FlashAttentionScore through MindSpeed and torch_npu: npu)
+        runnable = [k for k in record.attention_kernels if k in arch.attention_kernels]
+        if runnable:
+            out = replace(out, attention_kernel=runnable[0])
     if getattr(spec, "sliding_window", None) is not None and not record.sliding_window:
         raise AdvisorError(f"{flag_or_key('framework_release')} {record.release}: {record.title} {record.release} has no "
                            f"sliding-window attention, which {spec.name} uses (every {spec.sliding_window_every} "

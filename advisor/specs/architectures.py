@@ -32,13 +32,11 @@ class Architecture:
     """One device generation's abilities that pricing depends on."""
 
     name: str
-    flash_attention: bool
-    """A fused (FlashAttention-style) attention kernel runs on it."""
     block_scaled_fp8: bool
     """MXFP8 (block-scaled FP8 with E8M0 scales) runs on its tensor cores."""
     attention_kernels: tuple[str, ...] = ()
-    """The fused attention kernels (advisor.specs.frameworks.ATTENTION_KERNELS) that run on it; () with
-    flash_attention off."""
+    """The fused attention kernels (advisor.specs.frameworks.ATTENTION_KERNELS) that run on it; () where none
+    does."""
     fp4_per_fp8_peak: float | None = None
     """Dense NVFP4 over dense FP8 tensor-core peak (None: no FP4 tensor cores): 2 on Blackwell (B200 and GB200:
     9 and 4.5 PFLOPS per GPU), 3 on Blackwell Ultra (GB300 15 and 5, B300 14 and 4.5): NVIDIA's technical blog
@@ -47,28 +45,27 @@ class Architecture:
     title: str = ""
     """The generation as messages name it ("NVIDIA Volta")."""
 
+    @property
+    def flash_attention(self) -> bool:
+        """A fused (FlashAttention-style) attention kernel runs on it."""
+        return bool(self.attention_kernels)
+
 
 # the CUDA fused attention kernels of Ampere and later
 CUDA_ATTENTION = ("te", "sdpa", "triton")
 
 ARCHITECTURES = {a.name: a for a in (
-    Architecture("volta", flash_attention=False, block_scaled_fp8=False, title="NVIDIA Volta"),
-    Architecture("turing", flash_attention=False, block_scaled_fp8=False, title="NVIDIA Turing"),
-    Architecture("ampere", flash_attention=True, block_scaled_fp8=False, attention_kernels=CUDA_ATTENTION,
-                 title="NVIDIA Ampere"),
-    Architecture("ada", flash_attention=True, block_scaled_fp8=False, attention_kernels=CUDA_ATTENTION,
-                 title="NVIDIA Ada"),
-    Architecture("hopper", flash_attention=True, block_scaled_fp8=False, attention_kernels=CUDA_ATTENTION,
-                 title="NVIDIA Hopper"),
-    Architecture("blackwell", flash_attention=True, block_scaled_fp8=True, attention_kernels=CUDA_ATTENTION,
-                 fp4_per_fp8_peak=2.0,
+    Architecture("volta", block_scaled_fp8=False, title="NVIDIA Volta"),
+    Architecture("turing", block_scaled_fp8=False, title="NVIDIA Turing"),
+    Architecture("ampere", block_scaled_fp8=False, attention_kernels=CUDA_ATTENTION, title="NVIDIA Ampere"),
+    Architecture("ada", block_scaled_fp8=False, attention_kernels=CUDA_ATTENTION, title="NVIDIA Ada"),
+    Architecture("hopper", block_scaled_fp8=False, attention_kernels=CUDA_ATTENTION, title="NVIDIA Hopper"),
+    Architecture("blackwell", block_scaled_fp8=True, attention_kernels=CUDA_ATTENTION, fp4_per_fp8_peak=2.0,
                  title="NVIDIA Blackwell"),
-    Architecture("blackwell-ultra", flash_attention=True, block_scaled_fp8=True, attention_kernels=CUDA_ATTENTION,
-                 fp4_per_fp8_peak=3.0,
+    Architecture("blackwell-ultra", block_scaled_fp8=True, attention_kernels=CUDA_ATTENTION, fp4_per_fp8_peak=3.0,
                  title="NVIDIA Blackwell Ultra"),
-    Architecture("davinci", flash_attention=True, block_scaled_fp8=False, attention_kernels=("npu",),
-                 title="Huawei Ascend (Da Vinci)"),
-    Architecture("cpu", flash_attention=False, block_scaled_fp8=False, title="a CPU"),
+    Architecture("davinci", block_scaled_fp8=False, attention_kernels=("npu",), title="Huawei Ascend (Da Vinci)"),
+    Architecture("cpu", block_scaled_fp8=False, title="a CPU"),
 )}
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 PULL, PUSH, REPLICA = 0, 1, 2
 TAG = 0
@@ -120,8 +121,6 @@ class PairGroups:
     rank (gloo's constructor waits for its peer), so that no two ranks wait for each other's later pair."""
 
     def __init__(self, store, rank: int, peers: list[int], timeout, prefix: str = "ps/pair/"):
-        import torch.distributed as dist
-
         self.rank = rank
         self.groups = {}
         for peer in sorted(peers):      # ascending: every rank meets its pairs in one global order

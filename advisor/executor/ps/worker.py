@@ -128,8 +128,8 @@ class Worker:
         return sends, counts, unique, batch
 
     def _send(self, s: int, msg: wire.Message, layout) -> list:
-        """Start sending to the server holding shard s; a server gone is found out by the next receive. With
-        replicas each send carries the server it went to, for _wait."""
+        """Start sending to the server holding shard s; a server gone is found out by the next receive. Each send
+        carries the server it went to, for _wait."""
         host = self.owner[s]
         try:
             works = wire.send(self.pg, host, msg, layout, role_tag(s, host))
@@ -137,7 +137,7 @@ class Worker:
             if not self.cfg.replicas:
                 raise
             return []
-        return [(work, (buf, host)) for work, buf in works] if self.cfg.replicas else works
+        return [(work, (buf, host)) for work, buf in works]
 
     def _wait(self, works: list) -> None:
         """Wait for sends. With replicas a send to a server the scheduler has declared gone is given up on: it was
